@@ -1,0 +1,4 @@
+"""User streams and user-level batch samplers."""
+from dppo.data.sampler import OnePassUserSampler, PoissonUserSampler
+
+__all__ = ["OnePassUserSampler", "PoissonUserSampler"]

@@ -1,0 +1,8 @@
+"""Accountants, one per file, behind one interface and a registry by name."""
+from dppo.privacy.accountants.base import Accountant, make_accountant, register
+from dppo.privacy.accountants.basic import BasicAccountant
+from dppo.privacy.accountants.parallel import ParallelAccountant
+from dppo.privacy.accountants.opacus import PRVAccountant, RDPAccountant, multi_pass_noise_multiplier
+
+__all__ = ["Accountant", "make_accountant", "register", "BasicAccountant", "ParallelAccountant", "RDPAccountant",
+           "PRVAccountant", "multi_pass_noise_multiplier"]

@@ -1,0 +1,100 @@
+"""Atomic checkpoints and summaries: write a temp file, fsync, rename; load never executes code."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import random
+import re
+
+import numpy as np
+import torch
+
+from dppo.errors import ConfigError
+
+CKPT_RE = re.compile(r"ckpt_(\d{6})\.pt$")
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: str, obj) -> None:
+    atomic_write_bytes(path, (json.dumps(obj, indent=2, default=_jsonable) + "\n").encode())
+
+
+def _jsonable(o):
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
+
+
+def save_checkpoint(ckpt_dir: str, round_idx: int, state: dict, keep: int = 3) -> str:
+    """Save ``state`` as ``ckpt_<round>.pt`` atomically and prune all but the newest ``keep``."""
+    import io
+
+    os.makedirs(ckpt_dir, exist_ok=True)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    path = os.path.join(ckpt_dir, f"ckpt_{round_idx:06d}.pt")
+    atomic_write_bytes(path, buf.getvalue())
+    for old in list_checkpoints(ckpt_dir)[:-keep]:
+        os.remove(old)
+    return path
+
+
+def list_checkpoints(ckpt_dir: str) -> list[str]:
+    """Complete checkpoint files, oldest first (temp files of interrupted writes are ignored)."""
+    files = [p for p in glob.glob(os.path.join(ckpt_dir, "ckpt_*.pt")) if CKPT_RE.search(p)]
+    return sorted(files)
+
+
+def load_latest_checkpoint(ckpt_dir: str) -> tuple[dict, str] | tuple[None, None]:
+    """Newest checkpoint that loads; a corrupt or truncated one is skipped for the previous one.
+
+    ``weights_only=True``: loading never unpickles arbitrary objects, so never executes code.
+    """
+    for path in reversed(list_checkpoints(ckpt_dir)):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # noqa: BLE001 - a damaged file is skipped, the previous one is used
+            continue
+        if isinstance(state, dict) and state.get("format") == "dppo-ckpt-1":
+            return state, path
+    return None, None
+
+
+def rng_state() -> dict:
+    """Global RNG states (python, numpy, torch) in a weights_only-loadable form."""
+    np_state = np.random.get_state()
+    return {"python": _tuples_to_lists(random.getstate()),
+            "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    torch.set_rng_state(state["torch"])
+
+
+def _tuples_to_lists(x):
+    if isinstance(x, tuple):
+        return [_tuples_to_lists(v) for v in x]
+    return x
+
+
+def check_fingerprint(saved: str, current: str) -> None:
+    if saved != current:
+        raise ConfigError("the checkpoint was written by a run with a different configuration; resume with "
+                          "the run's own config (only rounds and logging may change)")
