@@ -1,0 +1,180 @@
+"""PG (REINFORCE) and DP-PG: the same learner; DP-PG adds per-user clipping + Gaussian noise.
+
+One round: m fresh users each run one episode; user i's gradient is
+g_i = sum_t grad log pi(a_t|s_t) A_t (its whole trajectory); PG steps along mean_i g_i, DP-PG along
+(sum_i clip(g_i, C) + N(0, sigma^2 I)) / m with sigma from the replace-one sensitivity 2C.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.func import functional_call, grad, vmap
+
+from dppo.algos.base import Learner
+from dppo.algos.rollout import collect_episodes, returns_to_go
+from dppo.envs.gym_env import user_seed
+from dppo.errors import ConfigError, DataError
+from dppo.privacy.accountants.opacus import multi_pass_noise_multiplier
+from dppo.privacy.clipping import GaussianSumPrivatizer
+
+EVAL_USER_OFFSET = 10**9  # evaluation episodes use seeds no training user has
+
+BASELINES = ("none", "batch", "user_mean")
+NORMALIZE = ("none", "batch", "user")
+
+
+def per_user_gradients(policy, obs, actions, weights) -> torch.Tensor:
+    """Row i = grad_theta sum_t weights[i, t] log pi(actions[i, t] | obs[i, t]) (flattened), via torch.func."""
+    params = {k: v.detach() for k, v in policy.named_parameters()}
+
+    def user_objective(p, o, a, w):
+        return (functional_call(policy, p, (o, a)) * w).sum()
+
+    grads = vmap(grad(user_objective), in_dims=(None, 0, 0, 0))(params, obs, actions, weights.float())
+    return torch.cat([g.reshape(obs.shape[0], -1) for g in grads.values()], dim=1)
+
+
+def advantages(G: torch.Tensor, mask: torch.Tensor, baseline: str, normalize: str) -> torch.Tensor:
+    """A_t from returns-to-go. ``batch`` options mix users (non-private only); ``user`` options use one
+    user's own data, so a user's clipped gradient still depends on that user alone."""
+    m = mask.double()
+    if baseline == "batch":
+        b = (G * m).sum(0) / m.sum(0).clamp_min(1)
+        A = (G - b) * m
+    elif baseline == "user_mean":
+        A = (G - ((G * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp_min(1))) * m
+    else:
+        A = G * m
+    if normalize == "batch":
+        vals = A[mask]
+        A = (A - vals.mean()) / (vals.std() + 1e-8) * m
+    elif normalize == "user":
+        n = m.sum(1, keepdim=True).clamp_min(1)
+        mu = (A * m).sum(1, keepdim=True) / n
+        sd = (((A - mu) * m) ** 2).sum(1, keepdim=True).div(n).sqrt()
+        A = (A - mu) / (sd + 1e-8) * m
+    return A
+
+
+class PolicyGradient(Learner):
+    """REINFORCE over users; private when ``privacy.private`` (DP-PG), each round (eps, delta)-DP.
+
+    Args:
+        policy: a ``dppo.policies.base.Policy``.
+        env: a ``GymEnvFactory`` (one episode per user, reset with the user's seed).
+        privacy, sampler: injected by the builder.
+        lr, optimizer, momentum: step on the (noisy) mean gradient (``adam`` or ``sgd``).
+        gamma: discount for returns-to-go.
+        baseline, normalize: advantage shaping (``batch`` only when non-private).
+    """
+
+    name = "pg"
+
+    def __init__(self, policy, env, privacy, sampler, *, seed: int = 0, rounds: int = 100,
+                 max_grad_norm: float = 1.0, reward_bound: float | None = 1.0, lr: float = 0.01,
+                 optimizer: str = "adam", momentum: float = 0.0, gamma: float = 0.99,
+                 baseline: str = "none", normalize: str = "none"):
+        if baseline not in BASELINES or normalize not in NORMALIZE:
+            raise ConfigError(f"algo.baseline must be one of {BASELINES} and algo.normalize one of {NORMALIZE}")
+        if privacy.private and ("batch" in (baseline, normalize)):
+            raise ConfigError("a batch baseline/normalization mixes users and breaks the DP sensitivity bound; "
+                              "use algo.baseline=user_mean|none and algo.normalize=user|none for private runs")
+        if max_grad_norm is None or max_grad_norm <= 0:
+            raise ConfigError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+        self.policy, self.env, self.privacy, self.sampler = policy, env, privacy, sampler
+        self.seed, self.num_rounds = int(seed), int(rounds)
+        self.reward_bound = reward_bound
+        self.gamma, self.baseline, self.normalize = float(gamma), baseline, normalize
+        self.optimizer = _make_optimizer(optimizer, policy.parameters(), lr, momentum)
+        self.privatizer = GaussianSumPrivatizer(privacy, max_grad_norm) if privacy.private else None
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self._multi_pass_sigma = None
+        if privacy.private and privacy.multi_pass:
+            nm = multi_pass_noise_multiplier(privacy.eps, privacy.delta, sampler.sample_rate, self.num_rounds,
+                                             privacy.accountant.name)
+            self._multi_pass_sigma = nm * max_grad_norm
+
+    # ---- one round -----------------------------------------------------------------------
+    def train_round(self, round_idx: int) -> dict:
+        users = self.sampler.next_round()
+        batch = collect_episodes(self.policy, self.env, [user_seed(self.seed, u) for u in users],
+                                 reward_bound=self.reward_bound, generator=self.generator)
+        G = returns_to_go(batch.rewards, batch.mask, self.gamma)
+        A = advantages(G, batch.mask, self.baseline, self.normalize)
+        direction, stats = self.update_direction(batch, A, round_idx, len(users))
+        self.apply(direction)
+        return {"rollout/return": float(batch.returns.mean()), "rollout/episode_length": float(batch.lengths.double().mean()),
+                "rollout/users": len(users), "privacy/reward_clip_fraction": batch.reward_clip_fraction,
+                "losses/grad_norm": float(direction.norm()), **stats}
+
+    def update_direction(self, batch, A, round_idx: int, m: int) -> tuple[torch.Tensor, dict]:
+        """Mean per-user gradient (PG) or its private release (DP-PG)."""
+        if self.privatizer is None:
+            self.policy.zero_grad()
+            logp = self.policy.log_prob(batch.obs[batch.mask], batch.actions[batch.mask])
+            (-(logp * A[batch.mask].float()).sum() / max(m, 1)).backward()
+            d = torch.cat([-p.grad.reshape(-1) for p in self.policy.parameters()])
+            if not torch.isfinite(d).all():
+                raise DataError("the policy-gradient loss became NaN/inf; aborting before the update")
+            return d, {}
+        per_user = per_user_gradients(self.policy, batch.obs, batch.actions, A)
+        if self._multi_pass_sigma is not None:
+            expected_m = self.sampler.sample_rate * self.sampler.population_size
+            d, stats = self._release_multi_pass(per_user, round_idx, expected_m)
+        else:
+            d, stats = self.privatizer.release_mean(per_user, round_idx)
+        return d.float(), stats
+
+    def _release_multi_pass(self, per_user, round_idx, expected_m):
+        from dppo.privacy.clipping import clip_per_user
+
+        C = self.privatizer.max_grad_norm
+        clipped, norms = clip_per_user(per_user.double(), C)
+        sigma = self._multi_pass_sigma
+        noise = self.privacy.noise.gaussian(clipped.shape[1:], sigma)
+        self.privacy.release("poisson_gaussian_sum", round=round_idx, users=per_user.shape[0], eps=None, delta=None,
+                             noise_multiplier=sigma / C, sample_rate=self.sampler.sample_rate, sensitivity=C)
+        return (clipped.sum(0) + noise) / expected_m, {"privacy/noise_multiplier": sigma / C,
+                                                       "privacy/clip_fraction": float((norms > C).double().mean())}
+
+    def apply(self, direction: torch.Tensor) -> None:
+        """Gradient ascent on J along ``direction`` with the configured optimizer."""
+        offset = 0
+        for p in self.policy.parameters():
+            n = p.numel()
+            p.grad = -direction[offset:offset + n].view_as(p).to(p.dtype)
+            offset += n
+        self.optimizer.step()
+
+    # ---- evaluation and state ---------------------------------------------------------------
+    def evaluate(self, episodes: int, greedy: bool = False) -> float:
+        seeds = [user_seed(self.seed, EVAL_USER_OFFSET + i) for i in range(episodes)]
+        gen = torch.Generator().manual_seed(self.seed + 99991)
+        return float(collect_episodes(self.policy, self.env, seeds, reward_bound=None, generator=gen,
+                                      greedy=greedy).returns.mean())
+
+    def state_dict(self) -> dict:
+        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+
+
+def _make_optimizer(name: str, params, lr: float, momentum: float) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum)
+    raise ConfigError(f"algo.optimizer must be 'adam' or 'sgd', got '{name}'")
+
+
+def np_seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch global RNGs (the learner also keeps its own generator)."""
+    import random
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,86 @@
+"""CLI glue: pre-flight validation (one-line errors, exit 2) before Hydra creates a run directory."""
+from __future__ import annotations
+
+import sys
+
+from dppo.errors import DPPOError
+
+FLAGS_WITH_VALUE = ("--config-path", "--config-name", "--config-dir", "-cp", "-cn", "-cd")
+
+
+def fail(err: BaseException) -> None:
+    """Print one line to stderr and exit 2 (no traceback)."""
+    msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if not isinstance(err, DPPOError):
+        msg = _hydra_message(err)
+    print(f"dppo: error: {msg}", file=sys.stderr, flush=True)
+    sys.exit(2)
+
+
+def _hydra_message(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    for marker in ("full_key:", "object_type="):
+        text = text.split(marker)[0].strip()
+    return f"bad config: {text}" if text else f"bad config ({type(err).__name__})"
+
+
+def overrides_of(args: list[str]) -> list[str] | None:
+    """The key=value overrides, or None when Hydra flags (multirun, --help, ...) make us defer to Hydra."""
+    if any(a.startswith("-") for a in args):
+        return None
+    return list(args)
+
+
+def precheck(args: list[str]) -> str | None:
+    """Compose and validate the config and build env + policy; return the resume dir if one is given."""
+    overrides = overrides_of(args)
+    if overrides is None:
+        return None
+    resume = next((a.split("=", 1)[1] for a in overrides if a.startswith("resume=")), None)
+    if resume and resume not in ("null", "None", ""):
+        from dppo.api import load_run_config
+
+        load_run_config(resume, [a for a in overrides if not a.startswith("resume=")])
+        return resume
+    from dppo.build import build_env, build_policy, learner_class
+    from dppo.config import compose, validate
+
+    cfg = compose(overrides)
+    validate(cfg)
+    learner_class(cfg)
+    env = build_env(cfg)
+    import inspect
+
+    if "policy" in inspect.signature(learner_class(cfg).__init__).parameters:
+        build_policy(cfg, env)
+    return None
+
+
+def run_from_hydra(cfg, run_dir: str, multirun: bool = False) -> None:
+    from dppo.api import train
+
+    try:
+        summary = train(cfg, run_dir)
+    except DPPOError as err:
+        print(f"dppo: error: {str(err).splitlines()[0]}", file=sys.stderr, flush=True)
+        if multirun:
+            return
+        sys.exit(2)
+    _report(summary, run_dir)
+
+
+def resume_run(run_dir: str, overrides: list[str]) -> None:
+    from dppo.api import load_run_config, train
+
+    cfg = load_run_config(run_dir, overrides)
+    summary = train(cfg, run_dir, resume=True)
+    _report(summary, run_dir)
+
+
+def _report(summary: dict, run_dir: str) -> None:
+    if summary.get("stop_reason"):
+        print(f"dppo: {summary['stop_reason']}", file=sys.stderr)
+    eps = summary["epsilon_spent"]
+    print(f"done: {summary['algo']} on {summary['env_id']} final_return={summary['final_return']} "
+          f"eps_spent={eps:.4g} delta_spent={summary['delta_spent']:.3g} rounds={summary['rounds_done']} "
+          f"-> {run_dir}/summary.json")

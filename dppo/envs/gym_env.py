@@ -1,0 +1,41 @@
+"""Gymnasium adapter: an env factory whose episodes are users with their own reset seeds."""
+from __future__ import annotations
+
+import gymnasium as gym
+
+from dppo.errors import ConfigError
+
+
+class GymEnvFactory:
+    """Makes ``gymnasium`` envs by id. A user is one episode reset with its own seed.
+
+    Args:
+        id: gymnasium env id (e.g. ``CartPole-v1``).
+        horizon: maximum episode length; ``None`` uses the env's own ``max_episode_steps``.
+        kwargs: extra keyword arguments for ``gym.make``.
+    """
+
+    def __init__(self, id: str = "CartPole-v1", horizon: int | None = None, kwargs: dict | None = None):
+        self.id = str(id)
+        self.kwargs = dict(kwargs or {})
+        try:
+            spec = gym.spec(self.id)
+        except Exception:  # noqa: BLE001 - gymnasium raises several error types for unknown ids
+            raise ConfigError(f"unknown env.id '{self.id}': not a registered gymnasium environment "
+                              f"(e.g. CartPole-v1, Acrobot-v1, FrozenLake-v1)") from None
+        self.horizon = int(horizon) if horizon else (spec.max_episode_steps or 1000)
+        probe = self.make()
+        self.observation_space, self.action_space = probe.observation_space, probe.action_space
+        probe.close()
+
+    def make(self) -> gym.Env:
+        """A fresh env instance (no episode-step limit wrapper: the horizon is enforced by the rollout)."""
+        return gym.make(self.id, max_episode_steps=self.horizon, **self.kwargs)
+
+    def __repr__(self) -> str:
+        return f"GymEnvFactory(id={self.id!r}, horizon={self.horizon})"
+
+
+def user_seed(seed: int, user_id: int) -> int:
+    """Deterministic, distinct reset seed for user ``user_id`` of run ``seed``."""
+    return (int(seed) * 1_000_003 + int(user_id) * 7_919 + 12_345) % (2**31 - 1)

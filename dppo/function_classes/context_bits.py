@@ -1,0 +1,103 @@
+"""A structured finite class for ContextBits that contains Q* (realizable), |F| from 243 to >= 10^5.
+
+Member ``theta = (m_1..m_H, c)``: a guess of the four target masks (any of the 64 parities of the
+context bits, per step) and a value scale ``c``. Its Q-function is the optimal Q of the ContextBits
+MDP whose targets are ``t_h(x) = <m_h, x> mod 2`` and whose reward is c times the variant's reward:
+
+* easy: ``Q_h(s_h, a) = c (#{j <= h : a_j = t_j(x)} + H - h) / H``;
+* hard: ``Q_h(s_h, a) = c 1[a_j = t_j(x) for all j <= h]``.
+
+The class is |F| distinct members drawn uniformly (seeded, data-independent) from the 64^H x |scales|
+combinations, with the true ``(masks, 1.0)`` = Q* inserted at a random position. With the default
+three scales, |F| = 243 = 3^5 matches the paper's class size. Values lie in [0, max(scales)].
+Values are computed on demand (nothing of size |F| x num_sa is stored), in member chunks.
+"""
+from __future__ import annotations
+
+import torch
+
+from dppo.envs.context_bits import N_CONTEXTS, ContextBitsMDP, parity_targets
+from dppo.errors import ConfigError
+from dppo.function_classes.base import FiniteClass
+
+_CHUNK = 8192
+
+
+class ContextBitsClass(FiniteClass):
+    """Structured realizable class over ContextBits (module docstring).
+
+    Args:
+        env: the ContextBitsMDP (its variant, horizon and indexing; its true masks give Q*).
+        size: |F| (>= 2).
+        scales: candidate value scales c; must contain 1.0 (the scale of Q*).
+        seed: seed of the (public, data-independent) draw of the members.
+    """
+
+    def __init__(self, env: ContextBitsMDP, size: int = 243, scales=(0.75, 1.0, 1.25), seed: int = 0):
+        scales = [float(c) for c in scales]
+        if 1.0 not in scales or any(c <= 0 for c in scales):
+            raise ConfigError(f"function_class.scales must be positive and contain 1.0, got {scales}")
+        H = env.H
+        total = (N_CONTEXTS ** H) * len(scales)
+        if not 2 <= int(size) <= total:
+            raise ConfigError(f"function_class.size must be in [2, {total}], got {size}")
+        self.env, self.size, self.num_sa = env, int(size), env.num_sa
+        self.value_max = max(scales)
+        g = torch.Generator().manual_seed(int(seed) + 104729)
+        true_code = _encode(env.masks, scales.index(1.0), len(scales))
+        codes = torch.tensor([true_code])
+        while len(codes) < self.size:
+            draw = torch.randint(0, total, (2 * (self.size - len(codes)) + 16,), generator=g)
+            codes = torch.cat([codes, draw])
+            _, first = _unique_first(codes)
+            codes = codes[first]
+        codes = codes[: self.size]
+        order = torch.randperm(self.size, generator=g)
+        self.codes = codes[order]
+        self.q_star_index = int((order == 0).nonzero()[0])
+        masks, scale_idx = _decode(self.codes, H, len(scales))
+        self.masks = masks                                                     # [|F|, H]
+        self.scales = torch.tensor(scales, dtype=torch.float32)[scale_idx]     # [|F|]
+        self.targets = parity_targets(masks)                                   # [|F|, H, 64]
+
+    def values(self, sa, members=None):
+        flat = sa.reshape(-1)
+        idx = torch.arange(self.size) if members is None else members.reshape(-1)
+        env, H = self.env, self.env.H
+        h, x, acts = env.sa_step[flat], env.sa_context[flat], env.sa_actions[flat]
+        bits = ((acts.unsqueeze(0) >> torch.arange(H).unsqueeze(1)) & 1).bool()     # [H, n]
+        upto = torch.arange(H).unsqueeze(1) <= h.unsqueeze(0)                      # [H, n]
+        out = torch.empty(len(idx), len(flat), dtype=torch.float32)
+        for lo in range(0, len(idx), _CHUNK):
+            m = idx[lo: lo + _CHUNK]
+            t = self.targets[m][:, :, x]                                            # [c, H, n]
+            match = ((t == bits) & upto).sum(1)                                      # [c, n]
+            if env.variant == "easy":
+                q = (match + (H - 1 - h)).float() / H
+            else:
+                q = (match == h + 1).float()
+            out[lo: lo + _CHUNK] = q * self.scales[m].unsqueeze(1)
+        return out.reshape(len(idx), *sa.shape)
+
+
+def _encode(masks, scale_index: int, n_scales: int) -> int:
+    code = 0
+    for m in reversed([int(v) for v in masks]):
+        code = code * N_CONTEXTS + m
+    return code * n_scales + scale_index
+
+
+def _decode(codes: torch.Tensor, H: int, n_scales: int) -> tuple[torch.Tensor, torch.Tensor]:
+    scale_idx = codes % n_scales
+    rest = codes // n_scales
+    masks = torch.stack([(rest // N_CONTEXTS ** h) % N_CONTEXTS for h in range(H)], 1)
+    return masks, scale_idx
+
+
+def _unique_first(codes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unique values and the index of each one's first occurrence, in order of first occurrence."""
+    uniq, inv = torch.unique(codes, return_inverse=True)
+    pos = torch.arange(len(codes))
+    first = torch.full((len(uniq),), len(codes), dtype=torch.long).scatter_reduce(0, inv, pos, "amin")
+    first, _ = first.sort()
+    return codes[first], first

@@ -1,0 +1,38 @@
+"""The policy protocol shared by every neural learner (so any ``nn.Module`` can be trained)."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Policy(nn.Module):
+    """A stochastic policy over discrete actions.
+
+    Subclasses implement ``logits(obs)``; ``sample`` and ``log_prob`` follow. A user's own module
+    only has to provide ``logits`` (or override ``sample``/``log_prob``) to be trainable by PG/NPG.
+    """
+
+    def logits(self, obs: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def distribution(self, obs: torch.Tensor) -> torch.distributions.Categorical:
+        return torch.distributions.Categorical(logits=self.logits(obs))
+
+    @torch.no_grad()
+    def sample(self, obs: torch.Tensor, greedy: bool = False, generator: torch.Generator | None = None):
+        """Actions and their log-probabilities for a batch of observations."""
+        logits = self.logits(obs)
+        logp_all = torch.log_softmax(logits, dim=-1)
+        if greedy:
+            actions = logits.argmax(-1)
+        else:
+            actions = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+        return actions, logp_all.gather(-1, actions[:, None]).squeeze(-1)
+
+    def log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """log pi(actions | obs), differentiable in the parameters."""
+        return torch.log_softmax(self.logits(obs), dim=-1).gather(-1, actions.long()[..., None]).squeeze(-1)
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """``forward`` is ``log_prob`` so that ``torch.func.functional_call`` can differentiate it per user."""
+        return self.log_prob(obs, actions)

@@ -1,0 +1,29 @@
+"""dppo command line: `python train.py algo=dp_pg eps=5` (Hydra). Bad input: one line on stderr, exit 2."""
+from __future__ import annotations
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+
+from dppo.cli import fail, precheck, resume_run, run_from_hydra
+from dppo.config import register_schema
+
+register_schema()
+
+
+@hydra.main(config_path="conf", config_name="config", version_base="1.3")
+def main(cfg) -> None:
+    run_from_hydra(cfg, HydraConfig.get().runtime.output_dir, multirun=HydraConfig.get().mode.name == "MULTIRUN")
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    try:
+        resume = precheck(args)
+        if resume:
+            resume_run(resume, [a for a in args if not a.startswith("resume=")])
+            sys.exit(0)
+    except Exception as err:  # noqa: BLE001 - every user-facing failure is one line
+        fail(err)
+    main()
