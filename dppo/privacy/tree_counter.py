@@ -1,0 +1,189 @@
+"""Continual counting by the binary-tree mechanism (Dwork et al. 2010; Chan, Shi & Song 2011), with
+Laplace noise, vectorized over many counter streams.
+
+Each stream receives one increment ``x_t in [0, Delta]`` per time step ``t = 1..T`` (most are 0) and
+after every step the mechanism releases a noisy prefix sum ``c~(t) ~= sum_{tau <= t} x_tau``.
+
+Mechanism. The dyadic node at level ``j`` ending at time ``e`` (``e`` a multiple of ``2^j``) holds the
+sum of the ``2^j`` increments it covers plus its own Laplace(b) noise, drawn once when the node
+closes. ``c~(t)`` is the sum of the nodes of the dyadic decomposition of ``[1, t]`` (one per set bit
+of ``t``), i.e. ``c~(t) = c(t) + sum_{j in bits(t)} z_j``: we store the exact count and the noise of
+the currently used nodes, which gives the same outputs as storing the noisy nodes.
+
+Sensitivity (replace-one-user adjacency, one user = one time step). Replacing the increment of one
+step changes each stream's ``x_t`` by at most ``Delta`` and ``x_t`` enters exactly one node per level,
+``L = floor(log2 T) + 1`` levels, so the l1 change of a stream's node values is at most ``L Delta``;
+Laplace noise of scale ``b = L Delta / eps_stream`` makes the whole released sequence of that stream
+``eps_stream``-DP (Laplace mechanism, post-processing). If one user can change at most ``k`` streams,
+the set of streams is ``k eps_stream``-DP (basic composition) - the caller records that.
+
+Error. At time ``t`` the error is a sum of ``popcount(t) <= L`` i.i.d. Laplace(b) variables, bounded
+with probability ``1 - beta`` by ``laplace_sum_bound`` (a Chernoff bound using the Laplace moment
+generating function ``E exp(s Z) = 1 / (1 - s^2 b^2)``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from scipy.optimize import minimize_scalar
+
+from dppo.errors import ConfigError, PrivacyError
+from dppo.privacy.calibration import laplace_scale
+
+
+def tree_levels(capacity: int) -> int:
+    """Number of tree levels ``L = floor(log2 T) + 1`` needed for ``T`` steps (each step is in L nodes)."""
+    if capacity < 1:
+        raise ConfigError(f"the counter capacity (number of time steps) must be >= 1, got {capacity}")
+    return int(capacity).bit_length()
+
+
+def laplace_sum_bound(k: int, scale: float, beta: float) -> float:
+    """``lambda`` with ``P(|Z_1 + ... + Z_k| > lambda) <= beta`` for i.i.d. ``Z_i ~ Laplace(scale)``.
+
+    Chernoff: ``P(Y > lambda) <= exp(-s lambda) (1 - s^2 b^2)^(-k)`` for ``0 < s < 1/b``; with both tails
+    and ``x = s b``: ``lambda = b min_x [ln(2/beta) - k ln(1 - x^2)] / x``.
+    """
+    if k <= 0:
+        return 0.0
+    if not 0 < beta < 1:
+        raise ConfigError(f"beta must lie in (0, 1), got {beta}")
+    log_term = math.log(2.0 / beta)
+    f = lambda x: (log_term - k * math.log1p(-x * x)) / x
+    res = minimize_scalar(f, bounds=(1e-9, 1 - 1e-12), method="bounded", options={"xatol": 1e-10})
+    return float(scale * res.fun)
+
+
+def tree_error_bound(eps_stream: float, capacity: int, beta: float, *, streams: int = 1,
+                     sensitivity: float = 1.0) -> float:
+    """High-probability error of the tree counter, uniform over ``streams`` streams and all ``t <= T``.
+
+    Union bound over ``streams * T`` (stream, time) pairs, each error a sum of at most ``L`` Laplaces:
+    ``P(exists stream, t: |c~(t) - c(t)| > bound) <= beta``.
+    """
+    L = tree_levels(capacity)
+    b = laplace_scale(eps_stream, L * sensitivity)
+    return laplace_sum_bound(L, b, beta / (streams * capacity))
+
+
+class TreeCounter(torch.nn.Module):
+    """Binary-tree continual counters for ``num_streams`` streams at once (state in buffers).
+
+    Args:
+        num_streams: number of independent counter streams.
+        capacity: maximum number of time steps ``T`` (fixes the number of levels and so the noise).
+        eps_stream: per-stream privacy; ``None`` turns the noise off (exact counts).
+        sensitivity: ``Delta``, the largest increment of one stream in one step (increments are
+            clipped to ``[0, Delta]``).
+        noise: a ``dppo.privacy.noise.NoiseSource`` (required when ``eps_stream`` is set).
+        max_chunk: largest number of noise values drawn at once (noise for several future steps is
+            drawn in one call to cut per-step overhead; see ``reserve``).
+    """
+
+    def __init__(self, num_streams: int, capacity: int, eps_stream: float | None = None, *,
+                 sensitivity: float = 1.0, noise=None, max_chunk: int = 1 << 22):
+        super().__init__()
+        self.num_streams = int(num_streams)
+        self.capacity = int(capacity)
+        self.levels = tree_levels(capacity)
+        self.sensitivity = float(sensitivity)
+        self.eps_stream = None if eps_stream is None else float(eps_stream)
+        if self.eps_stream is not None and noise is None:
+            raise ConfigError("a private TreeCounter needs a NoiseSource")
+        self.noise = noise
+        # b = L * Delta / eps_stream: each increment enters L nodes (module docstring)
+        self.scale = None if eps_stream is None else laplace_scale(self.eps_stream, self.levels * self.sensitivity)
+        self.max_chunk = int(max_chunk)
+        n = self.num_streams
+        self.register_buffer("counts", torch.zeros(n, dtype=torch.float64))
+        self.register_buffer("released", torch.zeros(n, dtype=torch.float64))
+        self.register_buffer("t", torch.zeros((), dtype=torch.long))
+        if self.scale is not None:
+            self.register_buffer("level_noise", torch.zeros(self.levels, n, dtype=torch.float64))
+            self.register_buffer("noise_total", torch.zeros(n, dtype=torch.float64))
+        self._chunk = None          # pre-drawn noise for the next steps, consumed row by row
+        self._chunk_pos = 0
+        self._planned = 0           # steps announced by reserve() and not yet taken
+
+    @property
+    def private(self) -> bool:
+        return self.scale is not None
+
+    def error_bound(self, beta: float, uniform: bool = True) -> float:
+        """Error bound holding w.p. ``1 - beta``: for one (stream, t) pair, or (``uniform``) for all
+        streams and all ``t <= T`` at once. 0 when the noise is off."""
+        if not self.private:
+            return 0.0
+        if uniform:
+            return tree_error_bound(self.eps_stream, self.capacity, beta, streams=self.num_streams,
+                                    sensitivity=self.sensitivity)
+        return laplace_sum_bound(self.levels, self.scale, beta)
+
+    def reserve(self, steps: int) -> None:
+        """Announce ``steps`` upcoming steps so their node noise can be drawn in few calls; also
+        recomputes the running noise total exactly (it is updated incrementally between calls).
+
+        Call it at a round boundary with the round's number of steps: the chunk is then used up by
+        the round's end, so checkpoints taken between rounds hold no pre-drawn noise.
+        """
+        self._planned = int(steps)
+        self._chunk, self._chunk_pos = None, 0
+        if self.private:
+            self.noise_total.copy_(self._exact_noise_total())
+
+    def _exact_noise_total(self) -> torch.Tensor:
+        t = int(self.t)
+        rows = [j for j in range(self.levels) if (t >> j) & 1]
+        if not rows:
+            return torch.zeros_like(self.noise_total)
+        return self.level_noise[rows].sum(0)
+
+    def _next_noise(self) -> torch.Tensor:
+        if self._chunk is None or self._chunk_pos >= self._chunk.shape[0]:
+            rows = max(1, min(self._planned, self.max_chunk // max(1, self.num_streams)))
+            self._chunk = self.noise.laplace((rows, self.num_streams), self.scale).to(self.counts.device)
+            self._chunk_pos = 0
+        z = self._chunk[self._chunk_pos]
+        self._chunk_pos += 1
+        return z
+
+    def step(self, index, values=None) -> None:
+        """Feed one time step: ``values`` (default 1) added to streams ``index``, 0 to all others; then
+        refresh ``released``.
+
+        Args:
+            index: distinct stream indices (list or LongTensor).
+            values: increments, clipped to ``[0, Delta]``.
+
+        Raises:
+            PrivacyError: more than ``capacity`` steps (the noise was calibrated for ``T`` steps) or a
+                stream repeated within the step (its increment could exceed ``Delta``).
+        """
+        t = int(self.t) + 1
+        if t > self.capacity:
+            raise PrivacyError(f"the tree counter was built for {self.capacity} steps; step {t} would break "
+                               f"its privacy calibration")
+        idx = torch.as_tensor(index, dtype=torch.long, device=self.counts.device)
+        if idx.numel() != len(set(idx.tolist())):
+            raise PrivacyError("a stream received two increments in one step; each user may add at most "
+                               "Delta to a stream")
+        if values is None:
+            vals = torch.full((idx.numel(),), min(1.0, self.sensitivity), dtype=torch.float64,
+                              device=self.counts.device)
+        else:
+            vals = torch.as_tensor(values, dtype=torch.float64, device=self.counts.device).clamp(0.0, self.sensitivity)
+        self.counts.index_add_(0, idx, vals)
+        self.t.fill_(t)
+        self._planned = max(0, self._planned - 1)
+        if self.private:
+            i = (t & -t).bit_length() - 1          # level of the node closing at t (lowest set bit)
+            if i > 0:                               # its children (levels < i) leave the decomposition
+                self.noise_total.sub_(self.level_noise[:i].sum(0))
+                self.level_noise[:i].zero_()
+            z = self._next_noise()
+            self.level_noise[i].copy_(z)
+            self.noise_total.add_(z)
+            torch.add(self.counts, self.noise_total, out=self.released)
+        else:
+            self.released.copy_(self.counts)
