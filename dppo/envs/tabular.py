@@ -106,8 +106,8 @@ class TabularMDP:
             u: ``u[h] = (u_init, u_next, u_reward)``, e.g. ``uniforms(1, g)[0].tolist()``.
 
         Returns:
-            (states, actions, rewards) lists of length H, plus nothing else: the next state of step h
-            is ``states[h+1]``; the last transition's next state is not needed by any learner.
+            (states, actions, rewards): ``states`` has H+1 entries (the last is the state after step
+            H-1), ``actions`` and ``rewards`` H entries.
         """
         A, cdf, rew, table = self.A, self._cdf_rows, self._r_list, self._rt_list
         s = bisect.bisect_right(self._p0_list, u[0][0])
@@ -121,13 +121,14 @@ class TabularMDP:
             actions.append(a)
             rewards.append(r)
             s = s2
+        states.append(s)
         return states, actions, rewards
 
     def sample_episode(self, policy: torch.Tensor, generator: torch.Generator):
         """One episode of a deterministic policy ``pi[h, s]`` (or stationary ``pi[s]``).
 
         Returns:
-            (states, actions, rewards) as tensors of length H (long, long, float64).
+            (states [H+1], actions [H], rewards [H]) tensors (long, long, float64).
         """
         pi = self._as_deterministic(policy).tolist()
         st, ac, rw = self.episode_from_uniforms(pi, self.uniforms(1, generator)[0].tolist())
@@ -217,6 +218,26 @@ class TabularMDP:
     def policy_value(self, policy: torch.Tensor) -> float:
         """rho^pi = p0^T V^pi_0, the expected H-step return of ``policy`` (in [0, 1] reward units)."""
         return float(self.p0 @ self.policy_values(policy)[0])
+
+    def policy_value_batch(self, policies: torch.Tensor, chunk_elems: int = 1 << 22) -> torch.Tensor:
+        """rho^pi of many deterministic policies ``[K, H, S]`` at once (backward induction batched over K).
+
+        Returns:
+            [K] float64 expected returns in [0, 1] reward units.
+        """
+        pis = torch.as_tensor(policies, dtype=torch.long)
+        K = pis.shape[0]
+        step = max(1, chunk_elems // (self.S * self.S))
+        rows = torch.arange(self.S)
+        out = []
+        for k0 in range(0, K, step):
+            pi = pis[k0:k0 + step]
+            V = torch.zeros(pi.shape[0], self.S, dtype=torch.float64)
+            for h in reversed(range(self.H)):
+                a = pi[:, h, :]                                   # [k, S]
+                V = self.R[rows, a] + (self.P[rows, a] @ V.unsqueeze(-1)).squeeze(-1)
+            out.append(V @ self.p0)
+        return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
     def to_native_return(self, ret):
         """Map an H-step return in [0, 1] reward units back to the env's native reward units."""
@@ -349,7 +370,7 @@ class GymTabularEnv:
         self._episodes = 0
 
     def run_episode(self, policy: list) -> tuple[list, list, list]:
-        """One H-step episode of ``policy[h][s]`` on the real env (seeded by episode index)."""
+        """One H-step episode of ``policy[h][s]`` on the real env (seeded by episode index); states has H+1 entries."""
         obs, _ = self.env.reset(seed=self._seed * 1_000_003 + self._episodes)
         self._episodes += 1
         s, over = int(obs), False
@@ -366,6 +387,7 @@ class GymTabularEnv:
             actions.append(a)
             rewards.append(r)
             s = self.S - 1 if over else int(obs)
+        states.append(s)
         return states, actions, rewards
 
     def to_native_return(self, ret):
@@ -387,7 +409,7 @@ def make_tabular(env, horizon: int | None = None, reward_low: float = 0.0, rewar
         return env
     if hasattr(env, "make") and not hasattr(env, "step"):
         horizon = horizon if horizon is not None else getattr(env, "horizon", None)
-        env = env.make(seed)
+        env = env.make()
     if horizon is None:
         spec = getattr(env, "spec", None)
         horizon = getattr(spec, "max_episode_steps", None)

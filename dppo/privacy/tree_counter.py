@@ -175,7 +175,6 @@ class TreeCounter(torch.nn.Module):
             vals = torch.as_tensor(values, dtype=torch.float64, device=self.counts.device).clamp(0.0, self.sensitivity)
         self.counts.index_add_(0, idx, vals)
         self.t.fill_(t)
-        self._planned = max(0, self._planned - 1)
         if self.private:
             i = (t & -t).bit_length() - 1          # level of the node closing at t (lowest set bit)
             if i > 0:                               # its children (levels < i) leave the decomposition
@@ -185,5 +184,6 @@ class TreeCounter(torch.nn.Module):
             self.level_noise[i].copy_(z)
             self.noise_total.add_(z)
             torch.add(self.counts, self.noise_total, out=self.released)
+            self._planned = max(0, self._planned - 1)
         else:
             self.released.copy_(self.counts)

@@ -55,7 +55,7 @@ def test_fast_path_and_batched_sampling_agree_and_are_seeded():
     u = mdp.uniforms(4, torch.Generator().manual_seed(9))
     for i in range(4):
         st, ac, rw = mdp.episode_from_uniforms(pi.tolist(), u[i].tolist())
-        assert st == states[i, :15].tolist() and ac == actions[i].tolist() and rw == rewards[i].tolist()
+        assert st == states[i].tolist() and ac == actions[i].tolist() and rw == rewards[i].tolist()
     again = mdp.sample_episodes(pi, 4, torch.Generator().manual_seed(9))[0]
     assert torch.equal(again, states)
 
@@ -116,10 +116,17 @@ def test_env_without_model_gets_model_free_adapter_with_clipped_rewards():
     tab = make_tabular(_Corridor(), horizon=6)
     assert isinstance(tab, GymTabularEnv) and not tab.has_model and tab.S == 5
     st, ac, rw = tab.run_episode([[1] * 5 for _ in range(6)])
-    assert st == [0, 1, 2, 4, 4, 4]          # absorbing "episode over" state after termination
+    assert st == [0, 1, 2, 4, 4, 4, 4]          # absorbing "episode over" state after termination
     assert rw == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0]  # native 5 clipped to reward_high = 1
 
 
 def test_non_discrete_env_is_a_config_error():
     with pytest.raises(ConfigError):
         make_tabular(gym.make("CartPole-v1"), horizon=10)
+
+
+def test_batched_policy_values_match_one_by_one():
+    mdp = random_mdp(S=4, A=3, H=5, seed=7)
+    pis = torch.randint(0, 3, (6, 5, 4), generator=torch.Generator().manual_seed(1))
+    batch = mdp.policy_value_batch(pis, chunk_elems=40)
+    assert torch.allclose(batch, torch.tensor([mdp.policy_value(p) for p in pis], dtype=torch.float64))
