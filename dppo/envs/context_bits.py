@@ -78,7 +78,7 @@ class ContextBitsMDP:
         if len(masks) != self.H or any(not 0 <= int(m) < N_CONTEXTS for m in masks):
             raise ConfigError(f"env.masks must be {self.H} integers in [0, 63], got {masks}")
         self.masks = torch.tensor([int(m) for m in masks])
-        self.name = f"context_bits-{variant}"
+        self.name = self.id = f"context_bits-{variant}"
         bits = (torch.arange(N_CONTEXTS).unsqueeze(-1) >> torch.arange(N_BITS)) & 1
         self.rho = torch.where(bits.bool(), probs, 1 - probs).prod(-1)          # [64]
         self.targets = parity_targets(self.masks)                             # [H, 64]

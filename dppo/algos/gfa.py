@@ -1,0 +1,344 @@
+"""DP-GFA: private online RL with general function approximation (REFERENCE.md section 3, [GFA]).
+
+K episodes (one user each) in M = ceil(K/B) batches; at the start of batch i the policy is updated once
+by sampling f from the exponential mechanism ``P(f) ~ exp(beta S(f))`` over a finite class F (exactly,
+by Gumbel-max: ``argmax_f beta S(f) + G_f`` with i.i.d. standard Gumbel G_f), then every episode of the
+batch acts greedily, ``a_h = argmax_a f_h(s_h, a)``. Only the sampled f's are released (billboard
+model: (eps, delta)-JDP). ``eps = null`` replaces the mechanism by the greedy ``argmax_f S(f)``.
+
+* ``GFAOutcomeLearner`` (Algorithm 2): deterministic transitions, one outcome reward per episode,
+  ``S(f) = eta E_{s_1 ~ rho} max_a f_1(s_1, a) - L_BR(f)``.
+* ``GFALearner`` (Algorithm 1): stochastic tabular MDP with per-step rewards,
+  ``S(f) = eta E_{s_1 ~ p0} max_a f_1(s_1, a) - L_BE(f)`` (Bellman error with the inner infimum).
+
+Privacy: ``beta = eps_0 / (2 Delta_S)`` (``exp_mech_beta``), eps_0 the largest per-release budget with
+which the M - 1 data-dependent releases compose to the target eps under ``privacy.composition``
+(``advanced``: Dwork-Rothblum-Vadhan; ``zcdp``: eps_0-bounded range => eps_0^2/8-zCDP). The first
+release (batch 0) sees no data and costs nothing; it is still written to the ledger (eps = 0).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dppo.algos.base import Learner
+from dppo.errors import ConfigError, DataError
+from dppo.privacy.calibration import exp_mech_beta
+
+COMPOSITION_ACCOUNTANTS = {"advanced": "advanced", "zcdp": "zcdp"}
+
+
+def paper_batch_size(episodes: int, batch_const: float) -> int:
+    """The paper's rule B = c K^{3/5} (Thm: regret O~(K^{3/5}) with B = O~(K^{3/5})), rounded, >= 1."""
+    return max(1, int(round(batch_const * episodes ** 0.6)))
+
+
+def gumbel_max(logits: torch.Tensor, gumbel: torch.Tensor) -> int:
+    """Index of ``max(logits + gumbel)``: an exact sample of ``softmax(logits)`` when gumbel ~ Gumbel(0, 1)."""
+    return int(torch.argmax(logits + gumbel))
+
+
+class _GFABase(Learner):
+    """Batching, the exponential mechanism, accounting and logging shared by both algorithms."""
+
+    def __init__(self, *, privacy, sampler, seed: int, episodes: int | None, batch_size: int | None,
+                 episodes_default: int, batch_const: float, eta: float, size: int):
+        K = int(episodes if episodes is not None else episodes_default)
+        if K < 1:
+            raise ConfigError(f"episodes must be >= 1, got {K}")
+        if not batch_const > 0 or not eta >= 0:
+            raise ConfigError(f"need algo.batch_const > 0 and algo.eta >= 0, got {batch_const}, {eta}")
+        self.privacy, self.sampler = privacy, sampler
+        self.K = K
+        self.B = int(batch_size) if batch_size is not None else paper_batch_size(K, batch_const)
+        if self.B < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {self.B}")
+        self.num_rounds = math.ceil(K / self.B)
+        self.eta = float(eta)
+        self.generator = torch.Generator().manual_seed(int(seed) + 31337)       # user data (contexts, env)
+        self.eval_generator = torch.Generator().manual_seed(int(seed) + 271828)
+        self.episodes_done = 0
+        self.regret = []                       # exact expected regret of each episode's policy
+        self.current = None                    # index of the member in use
+        self.eps0 = self.beta = None
+        self.size = size
+
+    # ---- privacy -----------------------------------------------------------------------------
+    @classmethod
+    def accountant_name(cls, privacy_cfg) -> str:
+        """``advanced`` or ``zcdp`` from ``privacy.composition`` (the learner's accounting of M releases)."""
+        comp = getattr(privacy_cfg, "composition", None) or "advanced"
+        if comp not in COMPOSITION_ACCOUNTANTS:
+            raise ConfigError(f"privacy.composition must be 'advanced' or 'zcdp', got '{comp}'")
+        return COMPOSITION_ACCOUNTANTS[comp]
+
+    def _calibrate(self, sensitivity: float) -> None:
+        """eps_0 (largest meeting the target over the M - 1 data-dependent releases) and beta."""
+        self.sensitivity = float(sensitivity)
+        if not self.privacy.private:
+            return
+        acc = self.privacy.accountant
+        if not hasattr(acc, "largest_eps0"):
+            raise ConfigError(f"GFA accounts its releases by composition; privacy.accountant={acc.name} cannot, "
+                              f"use privacy.accountant=null with privacy.composition=advanced|zcdp")
+        releases = max(self.num_rounds - 1, 1)
+        self.eps0 = float(acc.largest_eps0(self.privacy.eps, self.privacy.delta, releases, "exponential"))
+        self.beta = exp_mech_beta(self.eps0, self.sensitivity)
+
+    def _select(self, round_idx: int, score: torch.Tensor) -> tuple[int, float]:
+        """Pick the member for this batch: exponential mechanism (private) or argmax (ties at random)."""
+        if self.privacy.private:
+            users = self.episodes_done
+            self.privacy.release("exponential", round=round_idx, users=users,
+                                 eps=self.eps0 if users > 0 else 0.0, delta=0.0, beta=self.beta,
+                                 sensitivity=self.sensitivity, class_size=self.size)
+            idx = gumbel_max(self.beta * score, self.privacy.noise.gumbel(score.shape))
+        else:
+            best = score.max()
+            ties = torch.nonzero(score >= best - 1e-9 * max(1.0, float(best.abs()))).squeeze(1)
+            idx = int(ties[torch.randint(len(ties), (1,), generator=self.generator)])
+        return idx, float(score.max() - score[idx])
+
+    # ---- loop --------------------------------------------------------------------------------
+    def train_round(self, round_idx: int) -> dict[str, float]:
+        score = self.score()
+        self.current, gap = self._select(round_idx, score)
+        self._set_policy(self.current)
+        n = min(self.B, self.K - self.episodes_done)
+        users = self.sampler.take(n) if self.sampler is not None else list(range(n))
+        ret, regret = self.play_and_record(len(users))
+        self.episodes_done += len(users)
+        self.regret.extend([regret] * len(users) if regret is not None else [])
+        metrics = {"rollout/return": ret, "rollout/users": float(len(users)), "gfa/score_gap": gap,
+                   "gfa/batch": float(len(users)), "gfa/score_max": float(score.max())}
+        if regret is not None:
+            metrics["regret/per_episode"] = regret
+            metrics["regret/cumulative"] = float(sum(self.regret))
+        if self.privacy.private:
+            metrics["gfa/beta"] = self.beta
+            metrics["gfa/eps0"] = self.eps0
+            metrics["privacy/epsilon"] = self.privacy.spent()[0]
+        return metrics
+
+    def summary(self) -> dict:
+        out = {"episodes": self.episodes_done, "batch_size": self.B, "class_size": self.size,
+               "sensitivity": self.sensitivity, "eps0": self.eps0, "beta": self.beta}
+        if self.regret:
+            out["cumulative_regret"] = float(sum(self.regret))
+            out["final_regret_per_episode"] = float(self.regret[-1])
+        return out
+
+    def state_dict(self) -> dict:
+        return {"episodes_done": self.episodes_done, "regret": list(self.regret), "current": self.current,
+                "generator": self.generator.get_state(), "eval_generator": self.eval_generator.get_state(),
+                "stats": self.stats.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.episodes_done = int(state["episodes_done"])
+        self.regret = [float(r) for r in state["regret"]]
+        self.current = state["current"]
+        self.generator.set_state(state["generator"])
+        self.eval_generator.set_state(state["eval_generator"])
+        self.stats.load_state_dict(state["stats"])
+        if self.current is not None:
+            self._set_policy(int(self.current))
+
+    # subclass hooks: score(), _set_policy(i), play_and_record(n) -> (mean return, regret or None)
+
+
+class GFAOutcomeLearner(_GFABase):
+    """Algorithm 2: deterministic transitions, outcome reward, Bellman-residual score (module docstring).
+
+    Args:
+        env: a deterministic outcome-reward MDP (``ContextBitsMDP``).
+        privacy, sampler, seed, episodes, batch_size: injected (``episodes``: K; ``batch_size``: B).
+        episodes_default: K when the top-level ``episodes`` is null.
+        batch_const: c in the default batch size B = c K^{3/5}.
+        eta: weight of the optimism term.
+        class_size, class_scales, class_seed: the structured class (``ContextBitsClass``).
+        sensitivity: ``worst_case`` (any class with values in [0, V_max]) or ``class`` (exact maximum
+            of one loss term over this finite class and domain; see ``residual_sensitivity``).
+    """
+
+    name = "gfa_outcome"
+
+    def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
+                 batch_size: int | None = None, episodes_default: int = 500, batch_const: float = 1.0,
+                 eta: float = 1.0, class_size: int = 243, class_scales=(0.75, 1.0, 1.25), class_seed: int = 0,
+                 sensitivity: str = "worst_case"):
+        from dppo.function_classes.context_bits import ContextBitsClass
+        from dppo.function_classes.losses import BellmanResidualLoss
+
+        if not hasattr(env, "trajectory_sa"):
+            raise ConfigError(f"algo=gfa_outcome needs a deterministic outcome-reward env (env=context_bits), "
+                              f"got {type(env).__name__}")
+        self.env = env
+        self.fclass = ContextBitsClass(env, size=class_size, scales=class_scales, seed=class_seed)
+        super().__init__(privacy=privacy, sampler=sampler, seed=seed, episodes=episodes, batch_size=batch_size,
+                         episodes_default=episodes_default, batch_const=batch_const, eta=eta,
+                         size=self.fclass.size)
+        self.stats = BellmanResidualLoss(self.fclass.size)
+        rho = env.rho.double()
+        self.optimism = self.fclass.values(env.initial_sa()).double().amax(-1) @ rho    # f1_bar, data-free
+        self.v_star = env.optimal_value()
+        if sensitivity not in ("worst_case", "class"):
+            raise ConfigError(f"algo.sensitivity must be 'worst_case' or 'class', got '{sensitivity}'")
+        self.sensitivity_kind = sensitivity
+        self._calibrate(self.residual_sensitivity(sensitivity))
+        self.policy = None
+
+    def residual_sensitivity(self, kind: str) -> float:
+        """Replace-one sensitivity Delta_S of ``S(f) = eta f1_bar - L_BR(f)``.
+
+        The optimism term does not depend on the data; replacing one user swaps one loss term
+        ``l_f = (G_f(tau) - r)^2 >= 0``, so ``|S_D(f) - S_D'(f)| <= max l_f``. Since
+        ``f_h(s_h, a_h) <= V^f_h(s_h)``, ``G_f(tau) = f_1(s_1, a_1) + sum_{h>=2} [f_h(s_h, a_h) - V^f_h(s_h)]``
+        lies in ``[-(H-1) V_max, V_max]`` for values in [0, V_max], and r is clipped to [r_lo, r_hi]:
+
+            worst_case:  Delta_S = max(V_max - r_lo, r_hi + (H-1) V_max)^2
+                         (= H^2 = 16 for values and rewards in [0, 1], H = 4: the paper's O(H^2));
+            class:       Delta_S = max_{f in F, tau} max(G_f(tau) - r_lo, r_hi - G_f(tau))^2,
+                         enumerated over every trajectory of the finite domain (data-independent).
+        """
+        H, vmax = self.env.H, self.fclass.value_max
+        lo, hi = self.env.reward_low, self.env.reward_high
+        if kind == "worst_case":
+            return max(vmax - lo, hi + (H - 1) * vmax) ** 2
+        from dppo.function_classes.losses import trajectory_residuals
+
+        gmax, gmin = -math.inf, math.inf
+        all_traj = torch.arange(self.env.num_trajectories)
+        for chunk in all_traj.split(64):
+            sa, nxt = self.env.trajectory_sa(chunk)
+            G = trajectory_residuals(self.fclass, sa, nxt, self.env.num_actions)
+            gmax, gmin = max(gmax, float(G.max())), min(gmin, float(G.min()))
+        return max(gmax - lo, hi - gmin) ** 2
+
+    def score(self) -> torch.Tensor:
+        """``S(f) = eta f1_bar(f) - L_BR(f)`` for all f, float64 ``[|F|]``."""
+        return self.eta * self.optimism - self.stats.loss
+
+    def _set_policy(self, i: int) -> None:
+        table = self.fclass.member_table(i).view(self.env.num_states, self.env.num_actions)
+        self.policy = table.argmax(-1)
+
+    def play_and_record(self, n: int) -> tuple[float, float]:
+        from dppo.function_classes.losses import trajectory_residuals
+
+        env = self.env
+        x = env.sample_contexts(n, self.generator)
+        traj, r = env.rollout(x, self.policy)
+        if not torch.isfinite(r).all():
+            raise DataError("the environment returned a non-finite outcome reward")
+        r = r.clamp(env.reward_low, env.reward_high)              # the declared range the sensitivity uses
+        uniq, inv = torch.unique(traj, return_inverse=True)
+        count = torch.zeros(len(uniq)).index_add_(0, inv, torch.ones(n))
+        rsum = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inv, r)
+        rsq = torch.zeros(len(uniq), dtype=torch.float64).index_add_(0, inv, r * r)
+        sa, nxt = env.trajectory_sa(uniq)
+        self.stats.update(trajectory_residuals(self.fclass, sa, nxt, env.num_actions), count, rsum, rsq)
+        regret = self.v_star - env.policy_value(self.policy)
+        return float(r.mean()), float(regret)
+
+    def evaluate(self, episodes: int, greedy: bool = False) -> float:
+        """Mean outcome reward of the current greedy policy on ``episodes`` fresh contexts (not users)."""
+        if self.policy is None:
+            self._set_policy(int(self.score().argmax()))
+        x = self.env.sample_contexts(max(1, episodes), self.eval_generator)
+        return float(self.env.rollout(x, self.policy)[1].mean())
+
+
+def tabular_features(H: int, S: int, A: int) -> torch.Tensor:
+    """Features of (h, s, a) for the linear-grid class: ``tau^2, tau sigma, tau a/(A-1)`` with
+    ``tau = (H - h)/H`` the remaining horizon fraction and ``sigma = s/(S-1)``. ``[H S A, 3]``."""
+    h = torch.arange(H).view(H, 1, 1).expand(H, S, A).reshape(-1).float()
+    s = torch.arange(S).view(1, S, 1).expand(H, S, A).reshape(-1).float()
+    a = torch.arange(A).view(1, 1, A).expand(H, S, A).reshape(-1).float()
+    tau = (H - h) / H
+    return torch.stack([tau * tau, tau * s / max(S - 1, 1), tau * a / max(A - 1, 1)], 1)
+
+
+class GFALearner(_GFABase):
+    """Algorithm 1: stochastic tabular MDP, Bellman-error score with the inner infimum (module docstring).
+
+    Rewards are clipped to [0, 1] per step and scaled by 1/H inside the learner, so returns and
+    values lie in [0, 1] (R_max = 1/H, V_max = 1); regret is reported in the env's return units.
+
+    Args:
+        env: a tabular MDP (``env=riverswim``, ``env=random_mdp``) or a Discrete gymnasium env factory.
+        privacy, sampler, seed, episodes, batch_size: injected.
+        episodes_default, batch_const, eta: as for ``GFAOutcomeLearner``.
+        grid_low, grid_high, grid_points: the weight grid of the linear epsilon-net class
+            (``LinearGridClass`` on ``tabular_features``), |F| = grid_points^3.
+    """
+
+    name = "gfa"
+
+    def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
+                 batch_size: int | None = None, episodes_default: int = 2000, batch_const: float = 1.0,
+                 eta: float = 1.0, grid_low: float = -0.5, grid_high: float = 0.5, grid_points: int = 11):
+        from dppo.envs.tabular import make_tabular
+        from dppo.function_classes.linear_grid import LinearGridClass
+        from dppo.function_classes.losses import BellmanErrorLoss
+
+        self.env = make_tabular(env, seed=seed)
+        H, S, A = self.env.H, self.env.S, self.env.A
+        self.fclass = LinearGridClass(tabular_features(H, S, A), torch.linspace(grid_low, grid_high, grid_points),
+                                      value_max=1.0)
+        super().__init__(privacy=privacy, sampler=sampler, seed=seed, episodes=episodes, batch_size=batch_size,
+                         episodes_default=episodes_default, batch_const=batch_const, eta=eta,
+                         size=self.fclass.size)
+        self.stats = BellmanErrorLoss(H, S, A)
+        self.r_max = 1.0 / H
+        p0 = getattr(self.env, "p0", None)
+        first = self.fclass.table.view(-1, H, S, A)[:, 0].double().amax(-1)           # [|F|, S]
+        self.optimism = first @ p0 if p0 is not None else first.mean(1)
+        self.has_model = bool(getattr(self.env, "has_model", False))
+        self.v_star = self.env.optimal_value() if self.has_model else None
+        self._calibrate(self.bellman_error_sensitivity())
+        self.policy = None
+
+    def bellman_error_sensitivity(self) -> float:
+        """Replace-one sensitivity of ``S(f) = eta f1(s_1) - L_BE(f)``: ``Delta_S = 2 H (R_max + V_max)^2``.
+
+        One residual ``g(s_h, a_h) - r_h - V^f_{h+1}(s_{h+1})`` lies in ``[-(R_max + V_max), V_max]``, so each
+        squared term is in ``[0, (R_max + V_max)^2]``; a user's episode adds H of them to
+        ``sum_h E_h(f_h, f_{h+1})`` (changes it by <= H (R_max + V_max)^2) and the infimum over f' of
+        functions that each change by <= that changes by <= that too. With R_max = V_max = 1 this is
+        the paper's 8H; here R_max = 1/H (rewards scaled by 1/H), V_max = 1.
+        """
+        return 2 * self.env.H * (self.r_max + self.fclass.value_max) ** 2
+
+    def score(self) -> torch.Tensor:
+        return self.eta * self.optimism - self.stats.loss(self.fclass.table)
+
+    def _set_policy(self, i: int) -> None:
+        H, S, A = self.env.H, self.env.S, self.env.A
+        self.policy = self.fclass.member_table(i).view(H, S, A).argmax(-1)
+
+    def _episodes(self, n: int, generator):
+        if hasattr(self.env, "sample_episodes"):
+            return self.env.sample_episodes(self.policy, n, generator)
+        pol = self.policy.tolist()
+        eps = [self.env.run_episode(pol) for _ in range(n)]
+        states = torch.tensor([e[0] + [e[0][-1]] for e in eps])
+        return states, torch.tensor([e[1] for e in eps]), torch.tensor([e[2] for e in eps], dtype=torch.float64)
+
+    def play_and_record(self, n: int) -> tuple[float, float | None]:
+        states, actions, rewards = self._episodes(n, self.generator)
+        if not torch.isfinite(rewards).all():
+            raise DataError("the environment returned a non-finite reward")
+        rewards = rewards.clamp(0.0, 1.0)                         # declared per-step range [0, 1]
+        self.stats.update(states, actions, rewards * self.r_max)
+        ret = float(self.env.to_native_return(rewards.sum(1).mean()))
+        if not self.has_model:
+            return ret, None
+        regret = self.v_star - self.env.policy_value(self.policy)
+        return ret, float(self.env.to_native_regret(regret))
+
+    def evaluate(self, episodes: int, greedy: bool = False) -> float:
+        if self.policy is None:
+            self._set_policy(int(self.score().argmax()))
+        _, _, rewards = self._episodes(max(1, episodes), self.eval_generator)
+        return float(self.env.to_native_return(rewards.sum(1).mean()))
