@@ -166,7 +166,7 @@ class GFAOutcomeLearner(_GFABase):
     def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  batch_size: int | None = None, episodes_default: int = 500, batch_const: float = 1.0,
                  eta: float = 1.0, class_size: int = 243, class_scales=(0.75, 1.0, 1.25), class_seed: int = 0,
-                 sensitivity: str = "worst_case"):
+                 sensitivity: str = "class"):
         from dppo.function_classes.context_bits import ContextBitsClass
         from dppo.function_classes.losses import BellmanResidualLoss
 
@@ -277,7 +277,7 @@ class GFALearner(_GFABase):
 
     def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  batch_size: int | None = None, episodes_default: int = 2000, batch_const: float = 1.0,
-                 eta: float = 1.0, grid_low: float = -0.5, grid_high: float = 0.5, grid_points: int = 11):
+                 eta: float = 50.0, grid_low: float = -0.5, grid_high: float = 0.5, grid_points: int = 11):
         from dppo.envs.tabular import make_tabular
         from dppo.function_classes.linear_grid import LinearGridClass
         from dppo.function_classes.losses import BellmanErrorLoss

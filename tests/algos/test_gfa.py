@@ -1,0 +1,233 @@
+"""DP-GFA learners: scores, sensitivities, exact exponential-mechanism sampling, ledger, resume."""
+import math
+
+import pytest
+import torch
+
+from dppo.algos.gfa import GFALearner, GFAOutcomeLearner, gumbel_max, paper_batch_size, tabular_features
+from dppo.data.sampler import OnePassUserSampler
+from dppo.envs.context_bits import ContextBitsMDP
+from dppo.envs.tabular import riverswim
+from dppo.errors import ConfigError
+from dppo.function_classes.losses import trajectory_residuals
+from dppo.privacy import NoiseSource, PrivacyContext
+from dppo.privacy.accountants import make_accountant
+
+
+def outcome_learner(variant="easy", eps=None, composition="advanced", seed=0, **kw):
+    privacy = PrivacyContext(eps, 1e-5, accountant=make_accountant(composition), noise=NoiseSource(seed))
+    learner = GFAOutcomeLearner(ContextBitsMDP(variant), privacy, OnePassUserSampler(1), seed=seed, **kw)
+    return learner, privacy
+
+
+def run(learner):
+    return [learner.train_round(r) for r in range(learner.num_rounds)]
+
+
+def test_gumbel_max_samples_the_softmax_distribution():
+    logits = torch.tensor([0.0, 1.0, 2.0, -1.0], dtype=torch.float64)
+    noise = NoiseSource(3)
+    n = 20000
+    counts = torch.zeros(4)
+    for _ in range(n):
+        counts[gumbel_max(logits, noise.gumbel((4,)))] += 1
+    p = torch.softmax(logits, 0)
+    sd = torch.sqrt(p * (1 - p) / n)
+    assert ((counts / n - p).abs() < 5 * sd).all()
+
+
+def test_paper_batch_size_rule_is_c_times_k_to_the_three_fifths():
+    assert paper_batch_size(500, 1.0) == round(500 ** 0.6) == 42
+    assert paper_batch_size(1000, 0.5) == round(0.5 * 1000 ** 0.6)
+    learner, _ = outcome_learner(episodes=500, batch_const=1.0)
+    assert learner.B == 42 and learner.num_rounds == math.ceil(500 / 42)
+
+
+def test_outcome_score_is_eta_optimism_minus_the_loss_recomputed_from_the_played_episodes():
+    learner, _ = outcome_learner(episodes=60, batch_size=20, eta=2.0)
+    env, fc = learner.env, learner.fclass
+    played = []
+    orig = env.rollout
+
+    def spy(x, policy):
+        traj, r = orig(x, policy)
+        if len(x) == 20:                                 # the batch (policy_value rolls out all 64 contexts)
+            played.append((traj, r))
+        return traj, r
+
+    env.rollout = spy
+    run(learner)
+    traj = torch.cat([t for t, _ in played])
+    r = torch.cat([v for _, v in played])
+    sa, nxt = env.trajectory_sa(traj)
+    loss = ((trajectory_residuals(fc, sa, nxt, 2) - r) ** 2).sum(1)
+    v1 = fc.values(env.initial_sa()).double().amax(-1)          # [|F|, 64]
+    optimism = (v1 * env.rho).sum(1)
+    assert torch.allclose(learner.score(), 2.0 * optimism - loss, atol=1e-6)
+
+
+def test_worst_case_outcome_sensitivity_is_the_derived_constant():
+    learner, _ = outcome_learner(class_scales=(0.5, 1.0), sensitivity="worst_case")
+    assert learner.sensitivity == pytest.approx(16.0)          # ((H-1) V_max + R_max)^2 = H^2 for H = 4
+    learner, _ = outcome_learner(class_scales=(0.75, 1.0, 1.25), sensitivity="worst_case")
+    assert learner.sensitivity == pytest.approx((3 * 1.25 + 1) ** 2)
+
+
+@pytest.mark.parametrize("kind", ["worst_case", "class"])
+def test_replacing_one_user_moves_every_score_by_at_most_the_sensitivity(kind):
+    learner, _ = outcome_learner(sensitivity=kind)
+    env, fc = learner.env, learner.fclass
+    g = torch.Generator().manual_seed(0)
+    traj = torch.randint(0, env.num_trajectories, (400,), generator=g)
+    r = torch.rand(400, generator=g, dtype=torch.float64)
+    r[::3] = 0.0
+    r[1::3] = 1.0
+    sa, nxt = env.trajectory_sa(traj)
+    terms = (trajectory_residuals(fc, sa, nxt, 2) - r) ** 2           # one user's loss term, every f
+    worst = float((terms.amax(1) - terms.amin(1)).max())              # largest change from one swap
+    assert worst <= learner.sensitivity + 1e-9
+    if kind == "class":
+        assert learner.sensitivity == pytest.approx(1.25 ** 2)         # residuals in [0, 1.25], r in [0, 1]
+
+
+def test_private_run_records_one_release_per_batch_and_spends_exactly_the_target():
+    for comp in ("advanced", "zcdp"):
+        learner, privacy = outcome_learner(eps=5.0, composition=comp, episodes=200, batch_size=20)
+        metrics = run(learner)
+        ledger = privacy.ledger.entries
+        assert len(ledger) == learner.num_rounds == 10
+        assert ledger[0]["eps"] == 0.0 and ledger[0]["users"] == 0
+        assert all(e["eps"] == pytest.approx(learner.eps0) for e in ledger[1:])
+        assert all(e["beta"] == pytest.approx(learner.eps0 / (2 * learner.sensitivity)) for e in ledger)
+        assert [e["users"] for e in ledger] == list(range(0, 200, 20))
+        assert privacy.spent()[0] == pytest.approx(5.0, rel=1e-9)
+        assert metrics[-1]["privacy/epsilon"] == pytest.approx(5.0, rel=1e-9)
+        for key in ("regret/cumulative", "gfa/score_gap", "gfa/batch", "gfa/beta", "rollout/return"):
+            assert key in metrics[-1]
+
+
+def test_non_private_greedy_every_episode_reaches_zero_regret():
+    for variant in ("easy", "hard"):
+        learner, privacy = outcome_learner(variant, eps=None, episodes=150, batch_size=1, seed=1)
+        metrics = run(learner)
+        assert len(privacy.ledger) == 0
+        assert all(m["gfa/score_gap"] == 0.0 for m in metrics)        # argmax, not a sample
+        assert learner.regret[-1] == pytest.approx(0.0)
+        assert metrics[-1]["regret/cumulative"] == pytest.approx(sum(learner.regret))
+
+
+def test_regret_is_the_exact_gap_to_the_optimal_value_of_the_played_policy():
+    learner, _ = outcome_learner("hard", eps=None, episodes=10, batch_size=5)
+    learner.train_round(0)
+    want = 1.0 - learner.env.policy_value(learner.policy)
+    assert learner.regret[0] == pytest.approx(want)
+
+
+def test_rewards_outside_the_declared_range_are_clipped_before_the_loss():
+    learner, _ = outcome_learner(episodes=5, batch_size=5)
+    env = learner.env
+    orig = env.rollout
+    env.rollout = lambda x, p: (orig(x, p)[0], torch.full((len(x),), 7.0, dtype=torch.float64))
+    learner.train_round(0)
+    env.rollout = orig
+    clean, _ = outcome_learner(episodes=5, batch_size=5)
+    clean.env.rollout = lambda x, p: (orig(x, p)[0], torch.ones(len(x), dtype=torch.float64))
+    clean.train_round(0)
+    assert torch.allclose(learner.stats.loss, clean.stats.loss)
+
+
+def test_resumed_learner_continues_exactly_like_an_uninterrupted_one():
+    a, pa = outcome_learner(eps=8.0, episodes=120, batch_size=10, seed=4)
+    run(a)
+    b, pb = outcome_learner(eps=8.0, episodes=120, batch_size=10, seed=4)
+    for r in range(5):
+        b.train_round(r)
+    state, pstate = b.state_dict(), pb.state_dict()
+    c, pc = outcome_learner(eps=8.0, episodes=120, batch_size=10, seed=4)
+    c.load_state_dict(state)
+    pc.load_state_dict(pstate)
+    for r in range(5, c.num_rounds):
+        c.train_round(r)
+    assert c.regret == a.regret and torch.equal(c.stats.loss, a.stats.loss)
+    assert pc.spent() == pa.spent() and len(pc.ledger) == len(pa.ledger)
+
+
+def test_accountant_name_follows_privacy_composition():
+    class Cfg:
+        composition = "zcdp"
+    assert GFAOutcomeLearner.accountant_name(Cfg) == "zcdp"
+    Cfg.composition = "advanced"
+    assert GFALearner.accountant_name(Cfg) == "advanced"
+    Cfg.composition = "rdp"
+    with pytest.raises(ConfigError):
+        GFALearner.accountant_name(Cfg)
+
+
+def test_outcome_learner_rejects_a_stochastic_env():
+    privacy = PrivacyContext(None, 1e-5, accountant=make_accountant("advanced"))
+    with pytest.raises(ConfigError):
+        GFAOutcomeLearner(riverswim(5), privacy, OnePassUserSampler(1))
+
+
+def gfa_learner(eps=None, seed=0, **kw):
+    privacy = PrivacyContext(eps, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(seed))
+    kw.setdefault("grid_points", 5)
+    return GFALearner(riverswim(6), privacy, OnePassUserSampler(1), seed=seed, **kw), privacy
+
+
+def test_bellman_error_sensitivity_is_2h_times_range_squared_and_at_most_8h():
+    learner, _ = gfa_learner()
+    H = 6
+    assert learner.sensitivity == pytest.approx(2 * H * (1 / H + 1) ** 2)
+    assert learner.sensitivity <= 8 * H
+
+
+def test_algorithm_1_runs_privately_on_riverswim_with_exact_regret_and_budget():
+    learner, privacy = gfa_learner(eps=5.0, episodes=100, batch_size=20)
+    metrics = run(learner)
+    assert len(privacy.ledger) == 5 and privacy.spent()[0] == pytest.approx(5.0, rel=1e-9)
+    env = learner.env
+    want = env.optimal_value() - env.policy_value(learner.policy)
+    assert learner.regret[-1] == pytest.approx(want, abs=1e-9)
+    assert metrics[-1]["regret/cumulative"] == pytest.approx(sum(learner.regret))
+
+
+def test_algorithm_1_score_is_eta_optimism_minus_bellman_error_loss():
+    learner, _ = gfa_learner(episodes=40, batch_size=20, eta=3.0)
+    run(learner)
+    table = learner.fclass.table.double()
+    H, S, A = 6, 6, 2
+    opt = table.view(-1, H, S, A)[:, 0, 0].amax(-1)                     # p0 = state 0, step 1
+    assert torch.allclose(learner.score(), 3.0 * opt - learner.stats.loss(table))
+
+
+def test_tabular_features_are_bounded_and_the_grid_class_has_documented_size():
+    phi = tabular_features(20, 6, 2)
+    assert phi.shape == (240, 3) and phi.min() >= 0 and phi.max() <= 1
+    learner, _ = gfa_learner(grid_points=4)
+    assert learner.size == 64
+
+
+def test_python_api_run_writes_summary_ledger_and_tensorboard_keys(tmp_path):
+    import json
+
+    import dppo
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    dppo.train(["algo=gfa_outcome", "env=context_bits", "env.variant=hard", "eps=8", "episodes=60",
+                "privacy.composition=zcdp", "progress=false", "eval_episodes=5"], run_dir=str(tmp_path))
+    s = json.load(open(tmp_path / "summary.json"))
+    assert s["algo"] == "gfa_outcome" and s["accountant"] == "zcdp" and s["users_seen"] == 60
+    assert s["epsilon_spent"] == pytest.approx(8.0, rel=1e-9) and len(s["ledger"]) == s["rounds_done"]
+    assert s["cumulative_regret"] >= 0 and "final_regret_per_episode" in s
+    keys = set(EventAccumulator(str(tmp_path)).Reload().Tags()["scalars"])
+    assert {"regret/cumulative", "gfa/score_gap", "gfa/batch", "privacy/epsilon", "gfa/beta",
+            "rollout/return", "perf/users_per_s"} <= keys
+
+
+def test_python_api_runs_algorithm_1_on_a_tabular_env_object(tmp_path):
+    import dppo
+
+    s = dppo.train(["algo=gfa", "eps=5", "episodes=40", "batch_size=10", "algo.grid_points=4",
+                    "progress=false", "eval_episodes=2"], run_dir=str(tmp_path), env=riverswim(5))
+    assert s["algo"] == "gfa" and s["rounds_done"] == 4 and s["epsilon_spent"] == pytest.approx(5.0)
