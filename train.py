@@ -6,7 +6,7 @@ import sys
 import hydra
 from hydra.core.hydra_config import HydraConfig
 
-from dppo.cli import fail, precheck, resume_run, run_from_hydra
+from dppo.cli import entry, run_from_hydra
 from dppo.config import register_schema
 
 register_schema()
@@ -18,12 +18,4 @@ def main(cfg) -> None:
 
 
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    try:
-        resume = precheck(args)
-        if resume:
-            resume_run(resume, [a for a in args if not a.startswith("resume=")])
-            sys.exit(0)
-    except Exception as err:  # noqa: BLE001 - every user-facing failure is one line
-        fail(err)
-    main()
+    entry(main, sys.argv[1:])

@@ -42,17 +42,10 @@ def precheck(args: list[str]) -> str | None:
 
         load_run_config(resume, [a for a in overrides if not a.startswith("resume=")])
         return resume
-    from dppo.build import build_env, build_policy, learner_class
-    from dppo.config import compose, validate
+    from dppo.build import build
+    from dppo.config import compose
 
-    cfg = compose(overrides)
-    validate(cfg)
-    learner_class(cfg)
-    env = build_env(cfg)
-    import inspect
-
-    if "policy" in inspect.signature(learner_class(cfg).__init__).parameters:
-        build_policy(cfg, env)
+    build(compose(overrides))  # a dry build: every object, no run directory, nothing written
     return None
 
 
@@ -84,3 +77,15 @@ def _report(summary: dict, run_dir: str) -> None:
     print(f"done: {summary['algo']} on {summary['env_id']} final_return={summary['final_return']} "
           f"eps_spent={eps:.4g} delta_spent={summary['delta_spent']:.3g} rounds={summary['rounds_done']} "
           f"-> {run_dir}/summary.json")
+
+
+def entry(hydra_main, args: list[str]) -> None:
+    """What ``python train.py ARGS`` does: pre-flight (or resume), then Hydra's run for ``args``."""
+    try:
+        resume = precheck(args)
+        if resume:
+            resume_run(resume, [a for a in args if not a.startswith("resume=")])
+            return
+    except Exception as err:  # noqa: BLE001 - every user-facing failure is one line
+        fail(err)
+    hydra_main()

@@ -44,10 +44,10 @@ def parity_targets(masks: torch.Tensor) -> torch.Tensor:
     Returns:
         bool tensor ``[..., H, 64]``.
     """
-    x = torch.arange(N_CONTEXTS)
-    anded = masks.long().unsqueeze(-1) & x
-    bits = (anded.unsqueeze(-1) >> torch.arange(N_BITS)) & 1
-    return (bits.sum(-1) % 2).bool()
+    v = torch.arange(N_CONTEXTS)
+    parity = (((v.unsqueeze(-1) >> torch.arange(N_BITS)) & 1).sum(-1) % 2).bool()   # parity of each 6-bit int
+    table = parity[v.unsqueeze(1) & v.unsqueeze(0)]                                 # [mask, x]
+    return table[masks.long()]
 
 
 class ContextBitsMDP:

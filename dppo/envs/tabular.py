@@ -76,6 +76,11 @@ class TabularMDP:
 
     # ---- shapes ------------------------------------------------------------------------------
     @property
+    def id(self) -> str:
+        """The env's label (as gym ids), for logs and summary.json."""
+        return self.name
+
+    @property
     def S(self) -> int:
         return int(self.P.shape[0])
 
@@ -365,7 +370,7 @@ class GymTabularEnv:
         self.S = s_env + 1
         self.H = int(horizon)
         self.reward_low, self.reward_high = float(min(reward_low, 0.0)), float(max(reward_high, 0.0))
-        self.name = _env_name(env)
+        self.name = self.id = _env_name(env)
         self._seed = int(seed)
         self._episodes = 0
 

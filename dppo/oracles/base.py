@@ -78,8 +78,10 @@ class LeastSquaresOracle:
     """Base class: validates and clips per-user data, then ``_solve_private`` or the exact solve.
 
     Args:
-        x_bound: declared bound on each feature row's l2 norm (rows are clipped to it).
-        y_bound: declared bound on each target's absolute value (targets are clipped to it).
+        x_bound: declared bound on each feature row's l2 norm (rows are clipped to it); None (exact
+            oracle only): no clipping.
+        y_bound: declared bound on each target's absolute value (targets are clipped to it); None
+            (exact oracle only): no clipping.
         ridge: ridge coefficient (normalized units) of F(w).
         rows_bound: rows per user at which a user reaches full weight (None: each user weight 1).
         cg_iters: conjugate-gradient iterations of the exact solver when d > 1024 (or always if set).
@@ -89,14 +91,20 @@ class LeastSquaresOracle:
     name = "base"
     private_capable = True
 
-    def __init__(self, *, x_bound: float = 1.0, y_bound: float = 1.0, ridge: float = 1e-3,
+    def __init__(self, *, x_bound: float | None = 1.0, y_bound: float | None = 1.0, ridge: float = 1e-3,
                  rows_bound: int | None = None, cg_iters: int | None = None, seed: int = 0):
         for key, val in (("x_bound", x_bound), ("y_bound", y_bound)):
-            if not (val > 0 and math.isfinite(val)):
+            if val is None and self.private_capable:
+                raise ConfigError(f"oracle {self.name}: {key} must be set (the sensitivity depends on it)")
+            if val is not None and not (val > 0 and math.isfinite(val)):
                 raise ConfigError(f"oracle {self.name}: {key} must be a positive finite number, got {val}")
         if ridge < 0:
             raise ConfigError(f"oracle {self.name}: ridge must be >= 0, got {ridge}")
-        self.x_bound, self.y_bound, self.ridge = float(x_bound), float(y_bound), float(ridge)
+        # None (exact oracle only): no clipping, unit scale
+        self.x_bound = 1.0 if x_bound is None else float(x_bound)
+        self.y_bound = 1.0 if y_bound is None else float(y_bound)
+        self.clip_rows = x_bound is not None, y_bound is not None
+        self.ridge = float(ridge)
         self.rows_bound = None if rows_bound is None else int(rows_bound)
         self.cg_iters = None if cg_iters is None else int(cg_iters)
         self.seed = int(seed)
@@ -126,9 +134,11 @@ class LeastSquaresOracle:
                 raise DataError(f"oracle {self.name}: user {i} has feature dimension {X.shape[1]}, expected {dim}")
             if not (torch.isfinite(X).all() and torch.isfinite(y).all()):
                 raise DataError(f"oracle {self.name}: user {i} has non-finite features or targets")
-            norms = X.norm(dim=1, keepdim=True)
-            X = X * torch.clamp(self.x_bound / norms.clamp_min(1e-300), max=1.0) / self.x_bound
-            y = y.clamp(-self.y_bound, self.y_bound) / self.y_bound
+            if self.clip_rows[0]:
+                norms = X.norm(dim=1, keepdim=True)
+                X = X * torch.clamp(self.x_bound / norms.clamp_min(1e-300), max=1.0) / self.x_bound
+            if self.clip_rows[1]:
+                y = y.clamp(-self.y_bound, self.y_bound) / self.y_bound
             n = X.shape[0] if self.rows_bound is None else max(X.shape[0], self.rows_bound)
             Xs.append(X), ys.append(y)
             ws.append(torch.full((X.shape[0],), 1.0 / n, dtype=torch.float64))

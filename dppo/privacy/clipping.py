@@ -9,12 +9,13 @@ from dppo.privacy.calibration import analytic_gaussian_sigma
 def clip_per_user(per_user: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale each row (one user's flattened gradient) to l2 norm <= max_norm.
 
-    Returns the clipped rows and the pre-clipping norms. Non-finite rows are zeroed (their
-    contribution is then bounded too), so the bound holds for any input.
+    Returns the clipped rows (float64) and the pre-clipping norms. Non-finite entries are zeroed (the
+    contribution is then bounded too), and the scale carries a 1e-9 relative margin against rounding,
+    so the bound holds for any input.
     """
-    per_user = torch.nan_to_num(per_user, nan=0.0, posinf=0.0, neginf=0.0)
+    per_user = torch.nan_to_num(per_user.double(), nan=0.0, posinf=0.0, neginf=0.0)
     norms = per_user.norm(dim=1)
-    scale = (max_norm / norms.clamp_min(1e-12)).clamp(max=1.0)
+    scale = (max_norm * (1 - 1e-9) / norms.clamp_min(1e-300)).clamp(max=1.0)
     return per_user * scale[:, None], norms
 
 

@@ -23,7 +23,7 @@ class NoiseSource:
         n = math.prod(shape) if len(shape) else 1
         if self.secure:
             raw = torch.frombuffer(bytearray(secrets.token_bytes(8 * n)), dtype=torch.int64)
-            u = ((raw >> 11).to(torch.float64) + 0.5) / float(1 << 53)
+            u = (((raw >> 11) & ((1 << 53) - 1)).to(torch.float64) + 0.5) / float(1 << 53)
         else:
             u = torch.rand(n, generator=self.generator, dtype=torch.float64)
             u = u.clamp_min(1e-300)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from scipy.optimize import minimize_scalar
 
@@ -164,26 +165,43 @@ class TreeCounter(torch.nn.Module):
         if t > self.capacity:
             raise PrivacyError(f"the tree counter was built for {self.capacity} steps; step {t} would break "
                                f"its privacy calibration")
-        idx = torch.as_tensor(index, dtype=torch.long, device=self.counts.device)
-        if idx.numel() != len(set(idx.tolist())):
+        idx = index.tolist() if isinstance(index, torch.Tensor) else list(index)
+        if len(idx) != len(set(idx)):
             raise PrivacyError("a stream received two increments in one step; each user may add at most "
                                "Delta to a stream")
+        cap = self.sensitivity
         if values is None:
-            vals = torch.full((idx.numel(),), min(1.0, self.sensitivity), dtype=torch.float64,
-                              device=self.counts.device)
+            vals = np.full(len(idx), min(1.0, cap))
         else:
-            vals = torch.as_tensor(values, dtype=torch.float64, device=self.counts.device).clamp(0.0, self.sensitivity)
-        self.counts.index_add_(0, idx, vals)
+            vals = values.tolist() if isinstance(values, torch.Tensor) else values
+            vals = np.minimum(np.maximum(np.asarray(vals, dtype=np.float64), 0.0), cap)   # clip to [0, Delta]
+        cpu = self.counts.device.type == "cpu"
+        # On CPU, update through NumPy views of the buffers (same memory, ~5x less per-call overhead).
+        xp_counts = self.counts.numpy() if cpu else self.counts
+        if cpu:
+            xp_counts[np.asarray(idx, dtype=np.int64)] += vals
+        else:
+            self.counts.index_add_(0, torch.tensor(idx, device=self.counts.device),
+                                   torch.tensor(vals, dtype=torch.float64, device=self.counts.device))
         self.t.fill_(t)
-        if self.private:
-            i = (t & -t).bit_length() - 1          # level of the node closing at t (lowest set bit)
-            if i > 0:                               # its children (levels < i) leave the decomposition
+        if not self.private:
+            self.released.copy_(self.counts)
+            return
+        i = (t & -t).bit_length() - 1          # level of the node closing at t (lowest set bit)
+        z = self._next_noise()
+        if cpu:
+            levels, total, z = self.level_noise.numpy(), self.noise_total.numpy(), z.numpy()
+            if i > 0:                           # its children (levels < i) leave the decomposition
+                total -= levels[:i].sum(0)
+                levels[:i] = 0.0
+            levels[i] = z
+            total += z
+            np.add(xp_counts, total, out=self.released.numpy())
+        else:
+            if i > 0:
                 self.noise_total.sub_(self.level_noise[:i].sum(0))
                 self.level_noise[:i].zero_()
-            z = self._next_noise()
             self.level_noise[i].copy_(z)
             self.noise_total.add_(z)
             torch.add(self.counts, self.noise_total, out=self.released)
-            self._planned = max(0, self._planned - 1)
-        else:
-            self.released.copy_(self.counts)
+        self._planned = max(0, self._planned - 1)

@@ -49,11 +49,21 @@ class PRVAccountant(_OpacusAccountant):
     opacus_name = "prv"
 
 
+MAX_NOISE_MULTIPLIER = 50.0  # beyond this the noise swamps any clipped signal: refuse instead of searching
+
+
 def multi_pass_noise_multiplier(eps: float, delta: float, sample_rate: float, steps: int,
                                 accountant: str = "rdp") -> float:
     """Noise multiplier meeting (eps, delta) after ``steps`` Poisson-sampled Gaussian releases (Opacus)."""
+    from opacus.accountants import create_accountant
     from opacus.accountants.utils import get_noise_multiplier
 
+    probe = create_accountant(accountant)
+    probe.history = [(MAX_NOISE_MULTIPLIER, sample_rate, steps)]
+    if probe.get_epsilon(delta=delta) > eps:
+        raise ConfigError(f"multi-pass eps={eps} cannot be met over {steps} rounds at sample rate {sample_rate:.3g} "
+                          f"even with noise multiplier {MAX_NOISE_MULTIPLIER}; raise eps or population_size, "
+                          f"or lower rounds")
     try:
         return float(get_noise_multiplier(target_epsilon=eps, target_delta=delta, sample_rate=sample_rate,
                                           steps=steps, accountant=accountant))

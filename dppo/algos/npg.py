@@ -1,0 +1,193 @@
+"""NPG and DP-NPG ([PO] Alg. 1 with the least-squares PrivUpdate of Sec. 4).
+
+One round: m fresh users each run one episode (seeded reset); the compatible least squares
+
+    w_t = argmin_w sum_i (1/n_i) sum_t (w . phi(s_it, a_it) - A_it)^2 + ridge ||w||^2,
+    phi(s, a) = grad_theta log pi_theta(a|s)   (restricted to a subspace, see below)
+
+is solved by the injected oracle (``exact`` when non-private; ``ssp`` / ``dp_gd`` / ``exp_mech``
+make it (eps, delta)- or eps-DP in the round's users), and theta <- theta + eta_t w_t.
+
+Privacy: the advantages A_it use only user i's own episode (``baseline``/``normalize`` in
+{none, user_mean, user}); the features are a function of the released policy and user i's own
+states and actions; so each user's regression rows depend on that user alone, the oracle's
+guarantee is the round's guarantee, and one-pass parallel composition gives the run's.
+Everything after the oracle (the step size, the update) is post-processing, so the step size
+normalization uses only the released w (``step=norm|fixed``); the KL-normalized step
+eta = sqrt(2 max_kl / w^T F w) reads the round's data and is allowed only without privacy.
+
+Subspaces (``subspace``): ``full`` = all parameters (per-sample gradients by torch.func);
+``head`` = the last linear layer, with action 0's row as the reference (softmax is invariant to a
+shift common to all rows), phi = (1[a=k] - pi_k(s)) [h(s), 1] for k = 1..K-1; ``head_dim=k``
+further restricts the head update to a fixed random k-dim subspace P (orthonormal columns, seeded,
+data-independent): w lives in R^k and the head moves by P w. ``full`` works with any policy,
+``head`` needs ``policy.body`` and ``policy.head`` (an ``nn.Linear``), as ``MLPPolicy`` has.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from dppo.algos.base import Learner
+from dppo.algos.pg import EVAL_USER_OFFSET, advantages, per_user_gradients
+from dppo.algos.rollout import collect_episodes, returns_to_go
+from dppo.envs.gym_env import user_seed
+from dppo.errors import ConfigError, DataError
+
+SUBSPACES = ("full", "head")
+STEPS = ("kl", "norm", "fixed")
+
+
+class PolicySubspace:
+    """Compatible features phi(s, a) in a parameter subspace, and the matching parameter update."""
+
+    def __init__(self, policy, subspace: str = "full", head_dim: int | None = None, seed: int = 0):
+        if subspace not in SUBSPACES:
+            raise ConfigError(f"algo.subspace must be one of {SUBSPACES}, got '{subspace}'")
+        self.policy, self.kind = policy, subspace
+        self.projection = None
+        if subspace == "head":
+            head = getattr(policy, "head", None)
+            if not isinstance(head, torch.nn.Linear) or not hasattr(policy, "body"):
+                raise ConfigError("algo.subspace=head needs a policy with .body and a linear .head (MLPPolicy); "
+                                  "use algo.subspace=full")
+            self.n_actions, self.width = head.out_features, head.in_features + 1
+            full = (self.n_actions - 1) * self.width
+            if head_dim is not None:
+                if not 1 <= head_dim <= full:
+                    raise ConfigError(f"algo.head_dim must lie in 1..{full}, got {head_dim}")
+                gen = torch.Generator().manual_seed(int(seed) + 31337)
+                q, _ = torch.linalg.qr(torch.randn(full, int(head_dim), generator=gen, dtype=torch.float64))
+                self.projection = q  # orthonormal columns: ||P^T v|| <= ||v||
+            self.dim = full if head_dim is None else int(head_dim)
+        else:
+            self.dim = sum(p.numel() for p in policy.parameters())
+
+    def features(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """phi(s, a) for N rows (N, dim), float64."""
+        if self.kind == "full":
+            ones = torch.ones(obs.shape[0], 1)
+            return per_user_gradients(self.policy, obs[:, None], actions[:, None], ones).double()
+        with torch.no_grad():
+            h = self.policy.body(obs).double()
+            probs = torch.softmax(self.policy.head(h.float()).double(), dim=-1)
+            h1 = torch.cat([h, torch.ones(h.shape[0], 1, dtype=torch.float64)], dim=1)
+            onehot = torch.nn.functional.one_hot(actions.long(), self.n_actions).double()
+            coef = (onehot - probs)[:, 1:]  # rows k = 1..K-1
+            phi = (coef[:, :, None] * h1[:, None, :]).reshape(obs.shape[0], -1)
+        return phi if self.projection is None else phi @ self.projection
+
+    def step(self, w: torch.Tensor) -> None:
+        """theta <- theta + w (w in subspace coordinates)."""
+        with torch.no_grad():
+            if self.kind == "full":
+                params = list(self.policy.parameters())
+                vector_to_parameters(parameters_to_vector(params) + w.to(params[0].dtype), params)
+                return
+            delta = w if self.projection is None else self.projection @ w
+            delta = delta.reshape(self.n_actions - 1, self.width).to(self.policy.head.weight.dtype)
+            self.policy.head.weight[1:] += delta[:, :-1]
+            self.policy.head.bias[1:] += delta[:, -1]
+
+
+class NaturalPolicyGradient(Learner):
+    """NPG / DP-NPG: compatible least squares through a (private) least-squares oracle.
+
+    Args:
+        policy, env, privacy, sampler, oracle: injected by the builder (oracle: ``make_oracle``).
+        seed, rounds, reward_bound: injected top-level keys (rewards clipped to +-reward_bound).
+        gamma: discount of the returns-to-go.
+        baseline, normalize: advantage shaping (see ``pg.advantages``; ``batch`` only non-private).
+        subspace, head_dim: parameter subspace of the update (module docstring).
+        step: ``kl`` (eta = sqrt(2 max_kl / w^T F w), non-private only), ``norm`` (eta = lr / ||w||)
+            or ``fixed`` (eta = lr).
+        lr, max_kl: step-size constants.
+        max_step_norm: cap on ||eta w|| (None: no cap).
+        momentum: beta of the step direction d_t = beta d_{t-1} + w_t (a running sum of released w's).
+    """
+
+    name = "npg"
+
+    def __init__(self, policy, env, privacy, sampler, oracle, *, seed: int = 0, rounds: int = 100,
+                 reward_bound: float | None = 1.0, gamma: float = 0.99, baseline: str = "batch",
+                 normalize: str = "batch", subspace: str = "full", head_dim: int | None = None, step: str = "kl",
+                 lr: float = 0.05, max_kl: float = 0.01, max_step_norm: float | None = None, momentum: float = 0.0):
+        if step not in STEPS:
+            raise ConfigError(f"algo.step must be one of {STEPS}, got '{step}'")
+        if privacy.private:
+            if "batch" in (baseline, normalize):
+                raise ConfigError("a batch baseline/normalization mixes users inside a private round; use "
+                                  "algo.baseline=user_mean|none and algo.normalize=user|none for private runs")
+            if step == "kl":
+                raise ConfigError("algo.step=kl reads the round's Fisher matrix, which is not released; "
+                                  "use algo.step=norm|fixed for private runs")
+            if privacy.multi_pass:
+                raise ConfigError("NPG/REBEL support one-pass training only (privacy.multi_pass=false)")
+            if not oracle.private_capable:
+                raise ConfigError(f"oracle '{oracle.name}' is not private; with eps set choose oracle=ssp|dp_gd|exp_mech")
+        self.policy, self.env, self.privacy, self.sampler, self.oracle = policy, env, privacy, sampler, oracle
+        self.seed, self.num_rounds, self.reward_bound = int(seed), int(rounds), reward_bound
+        self.gamma, self.baseline, self.normalize = float(gamma), baseline, normalize
+        self.space = PolicySubspace(policy, subspace, head_dim, seed)
+        self.step_rule, self.lr, self.max_kl, self.max_step_norm = step, float(lr), float(max_kl), max_step_norm
+        if not 0.0 <= momentum < 1.0:
+            raise ConfigError(f"algo.momentum must lie in [0, 1), got {momentum}")
+        self.momentum = float(momentum)
+        self.direction = torch.zeros(self.space.dim, dtype=torch.float64)
+        self.generator = torch.Generator().manual_seed(self.seed)
+
+    # ---- one round -----------------------------------------------------------------------
+    def train_round(self, round_idx: int) -> dict:
+        users = self.sampler.next_round()
+        batch = collect_episodes(self.policy, self.env, [user_seed(self.seed, u) for u in users],
+                                 reward_bound=self.reward_bound, generator=self.generator)
+        A = advantages(returns_to_go(batch.rewards, batch.mask, self.gamma), batch.mask, self.baseline,
+                       self.normalize)
+        phi = self.space.features(batch.obs[batch.mask], batch.actions[batch.mask])
+        rows = self.user_rows(phi, A[batch.mask].double(), batch.lengths)
+        w = self.oracle.solve(rows, privacy=self.privacy, round=round_idx)
+        if not torch.isfinite(w).all():
+            raise DataError("the least-squares oracle returned a non-finite w; aborting before the update")
+        self.direction = self.momentum * self.direction + w  # released w's only: post-processing
+        d = self.direction if self.momentum > 0 else w
+        update = self.step_size(d, phi) * d
+        if self.max_step_norm is not None and update.norm() > self.max_step_norm:
+            update = update * (self.max_step_norm / update.norm())
+        self.space.step(update)
+        return {"rollout/return": float(batch.returns.mean()),
+                "rollout/episode_length": float(batch.lengths.double().mean()),
+                "rollout/users": len(users), "privacy/reward_clip_fraction": batch.reward_clip_fraction,
+                "losses/w_norm": float(w.norm()), "losses/step_norm": float(update.norm())}
+
+    @staticmethod
+    def user_rows(phi: torch.Tensor, A: torch.Tensor, lengths: torch.Tensor) -> list:
+        """Split pooled rows (users in order, as ``batch.mask`` flattens them) into per-user blocks."""
+        sizes = [int(n) for n in lengths]
+        return list(zip(phi.split(sizes), A.split(sizes)))
+
+    def step_size(self, w: torch.Tensor, phi: torch.Tensor) -> float:
+        """eta_t: KL-normalized (non-private), lr / ||w||, or lr."""
+        if self.step_rule == "kl":
+            wFw = float(((phi @ w) ** 2).mean())
+            return math.sqrt(2 * self.max_kl / max(wFw, 1e-12))
+        if self.step_rule == "norm":
+            return self.lr / max(float(w.norm()), 1e-12)
+        return self.lr
+
+    # ---- evaluation and state ---------------------------------------------------------------
+    def evaluate(self, episodes: int, greedy: bool = False) -> float:
+        seeds = [user_seed(self.seed, EVAL_USER_OFFSET + i) for i in range(episodes)]
+        gen = torch.Generator().manual_seed(self.seed + 99991)
+        return float(collect_episodes(self.policy, self.env, seeds, reward_bound=None, generator=gen,
+                                      greedy=greedy).returns.mean())
+
+    def state_dict(self) -> dict:
+        return {"policy": self.policy.state_dict(), "generator": self.generator.get_state(),
+                "direction": self.direction.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.generator.set_state(state["generator"])
+        self.direction = state["direction"].clone()

@@ -1,0 +1,133 @@
+"""Audits of the private least-squares oracles built by ``make_oracle(name)``, one private solve per trial.
+
+``solve(users) = to_original(_solve_private(prepare(users), ...))``: ``prepare`` (validation, clipping to
+the bounds, normalization) is deterministic, so it runs once per input and every trial runs
+``_solve_private`` on its output: the part that calibrates the noise, records the release (the
+accountant's claim) and draws the noise; ``to_original`` is a fixed rescaling (post-processing).
+
+Neighbours (normalized units, ||x|| <= 1, |y| <= 1; the other users are fixed and shared by D and D'):
+- ``ssp``: canary (x = e1, y = 1) vs (x = (1/2, sqrt3/2), y = -1). In the released vector
+  v = (diag S, sqrt2 offdiag S, b) (isotropic noise) this moves v by sqrt(4.5), the largest change a
+  replaced user can cause (single-row users are the extreme points; the oracle's bound sqrt 6 is
+  not attained). White-box: S~, b~ are read where they enter ``psd_ridge_solve``; the test is the
+  projection of v~ on v(D') - v(D) (the likelihood-ratio test).
+- ``dp_gd``: canary (x = e1, y = 1) vs (x = e1, y = -1), others on e2; with clip C = 1 and radius 0.5
+  the canary's gradient 2 (w_1 - y) e1 is clipped to exactly -C e1 vs +C e1 at every step, the
+  replace-one worst case (2C) at each of the k steps. White-box: each step's noisy gradient sum is
+  recovered from the iterate entering ``project_ball``; the test is the sum over steps of its e1
+  component (the likelihood ratio of the k composed Gaussian releases).
+- ``exp_mech``: one feature, grid cover {-1, +1} (w_max = 1, so Delta = (R + 1)^2 = 4); canary
+  (x = 1, y = 1) vs (x = 1, y = -1), changing the score of w by 4 w, the full +-Delta at both
+  candidates; k = round(6 / eps) other users with y = -1 balance the two outputs so that the test
+  ``output = +1`` sees the normalizer shift too. The output is the whole release (pure DP, delta 0).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from dppo.audit.result import MechanismAudit, conclude, same_claim
+from dppo.audit.trials import tap, trial_context
+from dppo.privacy.noise import NoiseSource
+
+CHUNK = 2000  # trials per PrivacyContext (one round each), keeps ledgers small
+
+
+def _run(oracle, users_null, users_alt, eps, delta, trials, seed, observe):
+    """Alternate private solves on D and D' (fresh context every CHUNK trials); returns (null, alt, claim)."""
+    null, alt, claims = [], [], []
+    data_null, data_alt = oracle.prepare(users_null), oracle.prepare(users_alt)
+    noise = NoiseSource(seed)
+    done = 0
+    while done < trials:
+        privacy = trial_context(eps, delta, noise)
+        for r in range(min(CHUNK, trials - done) // 2):
+            null.append(observe(lambda: oracle._solve_private(data_null, privacy, 2 * r, eps, delta)))
+            alt.append(observe(lambda: oracle._solve_private(data_alt, privacy, 2 * r + 1, eps, delta)))
+        done += CHUNK
+        claims.append(privacy.spent())
+    return np.array(null), np.array(alt), same_claim(claims)
+
+
+def _others(count: int, dim: int, seed: int) -> list:
+    gen = torch.Generator().manual_seed(seed + 17)
+    out = []
+    for _ in range(count):
+        x = torch.rand(1, dim, generator=gen, dtype=torch.float64) * 2 - 1
+        out.append((x / max(1.0, float(x.norm())), torch.rand(1, generator=gen, dtype=torch.float64) * 2 - 1))
+    return out
+
+
+def ssp_vector(S: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v = (diag S, sqrt2 * upper-offdiag S, b), the coordinates in which SSP's noise is isotropic."""
+    iu = torch.triu_indices(S.shape[0], S.shape[0], offset=1)
+    return torch.cat([torch.diagonal(S), math.sqrt(2.0) * S[iu[0], iu[1]], b])
+
+
+def audit_ssp(eps: float, delta: float = 1e-5, trials: int = 100_000, *, seed: int = 0, oracle=None) -> MechanismAudit:
+    """SSP oracle (default settings); ``oracle`` overrides it (broken variants in the tests)."""
+    from dppo.oracles import make_oracle
+
+    started = time.perf_counter()
+    oracle = oracle or make_oracle("ssp")
+    others = _others(3, 2, seed)
+    d_null = [(torch.tensor([[1.0, 0.0]]), torch.tensor([1.0]))] + others
+    d_alt = [(torch.tensor([[0.5, math.sqrt(3.0) / 2]]), torch.tensor([-1.0]))] + others
+    v0 = ssp_vector(oracle.prepare(d_null).gram(), oracle.prepare(d_null).moment())
+    v1 = ssp_vector(oracle.prepare(d_alt).gram(), oracle.prepare(d_alt).moment())
+    direction = (v1 - v0) / (v1 - v0).norm()
+    seen = []
+
+    def observe(call):
+        seen.clear()
+        with tap("dppo.oracles.ssp", "psd_ridge_solve", lambda args, out: seen.append(args[:2])):
+            call()
+        return float(ssp_vector(*seen[0]) @ direction)
+
+    null, alt, claim = _run(oracle, d_null, d_alt, eps, delta, trials, seed, observe)
+    return conclude("ssp", "make_oracle('ssp').solve (S~, b~ read at psd_ridge_solve)", claim, null, alt, started)
+
+
+def audit_dp_gd(eps: float, delta: float = 1e-5, trials: int = 20_000, *, seed: int = 0, steps: int = 20,
+                oracle=None) -> MechanismAudit:
+    """Noisy projected GD oracle with k = ``steps`` composed releases, clip 1, radius 0.5."""
+    from dppo.oracles import make_oracle
+
+    started = time.perf_counter()
+    oracle = oracle or make_oracle("dp_gd", steps=steps, clip=1.0, radius=0.5)
+    others = [(torch.tensor([[0.0, 1.0]]), y[None]) for y in torch.linspace(-1, 1, 3, dtype=torch.float64)]
+    d_null = [(torch.tensor([[1.0, 0.0]]), torch.tensor([1.0]))] + others
+    d_alt = [(torch.tensor([[1.0, 0.0]]), torch.tensor([-1.0]))] + others
+    m, seen = len(d_null), []
+
+    def observe(call):
+        seen.clear()
+        with tap("dppo.oracles.dp_gd", "project_ball", lambda args, out: seen.append((args[0], out))):
+            call()
+        w_prev, total = torch.zeros(2, dtype=torch.float64), 0.0
+        for pre, out in seen:  # pre = w - lr (sum_i clip(g_i) + noise + 2 ridge w) / m
+            total += float(((w_prev - pre) * m / oracle.lr - 2.0 * oracle.ridge * w_prev)[0])
+            w_prev = out
+        return total
+
+    null, alt, claim = _run(oracle, d_null, d_alt, eps, delta, trials, seed, observe)
+    return conclude("dp_gd", f"make_oracle('dp_gd', steps={oracle.steps}).solve (each step's noisy sum read at "
+                    "project_ball)", claim, null, alt, started)
+
+
+def audit_exp_mech(eps: float, delta: float = 0.0, trials: int = 100_000, *, seed: int = 0,
+                   others: int | None = None) -> MechanismAudit:
+    """Exponential-mechanism oracle on the grid cover {-1, +1}; the score is the released w itself."""
+    from dppo.oracles import make_oracle
+
+    started = time.perf_counter()
+    oracle = make_oracle("exp_mech", cover="grid", grid_points=2, w_max=1.0)
+    k = max(1, round(6.0 / eps)) if others is None else others
+    rest = [(torch.tensor([[1.0]]), torch.tensor([-1.0]))] * k
+    d_null = [(torch.tensor([[1.0]]), torch.tensor([1.0]))] + rest
+    d_alt = [(torch.tensor([[1.0]]), torch.tensor([-1.0]))] + rest
+    null, alt, claim = _run(oracle, d_null, d_alt, eps, delta, trials, seed, lambda call: float(call()[0]))
+    return conclude("exp_mech", "make_oracle('exp_mech', cover='grid').solve", claim, null, alt, started)

@@ -1,0 +1,69 @@
+import torch
+
+from dppo.algos.pg import advantages, per_user_gradients
+from dppo.algos.rollout import returns_to_go
+from dppo.envs.gym_env import GymEnvFactory
+from dppo.policies.mlp import MLPPolicy
+from dppo.privacy import PrivacyContext
+from dppo.privacy.calibration import analytic_gaussian_sigma
+from dppo.privacy.clipping import GaussianSumPrivatizer, clip_per_user
+
+
+def test_clipped_per_user_norms_are_bounded():
+    g = torch.randn(50, 30) * torch.logspace(-2, 2, 50)[:, None]
+    clipped, norms = clip_per_user(g, 1.5)
+    assert (clipped.norm(dim=1) <= 1.5 + 1e-9).all()
+    small = norms <= 1.5
+    assert torch.allclose(clipped[small], g[small].double())  # rows under the bound are untouched
+
+
+def test_non_finite_rows_are_neutralised():
+    g = torch.tensor([[float("nan"), 1.0], [float("inf"), 0.0], [3.0, 4.0]])
+    clipped, _ = clip_per_user(g, 1.0)
+    assert torch.isfinite(clipped).all() and (clipped.norm(dim=1) <= 1.0 + 1e-9).all()
+
+
+def test_privatizer_uses_replace_one_sensitivity_and_records_release():
+    priv = PrivacyContext(3.0, 1e-5)
+    p = GaussianSumPrivatizer(priv, max_grad_norm=0.5)
+    out, stats = p.release_mean(torch.ones(4, 10), round_idx=7)
+    assert out.shape == (10,)
+    entry = priv.ledger.entries[-1]
+    assert entry["sensitivity"] == 1.0 and entry["round"] == 7 and entry["users"] == 4
+    assert entry["sigma"] == analytic_gaussian_sigma(3.0, 1e-5, 1.0)
+    assert priv.spent() == (3.0, 1e-5)
+    assert stats["privacy/clip_fraction"] == 1.0
+
+
+def test_noise_has_the_calibrated_scale():
+    priv = PrivacyContext(1.0, 1e-5)
+    p = GaussianSumPrivatizer(priv, max_grad_norm=1.0)
+    out, _ = p.release_mean(torch.zeros(1, 20000), round_idx=0)
+    assert out.std().item() == __import__("pytest").approx(p.sigma(), rel=0.03)
+
+
+def _user_grads(obs, actions, rewards, mask, policy):
+    G = returns_to_go(rewards, mask, 0.99)
+    A = advantages(G, mask, "user_mean", "user")
+    return clip_per_user(per_user_gradients(policy, obs, actions, A).double(), 1.0)[0]
+
+
+def test_changing_one_user_leaves_other_users_clipped_gradients_unchanged():
+    torch.manual_seed(0)
+    env = GymEnvFactory("CartPole-v1")
+    policy = MLPPolicy(env.observation_space, env.action_space)
+    m, T = 5, 12
+    obs = torch.randn(m, T, 4)
+    actions = torch.randint(0, 2, (m, T))
+    rewards = torch.rand(m, T, dtype=torch.float64)
+    mask = torch.ones(m, T, dtype=torch.bool)
+    mask[1, 8:] = False
+    base = _user_grads(obs, actions, rewards, mask, policy)
+    obs2, rewards2, actions2 = obs.clone(), rewards.clone(), actions.clone()
+    obs2[2] = torch.randn(T, 4) * 10
+    rewards2[2] = -1.0
+    actions2[2] = 1 - actions2[2]
+    changed = _user_grads(obs2, actions2, rewards2, mask, policy)
+    others = [0, 1, 3, 4]
+    assert torch.allclose(base[others], changed[others], atol=1e-12)
+    assert not torch.allclose(base[2], changed[2])

@@ -1,0 +1,36 @@
+import pytest
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from dppo.config import compose, validate
+from dppo.errors import ConfigError
+
+
+def test_default_config_composes_with_fixed_top_level_keys():
+    cfg = compose([])
+    for key in ("algo", "env", "policy", "privacy", "logger", "eps", "delta", "seed", "rounds", "users_per_round",
+                "max_grad_norm", "reward_bound", "resume"):
+        assert key in cfg
+    assert cfg.env.id == "CartPole-v1" and cfg.delta == 1e-5 and cfg.users_per_round == 10 and cfg.rounds == 100
+    validate(cfg)
+
+
+def test_unknown_key_is_rejected():
+    with pytest.raises(Exception, match="not in struct|Could not override"):
+        compose(["no_such_key=1"])
+
+
+def test_wrong_type_is_rejected():
+    with pytest.raises(Exception, match="eps=abc"):
+        compose(["eps=abc"])
+
+
+def test_privacy_none_means_non_private():
+    assert compose(["privacy=none"]).eps is None
+
+
+@pytest.mark.parametrize("override,msg", [("eps=0", "eps must be > 0"), ("delta=1", "delta"),
+                                          ("users_per_round=0", "users_per_round"),
+                                          ("max_grad_norm=0", "max_grad_norm")])
+def test_invalid_values_fail_validation(override, msg):
+    with pytest.raises(ConfigError, match=msg):
+        validate(compose([override]))
