@@ -1,0 +1,109 @@
+"""The audit suite: which mechanisms, at which eps, with how many trials; the markdown report."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+from dppo.audit.result import MechanismAudit
+
+DELTA = 1e-5
+POWER_RATIO = 0.5   # Gaussian (white-box) audits must reach eps_lb >= POWER_RATIO * claimed eps
+
+
+@dataclass
+class AuditSpec:
+    """One mechanism of the suite.
+
+    Attributes:
+        name: the mechanism's name in the table.
+        run: ``run(eps, trials=..., seed=...) -> MechanismAudit``.
+        full_trials, fast_trials: trials of the full audit (script, ``pytest -m slow``) and the fast one.
+        gaussian: a white-box Gaussian audit, subject to the power check.
+        eps_values: claimed eps values audited.
+        kwargs: extra keyword arguments of ``run``.
+    """
+
+    name: str
+    run: Callable[..., MechanismAudit]
+    full_trials: int
+    fast_trials: int
+    gaussian: bool = False
+    eps_values: tuple = (1.0, 4.0)
+    kwargs: dict = field(default_factory=dict)
+
+
+def suite() -> list[AuditSpec]:
+    """Every private mechanism of the project that the audit knows how to drive."""
+    from dppo.audit.dp_pg import audit_dp_pg
+    from dppo.audit.gfa import audit_gfa
+    from dppo.audit.oracles import audit_dp_gd, audit_exp_mech, audit_ssp
+    from dppo.audit.tree_counter import audit_tree_counter
+
+    specs = [
+        AuditSpec("dp_pg_round", audit_dp_pg, 2_000_000, 400_000, gaussian=True),
+        AuditSpec("ssp", audit_ssp, 100_000, 2_000, gaussian=True),
+        AuditSpec("dp_gd", audit_dp_gd, 15_000, 400, gaussian=True),
+        AuditSpec("exp_mech", audit_exp_mech, 200_000, 4_000),
+        AuditSpec("gfa_exponential", audit_gfa, 200_000, 4_000),
+        AuditSpec("tree_counter", audit_tree_counter, 1_000_000, 100_000),
+        AuditSpec("tree_counter_float_bits", audit_tree_counter, 1_000_000, 100_000, eps_values=(1.0,),
+                  kwargs={"float_bits": True}),
+    ]
+    specs += _rebel_specs()
+    return specs
+
+
+def _rebel_specs() -> list[AuditSpec]:
+    try:
+        from dppo.audit.rebel import audit_rebel
+    except ImportError:          # DP-REBEL not in this tree yet
+        return []
+    return [AuditSpec("dp_rebel_round", audit_rebel, 100_000, 2_000, gaussian=True)]
+
+
+def run_suite(fast: bool = False, only: list[str] | None = None, seed: int = 0,
+              progress: Callable[[MechanismAudit], None] | None = None) -> list[MechanismAudit]:
+    """Audit every mechanism of ``suite()`` (or those named in ``only``) at each of its eps values."""
+    rows = []
+    for spec in suite():
+        if only and spec.name not in only:
+            continue
+        for eps in spec.eps_values:
+            row = spec.run(eps, trials=spec.fast_trials if fast else spec.full_trials, seed=seed, **spec.kwargs)
+            row.gaussian = spec.gaussian
+            rows.append(row)
+            if progress:
+                progress(row)
+    return rows
+
+
+def power_checks(rows: list[MechanismAudit]) -> list[tuple[str, float, float, bool]]:
+    """(mechanism, claimed eps, eps_lb / claimed, passed) for the Gaussian audits."""
+    return [(r.mechanism, r.claimed_eps, r.eps_lb / r.claimed_eps, r.eps_lb >= POWER_RATIO * r.claimed_eps)
+            for r in rows if getattr(r, "gaussian", False)]
+
+
+def markdown(rows: list[MechanismAudit], title: str = "Privacy audit") -> str:
+    """The audit table and the power checks as markdown."""
+    out = [f"# {title}", "",
+           "eps_LB: lower bound on eps at the mechanism's delta, 95% confidence (Clopper-Pearson on both error",
+           "rates, threshold chosen on half of the trials, evaluated on the other half). A correct mechanism",
+           "must have eps_LB <= claimed eps.", "",
+           "| mechanism | entry point | claimed eps | delta | eps_LB | eps_LB <= claimed | trials | seconds |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r.mechanism} | `{r.entry_point}` | {_g(r.claimed_eps)} | {_g(r.delta)} | {r.eps_lb:.3f} | "
+                   f"{'yes' if r.passed else '**NO**'} | {r.trials:,} | {r.seconds:.1f} |")
+    checks = power_checks(rows)
+    if checks:
+        out += ["", f"## Power checks (Gaussian mechanisms, white-box): eps_LB >= {POWER_RATIO} x claimed eps", "",
+                "| mechanism | claimed eps | eps_LB / claimed | passed |", "|---|---|---|---|"]
+        out += [f"| {m} | {_g(e)} | {ratio:.3f} | {'yes' if ok else '**NO**'} |" for m, e, ratio, ok in checks]
+    return "\n".join(out) + "\n"
+
+
+def _g(x: float) -> str:
+    if x == 0:
+        return "0"
+    return f"{x:.4g}" if abs(math.log10(abs(x))) < 4 else f"{x:.0e}"
