@@ -30,8 +30,6 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
     """
     if not isinstance(cfg, DictConfig):
         cfg = make_config(cfg)
-    if run_dir is not None:
-        os.makedirs(run_dir, exist_ok=True)
     trainer = build(cfg, run_dir, callbacks=callbacks, **objects)
     if resume and not trainer.try_resume():
         raise ConfigError(f"no usable checkpoint in {run_dir}/checkpoints; start a new run instead")

@@ -116,6 +116,19 @@ def build_learner(cfg, cls, objects: dict):
     return cls(**params)
 
 
+def check_writable(run_dir: str) -> None:
+    """Fail at start, in one line, if the run directory cannot be written."""
+    probe = os.path.join(run_dir, f".write_probe.{os.getpid()}")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(probe, "wb") as f:
+            f.write(b"ok")
+        os.remove(probe)
+    except OSError as err:
+        raise ConfigError(f"the run directory {run_dir} is not writable ({err.strerror}); "
+                          f"choose another hydra.run.dir or free space") from None
+
+
 def fingerprint(cfg) -> str:
     """Hash of everything a resumed run must share with the original (rounds and logging may change)."""
     c = to_container(cfg)
@@ -128,6 +141,8 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
           sampler=None, learner=None) -> Trainer:
     """Build every object of a run from ``cfg``; any object passed in is used instead of being built."""
     validate(cfg)
+    if run_dir is not None:
+        check_writable(run_dir)
     seed_everything(cfg.seed)
     cls = learner_class(cfg)
     env = env if env is not None else build_env(cfg)

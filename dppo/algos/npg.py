@@ -40,6 +40,24 @@ SUBSPACES = ("full", "head")
 STEPS = ("kl", "norm", "fixed")
 
 
+def reset_seeds(env, run_seed: int, users) -> list[int]:
+    """Reset seed of each user: the env's own mapping if it has one (bandit: user u = context u),
+    else the gym convention ``user_seed``."""
+    if hasattr(env, "reset_seeds"):
+        return env.reset_seeds(run_seed, users)
+    return [user_seed(run_seed, u) for u in users]
+
+
+def evaluate_policy(policy, env, run_seed: int, episodes: int, greedy: bool = False) -> float:
+    """Mean return over ``episodes`` held-out users (seeds no training user has)."""
+    if hasattr(env, "eval_seeds"):
+        seeds = env.eval_seeds(run_seed, episodes)
+    else:
+        seeds = [user_seed(run_seed, EVAL_USER_OFFSET + i) for i in range(episodes)]
+    gen = torch.Generator().manual_seed(run_seed + 99991)
+    return float(collect_episodes(policy, env, seeds, reward_bound=None, generator=gen, greedy=greedy).returns.mean())
+
+
 class PolicySubspace:
     """Compatible features phi(s, a) in a parameter subspace, and the matching parameter update."""
 
@@ -141,7 +159,7 @@ class NaturalPolicyGradient(Learner):
     # ---- one round -----------------------------------------------------------------------
     def train_round(self, round_idx: int) -> dict:
         users = self.sampler.next_round()
-        batch = collect_episodes(self.policy, self.env, [user_seed(self.seed, u) for u in users],
+        batch = collect_episodes(self.policy, self.env, reset_seeds(self.env, self.seed, users),
                                  reward_bound=self.reward_bound, generator=self.generator)
         A = advantages(returns_to_go(batch.rewards, batch.mask, self.gamma), batch.mask, self.baseline,
                        self.normalize)
@@ -178,10 +196,7 @@ class NaturalPolicyGradient(Learner):
 
     # ---- evaluation and state ---------------------------------------------------------------
     def evaluate(self, episodes: int, greedy: bool = False) -> float:
-        seeds = [user_seed(self.seed, EVAL_USER_OFFSET + i) for i in range(episodes)]
-        gen = torch.Generator().manual_seed(self.seed + 99991)
-        return float(collect_episodes(self.policy, self.env, seeds, reward_bound=None, generator=gen,
-                                      greedy=greedy).returns.mean())
+        return evaluate_policy(self.policy, self.env, self.seed, episodes, greedy)
 
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "generator": self.generator.get_state(),

@@ -37,11 +37,15 @@ def suite() -> list[AuditSpec]:
     """Every private mechanism of the project that the audit knows how to drive."""
     from dppo.audit.dp_pg import audit_dp_pg
     from dppo.audit.gfa import audit_gfa
+    from dppo.audit.oracle_rounds import audit_oracle_round
     from dppo.audit.oracles import audit_dp_gd, audit_exp_mech, audit_ssp
     from dppo.audit.tree_counter import audit_tree_counter
 
     specs = [
         AuditSpec("dp_pg_round", audit_dp_pg, 2_000_000, 400_000, gaussian=True),
+        AuditSpec("dp_rebel_round", audit_oracle_round, 2_000_000, 400_000, gaussian=True,
+                  kwargs={"algo": "dp_rebel"}),
+        AuditSpec("dp_npg_round", audit_oracle_round, 2_000_000, 400_000, gaussian=True, kwargs={"algo": "dp_npg"}),
         AuditSpec("ssp", audit_ssp, 100_000, 2_000, gaussian=True),
         AuditSpec("dp_gd", audit_dp_gd, 15_000, 400, gaussian=True),
         AuditSpec("exp_mech", audit_exp_mech, 200_000, 4_000),
@@ -50,16 +54,7 @@ def suite() -> list[AuditSpec]:
         AuditSpec("tree_counter_float_bits", audit_tree_counter, 1_000_000, 100_000, eps_values=(1.0,),
                   kwargs={"float_bits": True}),
     ]
-    specs += _rebel_specs()
     return specs
-
-
-def _rebel_specs() -> list[AuditSpec]:
-    try:
-        from dppo.audit.rebel import audit_rebel
-    except ImportError:          # DP-REBEL not in this tree yet
-        return []
-    return [AuditSpec("dp_rebel_round", audit_rebel, 100_000, 2_000, gaussian=True)]
 
 
 def run_suite(fast: bool = False, only: list[str] | None = None, seed: int = 0,

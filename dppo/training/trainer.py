@@ -5,7 +5,7 @@ import math
 import os
 import time
 
-from dppo.errors import BudgetExhausted, ConfigError, DPPOError
+from dppo.errors import BudgetExhausted, DataError, DPPOError
 from dppo.training.callbacks import Callback, CallbackList, LoggingCallback, ProgressBarCallback
 from dppo.training.checkpoint import (atomic_write_json, check_fingerprint, load_latest_checkpoint, rng_state,
                                       save_checkpoint, set_rng_state)
@@ -118,6 +118,11 @@ class Trainer:
             except BudgetExhausted as err:
                 self.stop_reason = str(err)
                 break
+            except DataError:
+                # Nothing of the failed round was released; its users stay marked as used. The
+                # checkpoint lets `resume=` retry round r with fresh users.
+                self.save_checkpoint()
+                raise
             self.round = r + 1
             metrics.setdefault("privacy/epsilon", self.privacy.spent()[0])
             if "rollout/return" in metrics:

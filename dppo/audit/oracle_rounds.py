@@ -1,0 +1,65 @@
+"""Audit of the DP-REBEL and DP-NPG rounds: their private least-squares oracle, built from the algorithm's
+own config (``conf/algo/<algo>.yaml``: ``oracle`` and ``oracle_kwargs``) and called as the learner calls
+it, ``oracle.solve([(x_i, y_i) per user], privacy=..., round=...)``.
+
+Everything private in such a round happens inside that call (the rows x_i, y_i of a user depend on
+that user alone; the parameter update is post-processing), so it is the smallest function holding
+the whole privatization; the canary is injected as a row rather than through rollouts.
+Neighbours: m users with fixed random rows; the canary row is x = x_bound e1 with y = +y_bound (D)
+or -y_bound (D'). Both configs use ``dp_gd`` with one step from w = 0 and no projection, where the
+canary's gradient -2 y' x' (normalized units, norm 2) is clipped to -+C e1: the replace-one worst
+case 2C. That step is affine in its noise, so ``StackedNoise`` gives ``chunk`` independent releases
+per call; the test is the projection of the released w on e1.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from dppo.audit.result import MechanismAudit, conclude, same_claim
+from dppo.audit.trials import StackedNoise, trial_context
+from dppo.errors import ConfigError
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "algo"
+
+
+def config_oracle(algo: str):
+    """(oracle, its name) built by ``make_oracle`` from ``conf/algo/<algo>.yaml``."""
+    from omegaconf import OmegaConf
+
+    from dppo.oracles import make_oracle
+
+    cfg = OmegaConf.load(CONF / f"{algo}.yaml")
+    kwargs = OmegaConf.to_container(cfg.get("oracle_kwargs") or {})
+    return make_oracle(cfg.oracle, **kwargs), cfg.oracle
+
+
+def audit_oracle_round(eps: float, delta: float = 1e-5, trials: int = 1_000_000, *, algo: str = "dp_rebel",
+                       users: int = 10, dim: int = 8, seed: int = 0, chunk: int = 50_000) -> MechanismAudit:
+    """``trials`` releases of ``algo``'s oracle (half on D, half on D')."""
+    started = time.perf_counter()
+    oracle, name = config_oracle(algo)
+    if name != "dp_gd" or oracle.steps != 1 or oracle.radius is not None:
+        raise ConfigError(f"the {algo} audit drives a one-step, unprojected dp_gd oracle; the config has {name} "
+                          f"(steps={getattr(oracle, 'steps', None)}, radius={getattr(oracle, 'radius', None)})")
+    gen = torch.Generator().manual_seed(seed + 23)
+    rows = []
+    for _ in range(users - 1):
+        x = torch.rand(1, dim, generator=gen, dtype=torch.float64) * 2 - 1
+        rows.append((x / max(1.0, float(x.norm())) * oracle.x_bound,
+                     (torch.rand(1, generator=gen, dtype=torch.float64) * 2 - 1) * oracle.y_bound))
+    e1 = torch.zeros(1, dim, dtype=torch.float64)
+    e1[0, 0] = 1.0
+    d_null = [(e1 * oracle.x_bound, torch.tensor([oracle.y_bound]))] + rows
+    d_alt = [(e1 * oracle.x_bound, torch.tensor([-oracle.y_bound]))] + rows
+    noise = StackedNoise(chunk, seed)
+    privacy = trial_context(eps, delta, noise)
+    null, alt = [], []
+    for r in range(max(1, trials // (2 * chunk))):
+        null.append(oracle.solve(d_null, privacy=privacy, round=2 * r)[:, 0])
+        alt.append(oracle.solve(d_alt, privacy=privacy, round=2 * r + 1)[:, 0])
+    claim = same_claim([privacy.spent()])
+    return conclude(f"{algo}_round", f"conf/algo/{algo}.yaml -> make_oracle('{name}').solve", claim,
+                    torch.cat(null).numpy(), torch.cat(alt).numpy(), started)
