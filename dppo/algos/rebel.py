@@ -41,13 +41,14 @@ class REBEL(NaturalPolicyGradient):
 
     name = "rebel"
 
-    def __init__(self, policy, env, privacy, sampler, oracle, *, eta: float = 1.0, normalize_rows: bool = True,
-                 **kwargs):
-        kwargs.setdefault("baseline", "none")
-        kwargs.setdefault("normalize", "none")
-        kwargs.setdefault("step", "fixed")
-        kwargs.setdefault("lr", 1.0)
-        super().__init__(policy, env, privacy, sampler, oracle, **kwargs)
+    def __init__(self, policy, env, privacy, sampler, oracle, *, seed: int = 0, rounds: int = 100,
+                 reward_bound: float | None = 1.0, eta: float = 1.0, normalize_rows: bool = True,
+                 gamma: float = 1.0, baseline: str = "none", normalize: str = "none", subspace: str = "full",
+                 head_dim: int | None = None, step: str = "fixed", lr: float = 1.0, max_kl: float = 0.01,
+                 max_step_norm: float | None = None, momentum: float = 0.0):
+        super().__init__(policy, env, privacy, sampler, oracle, seed=seed, rounds=rounds, reward_bound=reward_bound,
+                         gamma=gamma, baseline=baseline, normalize=normalize, subspace=subspace, head_dim=head_dim,
+                         step=step, lr=lr, max_kl=max_kl, max_step_norm=max_step_norm, momentum=momentum)
         self.eta, self.normalize_rows = float(eta), bool(normalize_rows)
 
     def train_round(self, round_idx: int) -> dict:

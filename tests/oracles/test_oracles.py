@@ -244,3 +244,10 @@ def test_batched_loss_equals_direct_sum_of_user_losses():
     W = torch.randn(5, 3, dtype=torch.float64)
     direct = [sum(((X @ w - y) ** 2).mean() for X, y in users) for w in W]
     np.testing.assert_allclose(data.loss(W).numpy(), torch.stack(direct).numpy(), rtol=1e-10)
+
+
+def test_settings_nested_under_an_oracle_name_apply_to_that_oracle_only():
+    kw = dict(x_bound=2.0, ridge=0.5, dp_gd=dict(steps=3), ssp=dict(ridge_noise=0.0))
+    gd, ssp = make_oracle("dp_gd", **kw), make_oracle("ssp", **kw)
+    assert gd.steps == 3 and gd.x_bound == 2.0 and gd.ridge == 0.5
+    assert ssp.ridge_noise == 0.0 and ssp.x_bound == 2.0

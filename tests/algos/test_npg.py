@@ -1,0 +1,198 @@
+"""NPG / DP-NPG: compatible features, per-user isolation of the regression rows, learning on the bandit,
+ledger and accounting, private-config guards, CLI."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from dppo.algos.npg import NaturalPolicyGradient, PolicySubspace
+from dppo.algos.pg import advantages
+from dppo.algos.rollout import collect_episodes, returns_to_go
+from dppo.data.sampler import OnePassUserSampler
+from dppo.envs.bandit import ContextualBandit
+from dppo.envs.gym_env import GymEnvFactory
+from dppo.errors import ConfigError
+from dppo.oracles import make_oracle
+from dppo.policies.loglinear import LogLinearPolicy
+from dppo.policies.mlp import MLPPolicy
+from dppo.privacy.context import PrivacyContext
+from dppo.privacy.noise import NoiseSource
+
+CARTPOLE = GymEnvFactory("CartPole-v1", horizon=60)
+
+
+def mlp(seed=0, actions=None):
+    torch.manual_seed(seed)
+    env = CARTPOLE
+    return MLPPolicy(env.observation_space, actions or env.action_space)
+
+
+def test_head_features_are_the_autograd_gradients_of_the_head_rows():
+    import gymnasium as gym
+
+    policy = mlp(actions=gym.spaces.Discrete(3))
+    with torch.no_grad():
+        policy.head.weight.normal_()
+    obs, actions = torch.randn(4, 4), torch.tensor([0, 2, 1, 2])
+    phi = PolicySubspace(policy, "head").features(obs, actions)
+    for n in range(4):
+        policy.zero_grad()
+        policy.log_prob(obs[n:n + 1], actions[n:n + 1]).sum().backward()
+        expected = torch.cat([policy.head.weight.grad[1:], policy.head.bias.grad[1:, None]], 1).reshape(-1)
+        torch.testing.assert_close(phi[n].float(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_full_features_are_per_sample_gradients():
+    policy = mlp()
+    obs, actions = torch.randn(3, 4), torch.tensor([1, 0, 1])
+    phi = PolicySubspace(policy, "full").features(obs, actions)
+    for n in range(3):
+        policy.zero_grad()
+        policy.log_prob(obs[n:n + 1], actions[n:n + 1]).sum().backward()
+        expected = torch.cat([p.grad.reshape(-1) for p in policy.parameters()])
+        torch.testing.assert_close(phi[n].float(), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("head_dim", [None, 6])
+def test_subspace_step_moves_log_probs_by_the_linearization(head_dim):
+    policy = mlp()
+    space = PolicySubspace(policy, "head", head_dim=head_dim, seed=1)
+    obs, actions = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    w = 1e-3 * torch.randn(space.dim, dtype=torch.float64)
+    before = policy.log_prob(obs, actions).detach().double()
+    phi = space.features(obs, actions)
+    space.step(w)
+    after = policy.log_prob(obs, actions).detach().double()
+    torch.testing.assert_close(after - before, phi @ w, rtol=2e-2, atol=1e-6)
+
+
+def test_regression_rows_of_other_users_do_not_change_when_one_user_is_replaced():
+    """Replace-one isolation: user j's episode enters only user j's (X_j, y_j) (no batch baselines)."""
+    import dataclasses
+
+    policy = mlp()
+    space = PolicySubspace(policy, "head", head_dim=8)
+    batch = collect_episodes(policy, CARTPOLE, [11, 12, 13, 14], reward_bound=1.0,
+                             generator=torch.Generator().manual_seed(0))
+
+    def rows(b):
+        A = advantages(returns_to_go(b.rewards, b.mask, 0.99), b.mask, "none", "user")
+        phi = space.features(b.obs[b.mask], b.actions[b.mask])
+        return NaturalPolicyGradient.user_rows(phi, A[b.mask].double(), b.lengths)
+
+    obs, actions, rewards = batch.obs.clone(), batch.actions.clone(), batch.rewards.clone()
+    obs[1] = torch.randn_like(obs[1])
+    actions[1] = 1 - actions[1]
+    rewards[1] = torch.rand_like(rewards[1]) * batch.mask[1]
+    other = dataclasses.replace(batch, obs=obs, actions=actions, rewards=rewards)
+    base, changed = rows(batch), rows(other)
+    for i in (0, 2, 3):
+        torch.testing.assert_close(base[i][0], changed[i][0], rtol=0, atol=0)
+        torch.testing.assert_close(base[i][1], changed[i][1], rtol=0, atol=0)
+    assert not torch.equal(base[1][0], changed[1][0])
+
+
+def bandit_learner(eps=None, oracle="exact", rounds=30, seed=0, **kw):
+    bandit = ContextualBandit(population=2000, dim=5, actions=4, noise_std=0.1, seed=seed)
+    policy = LogLinearPolicy(bandit.observation_space, bandit.action_space)
+    privacy = PrivacyContext(eps=eps, delta=1e-5, noise=NoiseSource(seed))
+    sampler = OnePassUserSampler(20, population_size=2000, seed=seed)
+    defaults = dict(x_bound=2.0, y_bound=2.0, ridge=0.1) if oracle != "exact" else dict(x_bound=None, y_bound=None, ridge=0.1)
+    kw.setdefault("baseline", "none")
+    kw.setdefault("normalize", "none")
+    learner = NaturalPolicyGradient(policy, bandit, privacy, sampler, make_oracle(oracle, **defaults), seed=seed,
+                                    rounds=rounds, reward_bound=1.0, gamma=1.0, subspace="full",
+                                    step=kw.pop("step", "fixed"), lr=kw.pop("lr", 1.0), **kw)
+    return learner, bandit, privacy
+
+
+def expected_reward(learner, bandit, n=500):
+    """Exact E_{x ~ held-out, a ~ pi}[r(x, a)] (independent of the learner's own evaluate)."""
+    phi = np.stack([bandit.context(s) for s in bandit.eval_seeds(0, n)])
+    probs = torch.softmax(learner.policy.logits(torch.tensor(phi, dtype=torch.float32)), -1).detach().numpy()
+    means = bandit.mean_reward(phi.reshape(-1, phi.shape[-1])).reshape(n, -1)
+    return float((probs * means).sum(1).mean()), float(means.max(1).mean())
+
+
+def test_npg_learns_the_linear_bandit():
+    learner, bandit, _ = bandit_learner()
+    start, best = expected_reward(learner, bandit)
+    for r in range(30):
+        learner.train_round(r)
+    end, _ = expected_reward(learner, bandit)
+    assert end - start > 0.6 * (best - start), (start, end, best)
+
+
+@pytest.mark.parametrize("oracle", ["ssp", "dp_gd", "exp_mech"])
+def test_dp_npg_releases_once_per_round_and_spends_eps(oracle):
+    learner, bandit, privacy = bandit_learner(eps=2.0, oracle=oracle, rounds=5, step="norm", lr=0.5)
+    for r in range(5):
+        learner.train_round(r)
+    assert [e["round"] for e in privacy.ledger.entries] == list(range(5))
+    assert {e["mechanism"] for e in privacy.ledger.entries} == {oracle}
+    assert all(e["users"] == 20 for e in privacy.ledger.entries)
+    eps, delta = privacy.spent()
+    assert eps == pytest.approx(2.0)
+    assert delta == (0.0 if oracle == "exp_mech" else 1e-5)
+
+
+def test_dp_npg_learns_the_bandit_at_large_eps():
+    learner, bandit, _ = bandit_learner(eps=20.0, oracle="ssp", rounds=40, step="norm", lr=0.5)
+    start, best = expected_reward(learner, bandit)
+    for r in range(40):
+        learner.train_round(r)
+    end, _ = expected_reward(learner, bandit)
+    assert end - start > 0.4 * (best - start), (start, end, best)
+
+
+@pytest.mark.parametrize("bad", [dict(baseline="batch"), dict(normalize="batch"), dict(step="kl")])
+def test_private_runs_refuse_cross_user_statistics(bad):
+    with pytest.raises(ConfigError):
+        bandit_learner(eps=1.0, oracle="ssp", **bad)
+
+
+def test_exact_oracle_with_eps_is_a_config_error():
+    with pytest.raises(ConfigError):
+        bandit_learner(eps=1.0, oracle="exact")
+
+
+def test_state_dict_round_trip_resumes_identically():
+    a, _, _ = bandit_learner(rounds=4, momentum=0.5)
+    b, _, _ = bandit_learner(rounds=4, momentum=0.5)
+    for r in range(2):
+        a.train_round(r), b.train_round(r)
+    state = a.state_dict()
+    c, _, _ = bandit_learner(rounds=4, momentum=0.5)
+    c.load_state_dict(state)
+    c.sampler.load_state_dict(a.sampler.state_dict())
+    b.train_round(2), c.train_round(2)
+    torch.testing.assert_close(b.policy.theta, c.policy.theta)
+
+
+@pytest.mark.parametrize("algo", ["dp_npg", pytest.param("npg", marks=pytest.mark.slow)])
+def test_cli_dp_npg_and_npg_run_and_write_the_ledger(cli, tiny, tmp_path, algo):
+    for algo, extra in ((algo, ["eps=3"] if algo == "dp_npg" else []),):
+        out = tmp_path / algo
+        res = cli([f"algo={algo}", *extra, *tiny, f"hydra.run.dir={out}"])
+        assert res.returncode == 0, res.stderr[-2000:]
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["rounds_done"] == 3
+        if algo == "dp_npg":
+            assert summary["epsilon_spent"] == pytest.approx(3.0)
+            assert [e["mechanism"] for e in summary["ledger"]] == ["dp_gd"] * 3
+        else:
+            assert summary["ledger"] == []
+
+
+@pytest.mark.slow
+def test_cli_bandit_loglinear_with_each_oracle(cli, tmp_path):
+    for oracle in ("ssp", "exp_mech"):
+        out = tmp_path / oracle
+        res = cli(["algo=dp_npg", "env=bandit", "policy=loglinear", f"oracle={oracle}", "algo.subspace=full",
+                   "algo.head_dim=null", "rounds=3", "users_per_round=5", "eval_episodes=5", "progress=false",
+                   "algo.oracle_kwargs.x_bound=2.0", "algo.oracle_kwargs.y_bound=2.0", f"hydra.run.dir={out}"])
+        assert res.returncode == 0, res.stderr[-2000:]
+        summary = json.loads((out / "summary.json").read_text())
+        assert [e["mechanism"] for e in summary["ledger"]] == [oracle] * 3
