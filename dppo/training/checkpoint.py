@@ -15,10 +15,17 @@ from dppo.errors import ConfigError
 CKPT_RE = re.compile(r"ckpt_(\d{6})\.pt$")
 
 
+FAULT_ENV = "DPPO_FAULT_KILL_IN_CHECKPOINT"  # fault injection for tests: SIGKILL halfway through this file name
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one, never a part."""
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "wb") as f:
+        if os.environ.get(FAULT_ENV) and path.endswith(os.environ[FAULT_ENV]):
+            f.write(data[: len(data) // 2])
+            f.flush()
+            os.kill(os.getpid(), 9)
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
