@@ -84,11 +84,14 @@ def _rates(null: np.ndarray, alt: np.ndarray, thresholds: np.ndarray, sign: int)
     return fp, fn
 
 
-def threshold_audit(null_scores, alt_scores, delta: float, confidence: float = 0.95) -> ThresholdAudit:
+def threshold_audit(null_scores, alt_scores, delta: float, confidence: float = 0.95,
+                    selection_level: float = 0.9999) -> ThresholdAudit:
     """eps lower bound from a threshold test on scalar scores of trials on D (null) and D' (alt).
 
     The first half of each score array picks the threshold and orientation that maximize the bound
-    on that half; the second half alone is evaluated. The two rates each get a one-sided
+    on that half, computed with the stricter Clopper-Pearson level ``selection_level`` (it damps the
+    winner's curse of far-tail thresholds whose selection-half counts were lucky); the second half
+    alone is evaluated. The two rates each get a one-sided
     Clopper-Pearson bound at level 1 - (1 - confidence) / 2 (the upper ends of two-sided
     ``confidence`` intervals), so by a union bound the pair, and hence eps_lb, holds with
     probability >= ``confidence``.
@@ -118,7 +121,8 @@ def threshold_audit(null_scores, alt_scores, delta: float, confidence: float = 0
     for sign in (1, -1):
         ts = sign * thresholds
         fp, fn = _rates(sel_null, sel_alt, ts, sign)
-        eps = eps_from_rates(clopper_pearson_upper(fp, h0, level), clopper_pearson_upper(fn, h1, level), delta)
+        eps = eps_from_rates(clopper_pearson_upper(fp, h0, selection_level),
+                             clopper_pearson_upper(fn, h1, selection_level), delta)
         i = int(np.argmax(eps))
         if eps[i] > best[0]:
             best = (float(eps[i]), float(ts[i]), sign)

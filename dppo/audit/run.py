@@ -42,10 +42,10 @@ def suite() -> list[AuditSpec]:
     from dppo.audit.tree_counter import audit_tree_counter
 
     specs = [
-        AuditSpec("dp_pg_round", audit_dp_pg, 2_000_000, 400_000, gaussian=True),
-        AuditSpec("dp_rebel_round", audit_oracle_round, 2_000_000, 400_000, gaussian=True,
+        AuditSpec("dp_pg_round", audit_dp_pg, 2_000_000, 1_000_000, gaussian=True),
+        AuditSpec("dp_rebel_round", audit_oracle_round, 2_000_000, 1_000_000, gaussian=True,
                   kwargs={"algo": "dp_rebel"}),
-        AuditSpec("dp_npg_round", audit_oracle_round, 2_000_000, 400_000, gaussian=True, kwargs={"algo": "dp_npg"}),
+        AuditSpec("dp_npg_round", audit_oracle_round, 2_000_000, 1_000_000, gaussian=True, kwargs={"algo": "dp_npg"}),
         AuditSpec("ssp", audit_ssp, 100_000, 2_000, gaussian=True),
         AuditSpec("dp_gd", audit_dp_gd, 15_000, 400, gaussian=True),
         AuditSpec("exp_mech", audit_exp_mech, 200_000, 4_000),
@@ -57,15 +57,19 @@ def suite() -> list[AuditSpec]:
     return specs
 
 
-def run_suite(fast: bool = False, only: list[str] | None = None, seed: int = 0,
+def run_suite(fast: bool = False, only: list[str] | None = None, seed: int = 0, trials: int | None = None,
               progress: Callable[[MechanismAudit], None] | None = None) -> list[MechanismAudit]:
-    """Audit every mechanism of ``suite()`` (or those named in ``only``) at each of its eps values."""
+    """Audit every mechanism of ``suite()`` (or those named in ``only``) at each of its eps values.
+
+    ``trials`` overrides the per-mechanism counts; each audit gets its own seed (``seed`` + its index).
+    """
     rows = []
-    for spec in suite():
+    for i, spec in enumerate(suite()):
         if only and spec.name not in only:
             continue
-        for eps in spec.eps_values:
-            row = spec.run(eps, trials=spec.fast_trials if fast else spec.full_trials, seed=seed, **spec.kwargs)
+        for j, eps in enumerate(spec.eps_values):
+            n = trials if trials is not None else (spec.fast_trials if fast else spec.full_trials)
+            row = spec.run(eps, trials=n, seed=seed + 100 * i + j, **spec.kwargs)
             row.gaussian = spec.gaussian
             rows.append(row)
             if progress:
