@@ -88,7 +88,7 @@ def audit_ssp(eps: float, delta: float = 1e-5, trials: int = 100_000, *, seed: i
         return float(ssp_vector(*seen[0]) @ direction)
 
     null, alt, claim = _run(oracle, d_null, d_alt, eps, delta, trials, seed, observe)
-    return conclude("ssp", "make_oracle('ssp').solve (S~, b~ read at psd_ridge_solve)", claim, null, alt, started)
+    return conclude("ssp", "make_oracle('ssp')._solve_private(prepare(D)) (S~, b~ read at psd_ridge_solve)", claim, null, alt, started)
 
 
 def audit_dp_gd(eps: float, delta: float = 1e-5, trials: int = 20_000, *, seed: int = 0, steps: int = 20,
@@ -114,8 +114,8 @@ def audit_dp_gd(eps: float, delta: float = 1e-5, trials: int = 20_000, *, seed: 
         return total
 
     null, alt, claim = _run(oracle, d_null, d_alt, eps, delta, trials, seed, observe)
-    return conclude("dp_gd", f"make_oracle('dp_gd', steps={oracle.steps}).solve (each step's noisy sum read at "
-                    "project_ball)", claim, null, alt, started)
+    return conclude("dp_gd", f"make_oracle('dp_gd', steps={oracle.steps})._solve_private(prepare(D)) (each step's noisy sum "
+                    "read at project_ball)", claim, null, alt, started)
 
 
 def audit_exp_mech(eps: float, delta: float = 0.0, trials: int = 100_000, *, seed: int = 0,
@@ -130,4 +130,4 @@ def audit_exp_mech(eps: float, delta: float = 0.0, trials: int = 100_000, *, see
     d_null = [(torch.tensor([[1.0]]), torch.tensor([1.0]))] + rest
     d_alt = [(torch.tensor([[1.0]]), torch.tensor([-1.0]))] + rest
     null, alt, claim = _run(oracle, d_null, d_alt, eps, delta, trials, seed, lambda call: float(call()[0]))
-    return conclude("exp_mech", "make_oracle('exp_mech', cover='grid').solve", claim, null, alt, started)
+    return conclude("exp_mech", "make_oracle('exp_mech', cover='grid')._solve_private(prepare(D))", claim, null, alt, started)

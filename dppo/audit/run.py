@@ -94,6 +94,14 @@ def markdown(rows: list[MechanismAudit], title: str = "Privacy audit") -> str:
     for r in rows:
         out.append(f"| {r.mechanism} | `{r.entry_point}` | {_g(r.claimed_eps)} | {_g(r.delta)} | {r.eps_lb:.3f} | "
                    f"{'yes' if r.passed else '**NO**'} | {r.trials:,} | {r.seconds:.1f} |")
+    out += ["", "## Test details (evaluation half)", "",
+            "| mechanism | claimed eps | test | false pos / trials on D | false neg / trials on D' | alpha_hi | beta_hi |",
+            "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r.test
+        test = f"{'' if t.sign > 0 else '-'}score > {t.threshold:.4g}"
+        out.append(f"| {r.mechanism} | {_g(r.claimed_eps)} | {test} | {t.false_pos:,} / {t.n_null:,} | "
+                   f"{t.false_neg:,} / {t.n_alt:,} | {t.alpha_hi:.3g} | {t.beta_hi:.3g} |")
     checks = power_checks(rows)
     if checks:
         out += ["", f"## Power checks (Gaussian mechanisms, white-box): eps_LB >= {POWER_RATIO} x claimed eps", "",
