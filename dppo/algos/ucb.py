@@ -39,13 +39,14 @@ class TabularUCB(torch.nn.Module, Learner):
         episodes_per_round: episodes per trainer round (one log line per round).
         failure_prob: the confidence parameter (delta of UBEV, beta of PUCB).
         reward_bound: native reward range ``[-reward_bound, reward_bound]`` of a model-free env.
+        max_memory_gb: refuse (ConfigError) statistics tables larger than this.
     """
 
     name = "tabular_ucb"
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
-                 reward_bound: float = 1.0, counter_eps: float | None = None):
+                 reward_bound: float = 1.0, counter_eps: float | None = None, max_memory_gb: float = 4.0):
         torch.nn.Module.__init__(self)
         if episodes_per_round < 1:
             raise ConfigError(f"episodes_per_round must be >= 1, got {episodes_per_round}")
@@ -62,7 +63,14 @@ class TabularUCB(torch.nn.Module, Learner):
         self.failure_prob = float(failure_prob)
         S, A, H = self.S, self.A, self.H
         self.hsa = H * S * A
-        self.stats = TreeCounter(2 * self.hsa + self.hsa * S, self.T, counter_eps, sensitivity=1.0,
+        streams = 2 * self.hsa + self.hsa * S
+        arrays = 2 + (0 if counter_eps is None else 3 + self.stats_levels(self.T))
+        need_gb = streams * arrays * 8 / 2 ** 30
+        if need_gb > max_memory_gb:
+            raise ConfigError(f"{self.name} on {getattr(self.mdp, 'name', 'this env')} (S={S}, A={A}, H={H}) needs "
+                              f"~{need_gb:.1f} GB for its S^2 A H statistics; lower env.horizon (or raise "
+                              f"algo.max_memory_gb={max_memory_gb})")
+        self.stats = TreeCounter(streams, self.T, counter_eps, sensitivity=1.0,
                                  noise=privacy.noise if counter_eps is not None else None)
         self.register_buffer("episode_regret", torch.full((self.T,), float("nan"), dtype=torch.float64))
         self.register_buffer("episode_return", torch.full((self.T,), float("nan"), dtype=torch.float64))
@@ -76,6 +84,12 @@ class TabularUCB(torch.nn.Module, Learner):
         self._h_rows = None
 
     # ---- statistics ----------------------------------------------------------------------
+    @staticmethod
+    def stats_levels(T: int) -> int:
+        from dppo.privacy.tree_counter import tree_levels
+
+        return tree_levels(T)
+
     def _xp(self):
         return np if self.stats.released.device.type == "cpu" else torch
 
@@ -84,9 +98,14 @@ class TabularUCB(torch.nn.Module, Learner):
 
     def released_stats(self):
         """(l~ [H,S,A], n~ [H,S,A], m~ [H,S,A,S]) as NumPy views (CPU) or tensors: what planning may use."""
-        rel = self._view(self.stats.released)
-        S, A, H, k = self.S, self.A, self.H, self.hsa
-        return rel[:k].reshape(H, S, A), rel[k:2 * k].reshape(H, S, A), rel[2 * k:].reshape(H, S, A, S)
+        rel = self.stats.released
+        key = (rel.data_ptr(), rel.device)
+        if getattr(self, "_stats_key", None) != key:
+            v = self._view(rel)
+            S, A, H, k = self.S, self.A, self.H, self.hsa
+            self._stats_views = (v[:k].reshape(H, S, A), v[k:2 * k].reshape(H, S, A), v[2 * k:].reshape(H, S, A, S))
+            self._stats_key = key
+        return self._stats_views
 
     def _feed(self, states: list, actions: list, rewards: list) -> None:
         """One user's episode into the counters: r to l(s,a,h), 1 to n(s,a,h) and m(s,a,s',h), 0 elsewhere."""
@@ -211,12 +230,13 @@ class UBEV(TabularUCB):
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
-                 reward_bound: float = 1.0):
+                 reward_bound: float = 1.0, max_memory_gb: float = 4.0):
         if privacy is not None and privacy.private:
             raise ConfigError("ubev is not private; use algo=pucb for eps-JDP, or set eps=null")
         super().__init__(env, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
-                         failure_prob=failure_prob, reward_bound=reward_bound, counter_eps=None)
+                         failure_prob=failure_prob, reward_bound=reward_bound, counter_eps=None,
+                         max_memory_gb=max_memory_gb)
 
     @classmethod
     def accountant_name(cls, privacy_cfg) -> str:
@@ -232,8 +252,7 @@ class UBEV(TabularUCB):
         phi = xp.where(n > 0, phi, _UNVISITED_BONUS)
         r_part = xp.minimum(l / nn + phi, 1.0) if xp is np else (l / nn + phi).clamp(max=1.0)
         width = self._h_left(xp) * phi                    # (H - h) phi
-        p_hat = m / nn[..., None]
-        return _backward(xp, r_part, p_hat, width, cap_by_next_max=True)
+        return _backward(xp, m, 1.0 / nn, width, r_part, mode="ubev")
 
 
 class PUCB(TabularUCB):
@@ -263,7 +282,7 @@ class PUCB(TabularUCB):
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
-                 reward_bound: float = 1.0, count_error_bound: str = "reference"):
+                 reward_bound: float = 1.0, count_error_bound: str = "reference", max_memory_gb: float = 4.0):
         if count_error_bound not in ("reference", "tree"):
             raise ConfigError(f"count_error_bound must be 'reference' or 'tree', got '{count_error_bound}'")
         eps = privacy.eps if privacy is not None and privacy.private else None
@@ -271,7 +290,8 @@ class PUCB(TabularUCB):
         eps_stream = None if eps is None else eps / (6 * probe.H)     # eps/3 per set over 2H streams
         super().__init__(probe, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
-                         failure_prob=failure_prob, reward_bound=reward_bound, counter_eps=eps_stream)
+                         failure_prob=failure_prob, reward_bound=reward_bound, counter_eps=eps_stream,
+                         max_memory_gb=max_memory_gb)
         self.eps, self.eps_stream = eps, eps_stream
         self.beta_prime = self.failure_prob / 2
         self.count_error_bound_kind = count_error_bound
@@ -313,42 +333,45 @@ class PUCB(TabularUCB):
         phi = xp.sqrt(2 * math.log(self.T / self.beta_prime) / (n - E).clip(min=1.0))
         psi = (1 + S * H) * (3 * E / safe + 2 * E * E / (safe * safe))
         conf = xp.where(gate, (H + 1) * phi + psi, float(H))
-        r_hat = l / safe
-        p_hat = m / safe[..., None]
-        return _backward(xp, r_hat, p_hat, conf, cap=float(H))
+        return _backward(xp, m, 1.0 / safe, conf, l, mode="pucb", cap=float(H))
 
 
-def _backward(xp, r, p, bonus, *, cap_by_next_max: bool = False, cap: float | None = None):
-    """Backward induction over h = H-1..0 with ``V_H = 0``, vectorized over (s, a):
+def _backward(xp, m, inv_n, bonus, r, *, mode: str, cap: float = 0.0):
+    """Backward induction over h = H-1..0 with ``V_H = 0``, vectorized over (s, a); the empirical
+    next-state value is ``(m(s,a,.,h) . V_{h+1}) / n`` (the normalized transition table is never formed):
 
-    * UBEV (``cap_by_next_max``): ``Q_h = r + min(p V_{h+1} + bonus, max_s V_{h+1}(s))``;
-    * PUCB (``cap``): ``Q_h = min(cap, max(r + p V_{h+1}, 0) + bonus)``.
+    * ``ubev``: ``Q_h = r + min(m V_{h+1} / n + bonus, max_s V_{h+1}(s))`` (``r`` = the clipped reward term);
+    * ``pucb``: ``Q_h = min(cap, max((r + m V_{h+1}) / n, 0) + bonus)`` (``r`` = the reward sums).
 
     Args:
         xp: ``numpy`` (CPU views) or ``torch``.
-        r, bonus: [H, S, A]; p: [H, S, A, S] (empirical next-state weights).
+        m: [H, S, A, S] transition counts; inv_n, bonus, r: [H, S, A].
 
     Returns:
-        Q [H, S, A] (float64), ``V_h(s) = max_a Q_h(s, a)``.
+        Q [H, S, A] (float64); ``V_h(s) = max_a Q_h(s, a)``.
     """
     H, S, A = r.shape
-    r2, b2, p2 = r.reshape(H, S * A), bonus.reshape(H, S * A), p.reshape(H, S * A, S)
+    m_over_n = (m * inv_n[..., None]).reshape(H, S * A, S)       # one pass, then one matvec per step
+    b2 = bonus.reshape(H, S * A)
+    r2 = r.reshape(H, S * A) if mode == "ubev" else (r * inv_n).reshape(H, S * A)
     Q = xp.zeros_like(r2)
+    Q3 = Q.reshape(H, S, A)
     V = xp.zeros_like(r2[0, :S])
     amax = np.maximum.reduce if xp is np else torch.amax
-    zero, top = V[0] * 0, V[0] * 0 + (cap if cap is not None else 0.0)
+    zero, top = V[0] * 0, V[0] * 0 + cap
     v_max = zero
     for h in range(H - 1, -1, -1):
-        y = p2[h] @ V
-        if cap_by_next_max:
+        y = m_over_n[h] @ V
+        if mode == "ubev":
             y += b2[h]
             xp.minimum(y, v_max, out=y)
             xp.add(r2[h], y, out=Q[h])
+            V = amax(Q3[h], -1)
+            v_max = amax(V, 0)
         else:
             y += r2[h]
             xp.maximum(y, zero, out=y)
             y += b2[h]
             xp.minimum(y, top, out=Q[h])
-        V = amax(Q[h].reshape(S, A), -1)
-        v_max = amax(V, 0)
-    return Q.reshape(H, S, A)
+            V = amax(Q3[h], -1)
+    return Q3
