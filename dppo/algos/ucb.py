@@ -314,6 +314,19 @@ class PUCB(TabularUCB):
     def count_error_bound(self) -> float:
         return self.E
 
+    def gate_open_fraction(self) -> float:
+        """Share of (s, a, h) with ``n~ >= 2E`` (a post-processing of the released counts, so loggable)."""
+        _, n, _ = self.released_stats()
+        return float((n >= 2 * self.E).sum()) / self.hsa
+
+    def train_round(self, round_idx: int) -> dict:
+        metrics = super().train_round(round_idx)
+        metrics["counters/gate_open_fraction"] = self.gate_open_fraction()
+        return metrics
+
+    def summary(self) -> dict:
+        return {**super().summary(), "gate_open_fraction": self.gate_open_fraction()}
+
     def on_first_round(self) -> None:
         if self.eps is None:
             return
@@ -329,6 +342,9 @@ class PUCB(TabularUCB):
         l, n, m = self.released_stats()
         S, H, E = self.S, self.H, self.E
         gate = n >= 2 * E
+        if not gate.any():
+            # every conf is H and Q~ >= 0, so Q~+ = min(H, Q~ + H) = H everywhere: skip the induction
+            return xp.full_like(n, float(H))
         safe = xp.where(gate & (n > 0), n, 1.0)
         phi = xp.sqrt(2 * math.log(self.T / self.beta_prime) / (n - E).clip(min=1.0))
         psi = (1 + S * H) * (3 * E / safe + 2 * E * E / (safe * safe))

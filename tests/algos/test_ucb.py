@@ -94,6 +94,17 @@ def test_pucb_planning_matches_naive_privq(bound, eps):
     np.testing.assert_allclose(pucb.q_values(), naive, rtol=1e-10, atol=1e-10)
 
 
+def test_pucb_with_every_count_below_2E_plans_the_constant_H():
+    mdp = random_mdp(S=3, A=2, H=3, seed=2)
+    pucb = PUCB(mdp, privacy=_ctx(1.0), seed=0, episodes=200, episodes_per_round=200)
+    pucb.train_round(0)
+    l, n, m = (np.array(x) for x in pucb.released_stats())
+    assert (n < 2 * pucb.E).all() and pucb.gate_open_fraction() == 0.0
+    naive = _naive_privq(l, n, m, 3, 2, 3, pucb.E, 200, pucb.beta_prime)
+    np.testing.assert_array_equal(pucb.q_values(), naive)
+    np.testing.assert_array_equal(naive, np.full((3, 3, 2), 3.0))
+
+
 def test_numpy_and_torch_backward_induction_agree():
     g = torch.Generator().manual_seed(0)
     H, S, A = 4, 5, 3

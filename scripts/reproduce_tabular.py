@@ -1,0 +1,186 @@
+"""Cumulative regret of UBEV and PUCB (eps in {0.5, 1, 2, 5}) on RiverSwim (H=20) and a random MDP
+(S=10, A=3, H=10): one JSON per run under --out, then runs/reference/tabular.md and tabular.png.
+
+    python scripts/reproduce_tabular.py --T 1000 10000 100000 --seeds 0 1 2 3 4      # run (resumable)
+    python scripts/reproduce_tabular.py --report                                     # table + plot only
+
+Each run uses the real learners through the Python API (one fresh user per episode from the one-pass
+sampler, PUCB's releases in the ledger, eps from the basic accountant). PUCB is parameterized by the
+number of episodes T (the counters' capacity and E_eps depend on it), so the regret at T = 1e3, 1e4,
+1e5 comes from separate runs of that length. Runs already on disk are skipped, so the grid can be
+filled in over several invocations; the report uses whatever runs exist and says how many seeds.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+from dppo.algos.ucb import PUCB, UBEV
+from dppo.data.sampler import OnePassUserSampler
+from dppo.envs.tabular import random_mdp, riverswim
+from dppo.privacy import NoiseSource, PrivacyContext
+from dppo.privacy.accountants import make_accountant
+
+ENVS = {"riverswim": lambda: riverswim(horizon=20), "random_mdp": lambda: random_mdp(S=10, A=3, H=10, seed=0)}
+ENV_LABEL = {"riverswim": "RiverSwim (S=6, A=2, H=20)", "random_mdp": "random MDP (S=10, A=3, H=10)"}
+
+
+def run_one(env_name: str, algo: str, eps: float | None, seed: int, T: int, bound: str) -> dict:
+    """One run; returns the curve of cumulative regret at log-spaced episodes and the run's facts."""
+    mdp = ENVS[env_name]()
+    privacy = PrivacyContext(eps, accountant=make_accountant("basic"), noise=NoiseSource(seed))
+    sampler = OnePassUserSampler(1000, seed=seed)
+    common = dict(privacy=privacy, sampler=sampler, seed=seed, episodes=T, episodes_per_round=min(1000, T))
+    learner = UBEV(mdp, **common) if algo == "ubev" else PUCB(mdp, count_error_bound=bound, **common)
+    t0 = time.perf_counter()
+    for r in range(learner.num_rounds):
+        learner.train_round(r)
+    wall = time.perf_counter() - t0
+    cum = torch.cumsum(learner.episode_regret, 0)
+    points = sorted({min(T, int(round(10 ** (k / 10)))) for k in range(0, 10 * int(math.log10(T)) + 1)} | {T})
+    return {"env": env_name, "algo": algo, "eps": eps, "seed": seed, "T": T, "count_error_bound": bound,
+            "cumulative_regret": float(cum[-1]), "curve_t": points, "curve": [float(cum[t - 1]) for t in points],
+            "epsilon_spent": privacy.spent()[0], "E": learner.count_error_bound(),
+            "optimal_value": learner.optimal, "wall_s": wall,
+            "gate_open_fraction": learner.gate_open_fraction() if algo == "pucb" else None, "users": len(sampler.used),
+            "episodes_per_s": T / wall}
+
+
+def _key(env, algo, eps, seed, T, bound):
+    tag = "ubev" if algo == "ubev" else f"pucb_eps{eps:g}" + ("" if bound == "reference" else f"_{bound}")
+    return f"{env}_{tag}_s{seed}_T{T}"
+
+
+def run_grid(args) -> None:
+    os.makedirs(args.out, exist_ok=True)
+    configs = [("ubev", None)] + [("pucb", e) for e in args.eps]
+    for T in args.T:
+        for seed in args.seeds:
+            for env in args.envs:
+                for algo, eps in configs:
+                    path = os.path.join(args.out, _key(env, algo, eps, seed, T, args.bound) + ".json")
+                    if os.path.exists(path):
+                        continue
+                    res = run_one(env, algo, eps, seed, T, args.bound)
+                    with open(path + ".tmp", "w") as f:
+                        json.dump(res, f)
+                    os.replace(path + ".tmp", path)
+                    print(f"{os.path.basename(path)}: regret {res['cumulative_regret']:.1f} "
+                          f"eps {res['epsilon_spent']:.3g} {res['episodes_per_s']:.0f} ep/s", flush=True)
+
+
+def _mean_std(xs):
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
+    return m, sd
+
+
+def report(args) -> None:
+    runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.out, "*.json")))]
+    runs = [r for r in runs if r.get("count_error_bound", "reference") == args.bound or r["algo"] == "ubev"]
+    if not runs:
+        sys.exit(f"no runs under {args.out}")
+    Ts = sorted({r["T"] for r in runs})
+    lines = ["# Tabular regret: UBEV vs PUCB (eps-JDP)", "",
+             "Produced by `python scripts/reproduce_tabular.py` (see docs/tabular.md). Cumulative expected regret "
+             "sum_t (rho* - rho^{pi_t}), computed exactly from the true model, mean +- std over the seeds listed; "
+             f"PUCB count error bound: `{args.bound}`. Each T is a separate run of T episodes "
+             "(PUCB's counters and E_eps depend on T).", ""]
+    for T in Ts:
+        lines += [f"## T = {T:,} episodes", "", "| env | algo | eps | seeds | final regret (mean +- std) | "
+                  "PUCB/UBEV | E_eps | ep/s |", "|---|---|---|---|---|---|---|---|"]
+        for env in args.envs:
+            sel = [r for r in runs if r["T"] == T and r["env"] == env]
+            ubev = [r["cumulative_regret"] for r in sel if r["algo"] == "ubev"]
+            base = _mean_std(ubev)[0] if ubev else None
+            groups = [("ubev", None)] + sorted({("pucb", r["eps"]) for r in sel if r["algo"] == "pucb"},
+                                               key=lambda x: x[1])
+            for algo, eps in groups:
+                rs = [r for r in sel if r["algo"] == algo and r["eps"] == eps]
+                if not rs:
+                    continue
+                m, sd = _mean_std([r["cumulative_regret"] for r in rs])
+                ratio = "-" if algo == "ubev" or not base else f"{m / base:.2f}"
+                E = "-" if algo == "ubev" else f"{rs[0]['E']:.3g}"
+                speed = sum(r["episodes_per_s"] for r in rs) / len(rs)
+                seeds = ",".join(str(r["seed"]) for r in rs)
+                lines.append(f"| {ENV_LABEL[env]} | {algo.upper()} | {eps if eps is not None else '-'} | {seeds} | "
+                             f"{m:,.1f} +- {sd:,.1f} | {ratio} | {E} | {speed:,.0f} |")
+        lines.append("")
+    lines += ["## PUCB/UBEV regret ratio vs T", "", "| env | eps | " + " | ".join(f"T={T:,}" for T in Ts) + " |",
+              "|---|---|" + "---|" * len(Ts)]
+    for env in args.envs:
+        for eps in sorted({r["eps"] for r in runs if r["algo"] == "pucb"}):
+            cells = []
+            for T in Ts:
+                u = [r["cumulative_regret"] for r in runs if r["env"] == env and r["T"] == T and r["algo"] == "ubev"]
+                p = [r["cumulative_regret"] for r in runs if r["env"] == env and r["T"] == T and r["algo"] == "pucb"
+                     and r["eps"] == eps]
+                cells.append(f"{_mean_std(p)[0] / _mean_std(u)[0]:.2f}" if u and p else "n/a")
+            lines.append(f"| {ENV_LABEL[env]} | {eps:g} | " + " | ".join(cells) + " |")
+    lines.append("")
+    os.makedirs(os.path.dirname(args.md), exist_ok=True)
+    with open(args.md, "w") as f:
+        f.write("\n".join(lines))
+    _plot(runs, args)
+    print("\n".join(lines))
+
+
+def _plot(runs, args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    T = max(r["T"] for r in runs)
+    fig, axes = plt.subplots(1, len(args.envs), figsize=(6 * len(args.envs), 4.5), squeeze=False)
+    for ax, env in zip(axes[0], args.envs):
+        sel = [r for r in runs if r["env"] == env and r["T"] == T]
+        for algo, eps in [("ubev", None)] + sorted({("pucb", r["eps"]) for r in sel if r["algo"] == "pucb"},
+                                                   key=lambda x: x[1]):
+            rs = [r for r in sel if r["algo"] == algo and r["eps"] == eps]
+            if not rs:
+                continue
+            t = rs[0]["curve_t"]
+            mean = [sum(r["curve"][i] for r in rs) / len(rs) for i in range(len(t))]
+            label = "UBEV" if algo == "ubev" else f"PUCB eps={eps:g}"
+            ax.loglog(t, [max(v, 1e-3) for v in mean], label=f"{label} ({len(rs)} seeds)",
+                      lw=2.5 if algo == "ubev" else 1.2)
+        ax.loglog(t, [t_ * rs[0]["optimal_value"] for t_ in t], "k:", lw=0.8, label="linear (rho* per episode)")
+        ax.set_title(ENV_LABEL[env])
+        ax.set_xlabel("episodes")
+        ax.set_ylabel("cumulative regret")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"UBEV vs PUCB, T = {T:,}")
+    fig.tight_layout()
+    fig.savefig(args.png, dpi=120)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--T", type=int, nargs="+", default=[1000, 10000, 100000])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    p.add_argument("--eps", type=float, nargs="+", default=[0.5, 1.0, 2.0, 5.0])
+    p.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    p.add_argument("--bound", default="reference", choices=["reference", "tree"])
+    p.add_argument("--out", default="runs/tabular_repro")
+    p.add_argument("--md", default="runs/reference/tabular.md")
+    p.add_argument("--png", default="runs/reference/tabular.png")
+    p.add_argument("--report", action="store_true", help="only write the table and plot from existing runs")
+    args = p.parse_args()
+    if not args.report:
+        run_grid(args)
+    report(args)
+
+
+if __name__ == "__main__":
+    main()
