@@ -6,6 +6,7 @@ Usage: nice -n 10 python scripts/audit.py [--only NAME ...] [--out runs/referenc
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from dppo.audit.run import markdown, run_suite
+from dppo.audit.result import MechanismAudit
+from dppo.audit.run import markdown, run_suite, suite
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,12 +25,24 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(ROOT / "runs" / "reference" / "audit.md"))
+    parser.add_argument("--rows", default=str(ROOT / "runs" / "audit" / "rows.json"),
+                        help="every row measured so far (JSON); --only replaces just its mechanisms' rows")
     args = parser.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()
     rows = run_suite(only=args.only, seed=args.seed,
                      progress=lambda r: print(f"{r.mechanism}: claimed {r.claimed_eps:.4g}, eps_LB {r.eps_lb:.3f} "
                                               f"({r.trials} trials, {r.seconds:.0f} s)", flush=True))
+    rows_path = Path(args.rows)
+    if args.only and rows_path.exists():
+        kept = [MechanismAudit.from_dict(d) for d in json.loads(rows_path.read_text())]
+        new = {(r.mechanism, r.claimed_eps) for r in rows}
+        rows = [r for r in kept if (r.mechanism, r.claimed_eps) not in new] + rows
+        order = [s.name for s in suite()]
+        rank = lambda r: next((i for i, n in enumerate(order) if r.mechanism.split(" ")[0] == n), len(order))
+        rows.sort(key=lambda r: (rank(r), "float64" in r.mechanism, r.claimed_eps))
+    rows_path.parent.mkdir(parents=True, exist_ok=True)
+    rows_path.write_text(json.dumps([r.as_dict() for r in rows], indent=1))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     text = markdown(rows, title="Privacy audit (full)")

@@ -20,6 +20,7 @@ class MechanismAudit:
         trials: total runs of the mechanism (both inputs, both halves).
         seconds: wall time of the trials and the test.
         test: the threshold test's outcome (eps_lb and its counts).
+        gaussian: a white-box Gaussian audit (subject to the power check).
     """
 
     mechanism: str
@@ -29,6 +30,7 @@ class MechanismAudit:
     trials: int
     seconds: float
     test: ThresholdAudit
+    gaussian: bool = False
 
     @property
     def eps_lb(self) -> float:
@@ -40,8 +42,11 @@ class MechanismAudit:
         return self.eps_lb <= self.claimed_eps + 1e-12
 
     def as_dict(self) -> dict:
-        return {**{k: v for k, v in asdict(self).items() if k != "test"}, "eps_lb": self.eps_lb,
-                "passed": self.passed, "test": asdict(self.test)}
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "MechanismAudit":
+        return cls(**{**d, "test": ThresholdAudit(**d["test"])})
 
 
 def conclude(mechanism: str, entry_point: str, claimed: tuple[float, float], null_scores, alt_scores,

@@ -37,6 +37,7 @@ def suite() -> list[AuditSpec]:
     """Every private mechanism of the project that the audit knows how to drive."""
     from dppo.audit.dp_pg import audit_dp_pg
     from dppo.audit.gfa import audit_gfa
+    from dppo.audit.gfa_tabular import audit_gfa_tabular
     from dppo.audit.oracle_rounds import audit_oracle_round
     from dppo.audit.oracles import audit_dp_gd, audit_exp_mech, audit_ssp
     from dppo.audit.tree_counter import audit_tree_counter
@@ -50,6 +51,7 @@ def suite() -> list[AuditSpec]:
         AuditSpec("dp_gd", audit_dp_gd, 15_000, 400, gaussian=True),
         AuditSpec("exp_mech", audit_exp_mech, 200_000, 4_000),
         AuditSpec("gfa_exponential", audit_gfa, 200_000, 4_000),
+        AuditSpec("gfa_tabular_exponential", audit_gfa_tabular, 20_000, 1_000),
         AuditSpec("tree_counter", audit_tree_counter, 1_000_000, 100_000),
         AuditSpec("tree_counter_float_bits", audit_tree_counter, 1_000_000, 100_000, eps_values=(1.0,),
                   kwargs={"float_bits": True}),
@@ -80,7 +82,7 @@ def run_suite(fast: bool = False, only: list[str] | None = None, seed: int = 0, 
 def power_checks(rows: list[MechanismAudit]) -> list[tuple[str, float, float, bool]]:
     """(mechanism, claimed eps, eps_lb / claimed, passed) for the Gaussian audits."""
     return [(r.mechanism, r.claimed_eps, r.eps_lb / r.claimed_eps, r.eps_lb >= POWER_RATIO * r.claimed_eps)
-            for r in rows if getattr(r, "gaussian", False)]
+            for r in rows if r.gaussian]
 
 
 def markdown(rows: list[MechanismAudit], title: str = "Privacy audit") -> str:
