@@ -59,25 +59,72 @@ class ContextBitsClass(FiniteClass):
         self.masks = masks                                                     # [|F|, H]
         self.scales = torch.tensor(scales, dtype=torch.float32)[scale_idx]     # [|F|]
         self.targets = parity_targets(masks)                                   # [|F|, H, 64]
+        # t_1(x)..t_H(x) packed into an H-bit code per (member, context), and a lookup table over
+        # (code XOR action bits, step) of the unit-scale value: values are two gathers and a product.
+        weights = (1 << torch.arange(H)).view(1, H, 1)
+        self.target_code = (self.targets.long() * weights).sum(1).to(torch.uint8)   # [|F|, 64]
+        self.lut = _unit_value_table(env.variant, H)                               # [2^H * H]
 
     def values(self, sa, members=None):
         flat = sa.reshape(-1)
         idx = torch.arange(self.size) if members is None else members.reshape(-1)
         env, H = self.env, self.env.H
         h, x, acts = env.sa_step[flat], env.sa_context[flat], env.sa_actions[flat]
-        bits = ((acts.unsqueeze(0) >> torch.arange(H).unsqueeze(1)) & 1).bool()     # [H, n]
-        upto = torch.arange(H).unsqueeze(1) <= h.unsqueeze(0)                      # [H, n]
         out = torch.empty(len(idx), len(flat), dtype=torch.float32)
         for lo in range(0, len(idx), _CHUNK):
             m = idx[lo: lo + _CHUNK]
-            t = self.targets[m][:, :, x]                                            # [c, H, n]
-            match = ((t == bits) & upto).sum(1)                                      # [c, n]
-            if env.variant == "easy":
-                q = (match + (H - 1 - h)).float() / H
-            else:
-                q = (match == h + 1).float()
-            out[lo: lo + _CHUNK] = q * self.scales[m].unsqueeze(1)
+            code = self.target_code[m][:, x].long()                                  # [c, n]
+            out[lo: lo + _CHUNK] = self.lut[(code ^ acts) * H + h] * self.scales[m].unsqueeze(1)
         return out.reshape(len(idx), *sa.shape)
+
+    def trajectory_residuals(self, sa: torch.Tensor, next_states: torch.Tensor, num_actions: int) -> torch.Tensor:
+        """Fast path of ``losses.trajectory_residuals`` for this class (same numbers, see the tests).
+
+        A member's residual on trajectory ``(x, a_1..a_H)`` depends only on its scale and on the mismatch
+        pattern ``p = code_f(x) XOR a``: ``G_f = c_f g(p)`` with ``g(p) = sum_h Q_h(p) - sum_{h>=2} max_a Q_h``
+        tabulated once for the 2^H patterns, so a batch costs two gathers over |F| x trajectories.
+        """
+        H = self.env.H
+        x = self.env.sa_context[sa[:, 0]]
+        acts = self.env.sa_actions[sa[:, H - 1]]
+        g = self._pattern_residuals()
+        out = torch.empty(self.size, len(x), dtype=torch.float64)
+        for lo in range(0, self.size, _CHUNK):
+            m = slice(lo, lo + _CHUNK)
+            code = self.target_code[m][:, x].long()
+            out[m] = g[code ^ acts] * self.scales[m].double().unsqueeze(1)
+        return out
+
+    def _pattern_residuals(self) -> torch.Tensor:
+        """``g(p)`` for every mismatch pattern p (unit scale), from the value lookup table."""
+        H = self.env.H
+        lut = self.lut.view(1 << H, H).double()
+        p = torch.arange(1 << H)
+        g = torch.zeros(1 << H, dtype=torch.float64)
+        for h in range(H):
+            g += lut[p & ((1 << (h + 1)) - 1), h]                                   # Q_h(s_h, a_h)
+            if h > 0:                                                               # - V_h(s_h): best a_h
+                low = p & ((1 << h) - 1)
+                g -= torch.maximum(lut[low, h], lut[low | (1 << h), h])
+        return g
+
+
+def _unit_value_table(variant: str, H: int) -> torch.Tensor:
+    """``lut[p * H + h]``: unit-scale Q at step h (0-indexed) when the action bits differ from the
+    targets by the bit pattern p (bit j set = a_{j+1} != t_{j+1}(x)); only bits j <= h count.
+
+    easy: (#matches among j <= h + H - 1 - h) / H; hard: 1[no mismatch among j <= h].
+    """
+    p = torch.arange(1 << H).unsqueeze(1)
+    h = torch.arange(H).unsqueeze(0)
+    mismatch_bits = (p.unsqueeze(-1) >> torch.arange(H)) & 1                         # [2^H, 1, H]
+    upto = torch.arange(H).view(1, 1, H) <= h.unsqueeze(-1)                          # [1, H, H]
+    matches = (h + 1) - (mismatch_bits * upto).sum(-1)                              # [2^H, H]
+    if variant == "easy":
+        table = (matches + (H - 1 - h)).float() / H
+    else:
+        table = (matches == h + 1).float()
+    return table.reshape(-1)
 
 
 def _encode(masks, scale_index: int, n_scales: int) -> int:

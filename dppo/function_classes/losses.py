@@ -21,6 +21,8 @@ import torch
 
 from dppo.function_classes.base import FiniteClass
 
+_CHUNK = 16384
+
 
 def trajectory_residuals(fclass: FiniteClass, sa: torch.Tensor, next_states: torch.Tensor,
                          num_actions: int) -> torch.Tensor:
@@ -35,13 +37,20 @@ def trajectory_residuals(fclass: FiniteClass, sa: torch.Tensor, next_states: tor
     Returns:
         float64 ``[|F|, u]``.
     """
-    u = sa.shape[0]
+    fast = getattr(fclass, "trajectory_residuals", None)
+    if fast is not None:
+        return fast(sa, next_states, num_actions)
+    u, H = sa.shape
     nxt = next_states.unsqueeze(-1) * num_actions + torch.arange(num_actions)          # [u, H-1, A]
-    q = fclass.values(torch.cat([sa, nxt.reshape(u, -1)], 1)).double()                # [|F|, u, H + (H-1)A]
-    H = sa.shape[1]
-    taken = q[:, :, :H].sum(-1)
-    v_next = q[:, :, H:].reshape(q.shape[0], u, H - 1, num_actions).amax(-1).sum(-1)
-    return taken - v_next
+    points = torch.cat([sa, nxt.reshape(u, -1)], 1)                                   # [u, H + (H-1)A]
+    out = torch.empty(fclass.size, u, dtype=torch.float64)
+    for lo in range(0, fclass.size, _CHUNK):
+        members = torch.arange(lo, min(lo + _CHUNK, fclass.size))
+        q = fclass.values(points, members)                                           # [c, u, H + (H-1)A]
+        taken = q[:, :, :H].sum(-1)
+        v_next = q[:, :, H:].reshape(len(members), u, H - 1, num_actions).amax(-1).sum(-1)
+        out[lo: lo + len(members)] = (taken - v_next).double()
+    return out
 
 
 class BellmanResidualLoss:

@@ -99,3 +99,14 @@ def test_bellman_error_loss_with_inner_infimum_matches_brute_force():
         want = E(f, f) - min(E(fp, f) for fp in range(F))
         assert abs(got[f].item() - want) < 1e-8
     assert (got >= -1e-9).all()
+
+
+def test_context_bits_fast_residuals_equal_the_generic_computation_from_values():
+    for variant in ("easy", "hard"):
+        env = ContextBitsMDP(variant)
+        fc = ContextBitsClass(env, size=300, seed=4)
+        table = TensorClass(fc.values(torch.arange(env.num_sa)), value_max=fc.value_max)   # generic path
+        traj = torch.arange(env.num_trajectories)
+        sa, nxt = env.trajectory_sa(traj)
+        assert torch.allclose(trajectory_residuals(fc, sa, nxt, 2), trajectory_residuals(table, sa, nxt, 2),
+                              atol=1e-6)
