@@ -62,9 +62,7 @@ def collect_episodes(policy, env_factory, reset_seeds: list[int], *, reward_boun
             for j, i in enumerate(active):
                 a = int(actions[j])
                 nxt, r, term, trunc, _ = envs[i].step(a)
-                r_arr, c = clip_rewards(np.asarray([r], dtype=np.float64), reward_bound)
-                n_clipped += c
-                obs_list[i].append(cur[i]); act_list[i].append(a); rew_list[i].append(float(r_arr[0]))
+                obs_list[i].append(cur[i]); act_list[i].append(a); rew_list[i].append(float(r))
                 cur[i] = np.asarray(nxt, dtype=np.float32)
                 if not (term or trunc):
                     still.append(i)
@@ -76,6 +74,10 @@ def collect_episodes(policy, env_factory, reset_seeds: list[int], *, reward_boun
     finally:
         for e in envs:
             e.close()
+    for i in range(m):  # clipped before anything else sees the rewards
+        clipped, c = clip_rewards(np.asarray(rew_list[i], dtype=np.float64), reward_bound)
+        rew_list[i] = clipped
+        n_clipped += c
     return _pad(obs_list, act_list, rew_list, n_clipped)
 
 

@@ -26,7 +26,9 @@ class Policy(nn.Module):
         if greedy:
             actions = logits.argmax(-1)
         else:
-            actions = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+            u = torch.rand(logits.shape[0], 1, generator=generator, dtype=logp_all.dtype)
+            cdf = logp_all.exp().cumsum(-1)
+            actions = (cdf < u).sum(-1).clamp_max(logits.shape[-1] - 1)  # inverse-CDF sampling
         return actions, logp_all.gather(-1, actions[:, None]).squeeze(-1)
 
     def log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
