@@ -74,7 +74,7 @@ class ProgressBarCallback(Callback):
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=trainer.learner.num_rounds, initial=trainer.start_round,
-                            desc=trainer.learner.name, unit="round", dynamic_ncols=True)
+                            desc=trainer.meta.get("algo", trainer.learner.name), unit="round", dynamic_ncols=True)
 
     def on_round_end(self, trainer, round_idx, metrics):
         if self.bar is not None:
