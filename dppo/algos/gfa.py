@@ -282,6 +282,9 @@ class GFALearner(_GFABase):
         from dppo.function_classes.linear_grid import LinearGridClass
         from dppo.function_classes.losses import BellmanErrorLoss
 
+        if hasattr(env, "trajectory_sa"):
+            raise ConfigError("algo=gfa needs a stochastic tabular env (env=riverswim, env=random_mdp or a Discrete "
+                              "gymnasium env); for env=context_bits use algo=gfa_outcome")
         self.env = make_tabular(env, seed=seed)
         H, S, A = self.env.H, self.env.S, self.env.A
         self.fclass = LinearGridClass(tabular_features(H, S, A), torch.linspace(grid_low, grid_high, grid_points),

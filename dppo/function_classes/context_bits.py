@@ -36,11 +36,11 @@ class ContextBitsClass(FiniteClass):
     def __init__(self, env: ContextBitsMDP, size: int = 243, scales=(0.75, 1.0, 1.25), seed: int = 0):
         scales = [float(c) for c in scales]
         if 1.0 not in scales or any(c <= 0 for c in scales):
-            raise ConfigError(f"function_class.scales must be positive and contain 1.0, got {scales}")
+            raise ConfigError(f"algo.class_scales must be positive and contain 1.0, got {scales}")
         H = env.H
         total = (N_CONTEXTS ** H) * len(scales)
         if not 2 <= int(size) <= total:
-            raise ConfigError(f"function_class.size must be in [2, {total}], got {size}")
+            raise ConfigError(f"algo.class_size must be in [2, {total}], got {size}")
         self.env, self.size, self.num_sa = env, int(size), env.num_sa
         self.value_max = max(scales)
         g = torch.Generator().manual_seed(int(seed) + 104729)

@@ -231,3 +231,23 @@ def test_python_api_runs_algorithm_1_on_a_tabular_env_object(tmp_path):
     s = dppo.train(["algo=gfa", "eps=5", "episodes=40", "batch_size=10", "algo.grid_points=4",
                     "progress=false", "eval_episodes=2"], run_dir=str(tmp_path), env=riverswim(5))
     assert s["algo"] == "gfa" and s["rounds_done"] == 4 and s["epsilon_spent"] == pytest.approx(5.0)
+
+
+def test_stopped_and_resumed_run_ends_with_the_same_ledger_and_regret(tmp_path):
+    import dppo
+    from dppo.training.callbacks import Callback
+
+    class StopAt(Callback):
+        def on_round_end(self, trainer, round_idx, metrics):
+            return round_idx < 4
+
+    args = ["algo=gfa_outcome", "env=context_bits", "eps=5", "episodes=120", "batch_size=10", "progress=false",
+            "eval_episodes=0", "checkpoint_every=2"]
+    full = dppo.train(args, run_dir=str(tmp_path / "full"))
+    part = dppo.train(args, run_dir=str(tmp_path / "part"), callbacks=[StopAt()])
+    assert part["rounds_done"] == 5
+    resumed = dppo.train(args, run_dir=str(tmp_path / "part"), resume=True)
+    assert resumed["rounds_done"] == full["rounds_done"] == 12
+    assert resumed["ledger"] == full["ledger"] and resumed["users_seen"] == 120
+    assert resumed["cumulative_regret"] == pytest.approx(full["cumulative_regret"])
+    assert resumed["epsilon_spent"] == pytest.approx(full["epsilon_spent"])
