@@ -251,3 +251,22 @@ def test_stopped_and_resumed_run_ends_with_the_same_ledger_and_regret(tmp_path):
     assert resumed["ledger"] == full["ledger"] and resumed["users_seen"] == 120
     assert resumed["cumulative_regret"] == pytest.approx(full["cumulative_regret"])
     assert resumed["epsilon_spent"] == pytest.approx(full["epsilon_spent"])
+
+
+@pytest.mark.slow
+def test_plateau_ordering_unbatched_batched_eps8_eps5_on_easy():
+    """The paper's ordering on 5 seeds, and every private run ends at zero regret (the curve flattens)."""
+    def mean_cum(eps, batch_size, comp="advanced"):
+        total, last = 0.0, []
+        for seed in range(5):
+            learner, _ = outcome_learner("easy", eps=eps, composition=comp, seed=seed, episodes=500,
+                                         batch_size=batch_size)
+            run(learner)
+            total += sum(learner.regret)
+            last.append(learner.regret[-1])
+        return total / 5, max(last)
+
+    rows = [mean_cum(None, 1), mean_cum(None, None), mean_cum(8.0, None), mean_cum(5.0, None)]
+    assert all(a[0] <= b[0] for a, b in zip(rows, rows[1:]))
+    assert all(last == 0.0 for _, last in rows)
+    assert mean_cum(5.0, None, "zcdp")[0] < rows[3][0]
