@@ -102,6 +102,11 @@ class _GFABase(Learner):
 
     # ---- loop --------------------------------------------------------------------------------
     def train_round(self, round_idx: int) -> dict[str, float]:
+        """One batch: release f (policy update), play B episodes (users), add their statistics.
+
+        The returned diagnostics (return, regret, score gap) are computed from raw data for the
+        experimenter's logs, like ``rollout/return`` in every dppo learner; only f is DP-released.
+        """
         score = self.score()
         self.current, gap = self._select(round_idx, score)
         self._set_policy(self.current)
@@ -111,7 +116,7 @@ class _GFABase(Learner):
         self.episodes_done += len(users)
         self.regret.extend([regret] * len(users) if regret is not None else [])
         metrics = {"rollout/return": ret, "rollout/users": float(len(users)), "gfa/score_gap": gap,
-                   "gfa/batch": float(len(users)), "gfa/score_max": float(score.max())}
+                   "gfa/batch": float(len(users))}
         if regret is not None:
             metrics["regret/per_episode"] = regret
             metrics["regret/cumulative"] = float(sum(self.regret))
