@@ -95,8 +95,9 @@ def main():
                   f"cum regret {fmt(results[label, variant][1], 1)}  last {fmt(results[label, variant][2], 3)}",
                   flush=True)
     elapsed = time.time() - t0
+    sweep = batch_sweep(args)
     river = riverswim_rows(args) if args.riverswim_seeds > 0 else []
-    write_markdown(args, results, info, elapsed, river)
+    write_markdown(args, results, info, elapsed, sweep + river)
     write_plot(args, curves)
     print(f"wrote {args.out}.md and {args.out}.png in {elapsed:.0f} s")
 
@@ -110,6 +111,33 @@ def beta_table(args, releases: int, batches: int) -> list[str]:
         zc = ZCDPAccountant("cks").largest_eps0(eps, args.delta, releases)
         lines.append(f"| {eps:g} | {paper_eps0(eps, batches, args.delta):.4f} | {adv:.4f} | {zs:.4f} | {zc:.4f} "
                      f"| {zc / adv:.2f}x |")
+    return lines
+
+
+def batch_sweep(args, consts=(0.5, 1.0, 2.0, 4.0)) -> list[str]:
+    """Plateau episode (mean +- std over the seeds) vs the batch constant c of B = c K^{3/5}."""
+    configs = [("non-private, batched", None, "advanced"), ("eps=8, advanced", 8.0, "advanced"),
+               ("eps=5, advanced", 5.0, "advanced"), ("eps=8, zCDP", 8.0, "zcdp"), ("eps=5, zCDP", 5.0, "zcdp")]
+    head = "| c (B) | " + " | ".join(f"{name}: easy / hard" for name, *_ in configs) + " |"
+    lines = ["", f"## Plateau episode vs the batch constant c (B = round(c K^(3/5)), K = {args.episodes}, "
+             f"{args.seeds} seeds, class sensitivity)", "",
+             "A larger B means fewer releases, hence a larger eps_0 and beta, but a longer data-free first batch.", "",
+             head, "|---" * (len(configs) + 1) + "|"]
+    for c in consts:
+        cells, B = [], None
+        for _, eps, comp in configs:
+            per = []
+            for variant in ("easy", "hard"):
+                p = []
+                for seed in range(args.seeds):
+                    a = argparse.Namespace(**{**vars(args), "batch_const": c})
+                    regret, learner, _ = run_one(variant, eps, None, comp, "class", seed, a)
+                    p.append(plateau_episode(regret))
+                    B = learner.B
+                per.append(fmt(torch.tensor(p, dtype=torch.float64)))
+            cells.append(" / ".join(per))
+        lines.append(f"| {c:g} ({B}) | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
     return lines
 
 
