@@ -25,7 +25,7 @@ import torch
 from dppo.algos.base import Learner
 from dppo.envs.tabular import TabularMDP, make_tabular
 from dppo.errors import ConfigError
-from dppo.privacy.tree_counter import TreeCounter
+from dppo.privacy.tree_counter import TreeCounter, tree_levels
 
 _UNVISITED_BONUS = 1e30   # stands for an infinite bonus (n = 0), finite so that 0 * bonus = 0
 
@@ -64,7 +64,7 @@ class TabularUCB(torch.nn.Module, Learner):
         S, A, H = self.S, self.A, self.H
         self.hsa = H * S * A
         streams = 2 * self.hsa + self.hsa * S
-        arrays = 2 + (0 if counter_eps is None else 3 + self.stats_levels(self.T))
+        arrays = 2 + (0 if counter_eps is None else 3 + tree_levels(self.T))   # buffers + planning temporaries
         need_gb = streams * arrays * 8 / 2 ** 30
         if need_gb > max_memory_gb:
             raise ConfigError(f"{self.name} on {getattr(self.mdp, 'name', 'this env')} (S={S}, A={A}, H={H}) needs "
@@ -81,15 +81,8 @@ class TabularUCB(torch.nn.Module, Learner):
         self.optimal = None
         if self.mdp.has_model:
             self.optimal = self.mdp.optimal_value()
-        self._h_rows = None
 
     # ---- statistics ----------------------------------------------------------------------
-    @staticmethod
-    def stats_levels(T: int) -> int:
-        from dppo.privacy.tree_counter import tree_levels
-
-        return tree_levels(T)
-
     def _xp(self):
         return np if self.stats.released.device.type == "cpu" else torch
 
