@@ -13,8 +13,9 @@ Privacy: the advantages A_it use only user i's own episode (``baseline``/``norma
 states and actions; so each user's regression rows depend on that user alone, the oracle's
 guarantee is the round's guarantee, and one-pass parallel composition gives the run's.
 Everything after the oracle (the step size, the update) is post-processing, so the step size
-normalization uses only the released w (``step=norm|fixed``); the KL-normalized step
-eta = sqrt(2 max_kl / w^T F w) reads the round's data and is allowed only without privacy.
+normalization uses only released quantities: ``step=norm|fixed`` the released w, and
+``step=kl`` (eta = sqrt(2 max_kl / w^T F w)) the round's Fisher matrix without privacy, or the
+Fisher estimate the ``ssp`` oracle released (its noisy Gram matrix averaged over rounds) with it.
 
 Subspaces (``subspace``): ``full`` = all parameters (per-sample gradients by torch.func);
 ``head`` = the last linear layer, with action 0's row as the reference (softmax is invariant to a
@@ -58,6 +59,20 @@ def evaluate_policy(policy, env, run_seed: int, episodes: int, greedy: bool = Fa
     return float(collect_episodes(policy, env, seeds, reward_bound=None, generator=gen, greedy=greedy).returns.mean())
 
 
+def public_states(spec: dict) -> torch.Tensor:
+    """Reference states for a data-independent Fisher: ``n`` points uniform in the box [low, high],
+    seeded (public knowledge about the state space, never user data)."""
+    try:
+        low, high = torch.tensor(spec["low"], dtype=torch.float32), torch.tensor(spec["high"], dtype=torch.float32)
+    except (KeyError, TypeError):
+        raise ConfigError("algo.fisher_states needs {low: [...], high: [...], n: N}") from None
+    if low.shape != high.shape or not bool((high >= low).all()):
+        raise ConfigError("algo.fisher_states: low and high must have the same shape with high >= low")
+    gen = torch.Generator().manual_seed(int(spec.get("seed", 0)) + 2718)
+    n = int(spec.get("n", 1000))
+    return low + (high - low) * torch.rand(n, *low.shape, generator=gen)
+
+
 class PolicySubspace:
     """Compatible features phi(s, a) in a parameter subspace, and the matching parameter update."""
 
@@ -97,6 +112,16 @@ class PolicySubspace:
             phi = (coef[:, :, None] * h1[:, None, :]).reshape(obs.shape[0], -1)
         return phi if self.projection is None else phi @ self.projection
 
+    def fisher(self, obs: torch.Tensor) -> torch.Tensor:
+        """F = mean_s sum_a pi(a|s) phi(s, a) phi(s, a)^T at the given states (dim x dim)."""
+        with torch.no_grad():
+            probs = torch.softmax(self.policy.logits(obs), -1).double()
+        F = torch.zeros(self.dim, self.dim, dtype=torch.float64)
+        for a in range(probs.shape[1]):
+            phi = self.features(obs, torch.full((obs.shape[0],), a, dtype=torch.long))
+            F += (phi * probs[:, a:a + 1]).T @ phi
+        return F / obs.shape[0]
+
     def step(self, w: torch.Tensor) -> None:
         """theta <- theta + w (w in subspace coordinates)."""
         with torch.no_grad():
@@ -119,11 +144,15 @@ class NaturalPolicyGradient(Learner):
         gamma: discount of the returns-to-go.
         baseline, normalize: advantage shaping (see ``pg.advantages``; ``batch`` only non-private).
         subspace, head_dim: parameter subspace of the update (module docstring).
-        step: ``kl`` (eta = sqrt(2 max_kl / w^T F w), non-private only), ``norm`` (eta = lr / ||w||)
+        step: ``kl`` (eta = sqrt(2 max_kl / w^T F w); private only with oracle=ssp, using its released
+            Fisher estimate), ``norm`` (eta = lr / ||w||)
             or ``fixed`` (eta = lr).
         lr, max_kl: step-size constants.
         max_step_norm: cap on ||eta w|| (None: no cap).
         momentum: beta of the step direction d_t = beta d_{t-1} + w_t (a running sum of released w's).
+        fisher_states: ``{low, high, n, seed}``: a public box of reference states; the policy's Fisher
+            matrix there (data-independent) is handed to the oracle as ``public_gram`` (ssp then
+            spends the whole budget on X^T y) and normalizes ``step=kl`` in private runs.
     """
 
     name = "npg"
@@ -131,16 +160,17 @@ class NaturalPolicyGradient(Learner):
     def __init__(self, policy, env, privacy, sampler, oracle, *, seed: int = 0, rounds: int = 100,
                  reward_bound: float | None = 1.0, gamma: float = 0.99, baseline: str = "batch",
                  normalize: str = "batch", subspace: str = "full", head_dim: int | None = None, step: str = "kl",
-                 lr: float = 0.05, max_kl: float = 0.01, max_step_norm: float | None = None, momentum: float = 0.0):
+                 lr: float = 0.05, max_kl: float = 0.01, max_step_norm: float | None = None, momentum: float = 0.0,
+                 fisher_states: dict | None = None):
         if step not in STEPS:
             raise ConfigError(f"algo.step must be one of {STEPS}, got '{step}'")
         if privacy.private:
             if "batch" in (baseline, normalize):
                 raise ConfigError("a batch baseline/normalization mixes users inside a private round; use "
                                   "algo.baseline=user_mean|none and algo.normalize=user|none for private runs")
-            if step == "kl":
-                raise ConfigError("algo.step=kl reads the round's Fisher matrix, which is not released; "
-                                  "use algo.step=norm|fixed for private runs")
+            if step == "kl" and not fisher_states and not hasattr(oracle, "fisher_quadratic"):
+                raise ConfigError(f"algo.step=kl needs a released Fisher matrix, which oracle '{oracle.name}' does "
+                                  f"not release; use oracle=ssp or algo.step=norm|fixed for private runs")
             if privacy.multi_pass:
                 raise ConfigError("NPG/REBEL support one-pass training only (privacy.multi_pass=false)")
             if not oracle.private_capable:
@@ -153,6 +183,8 @@ class NaturalPolicyGradient(Learner):
         if not 0.0 <= momentum < 1.0:
             raise ConfigError(f"algo.momentum must lie in [0, 1), got {momentum}")
         self.momentum = float(momentum)
+        self.reference_obs = public_states(fisher_states) if fisher_states else None
+        self.public_fisher = None
         self.direction = torch.zeros(self.space.dim, dtype=torch.float64)
         self.generator = torch.Generator().manual_seed(self.seed)
 
@@ -165,7 +197,8 @@ class NaturalPolicyGradient(Learner):
                        self.normalize)
         phi = self.space.features(batch.obs[batch.mask], batch.actions[batch.mask])
         rows = self.user_rows(phi, A[batch.mask].double(), batch.lengths)
-        w = self.oracle.solve(rows, privacy=self.privacy, round=round_idx)
+        self.public_fisher = None if self.reference_obs is None else self.space.fisher(self.reference_obs)
+        w = self.oracle.solve(rows, privacy=self.privacy, round=round_idx, public_gram=self.public_fisher)
         if not torch.isfinite(w).all():
             raise DataError("the least-squares oracle returned a non-finite w; aborting before the update")
         self.direction = self.momentum * self.direction + w  # released w's only: post-processing
@@ -188,7 +221,12 @@ class NaturalPolicyGradient(Learner):
     def step_size(self, w: torch.Tensor, phi: torch.Tensor) -> float:
         """eta_t: KL-normalized (non-private), lr / ||w||, or lr."""
         if self.step_rule == "kl":
-            wFw = float(((phi @ w) ** 2).mean())
+            if self.privacy.private and self.public_fisher is not None:  # public states: data-independent
+                wFw = float(w @ self.public_fisher @ w)
+            elif self.privacy.private:  # the oracle's released (noisy, averaged) Fisher: post-processing
+                wFw = self.oracle.fisher_quadratic(w) or 0.0
+            else:
+                wFw = float(((phi @ w) ** 2).mean())
             return math.sqrt(2 * self.max_kl / max(wFw, 1e-12))
         if self.step_rule == "norm":
             return self.lr / max(float(w.norm()), 1e-12)
@@ -200,9 +238,10 @@ class NaturalPolicyGradient(Learner):
 
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "generator": self.generator.get_state(),
-                "direction": self.direction.clone()}
+                "direction": self.direction.clone(), "oracle": self.oracle.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         self.generator.set_state(state["generator"])
         self.direction = state["direction"].clone()
+        self.oracle.load_state_dict(state["oracle"])

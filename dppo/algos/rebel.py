@@ -45,10 +45,11 @@ class REBEL(NaturalPolicyGradient):
                  reward_bound: float | None = 1.0, eta: float = 1.0, normalize_rows: bool = True,
                  gamma: float = 1.0, baseline: str = "none", normalize: str = "none", subspace: str = "full",
                  head_dim: int | None = None, step: str = "fixed", lr: float = 1.0, max_kl: float = 0.01,
-                 max_step_norm: float | None = None, momentum: float = 0.0):
+                 max_step_norm: float | None = None, momentum: float = 0.0, fisher_states: dict | None = None):
         super().__init__(policy, env, privacy, sampler, oracle, seed=seed, rounds=rounds, reward_bound=reward_bound,
                          gamma=gamma, baseline=baseline, normalize=normalize, subspace=subspace, head_dim=head_dim,
-                         step=step, lr=lr, max_kl=max_kl, max_step_norm=max_step_norm, momentum=momentum)
+                         step=step, lr=lr, max_kl=max_kl, max_step_norm=max_step_norm, momentum=momentum,
+                         fisher_states=fisher_states)
         self.eta, self.normalize_rows = float(eta), bool(normalize_rows)
 
     def train_round(self, round_idx: int) -> dict:
@@ -63,8 +64,9 @@ class REBEL(NaturalPolicyGradient):
         if self.normalize_rows:
             scale = x.norm(dim=1).clamp_min(1.0)
             x, y = x / scale[:, None], y / scale
+        self.public_fisher = None if self.reference_obs is None else self.space.fisher(self.reference_obs)
         w = self.oracle.solve([(x[i:i + 1], y[i:i + 1]) for i in range(len(users))], privacy=self.privacy,
-                              round=round_idx)
+                              round=round_idx, public_gram=self.public_fisher)
         if not torch.isfinite(w).all():
             raise DataError("the least-squares oracle returned a non-finite w; aborting before the update")
         self.direction = self.momentum * self.direction + w

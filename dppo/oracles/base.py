@@ -58,6 +58,12 @@ class UserRegression:
         """S v without forming S (for large d)."""
         return self.X.T @ (self.weight * (self.X @ v))
 
+    def per_user_moments(self) -> torch.Tensor:
+        """(users, d) rows b_i = (1/n_i) X_i^T y_i."""
+        out = torch.zeros(self.users, self.dim, dtype=self.X.dtype)
+        out.index_add_(0, self.user, (self.weight * self.y)[:, None] * self.X)
+        return out
+
     def per_user_grads(self, w: torch.Tensor) -> torch.Tensor:
         """(users, d) gradients grad L_i(w) = (2/n_i) X_i^T (X_i w - y_i)."""
         resid = self.weight * (self.X @ w - self.y)
@@ -110,6 +116,13 @@ class LeastSquaresOracle:
         self.seed = int(seed)
         self.last_release: dict | None = None
 
+    def state_dict(self) -> dict:
+        """Oracle state carried across rounds (none by default; ssp's averaged Gram matrix)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        return None
+
     # ---- data --------------------------------------------------------------------------------
     def prepare(self, users) -> UserRegression:
         """Validate per-user (features, targets), clip rows to the bounds, normalize.
@@ -151,7 +164,7 @@ class LeastSquaresOracle:
 
     # ---- solve -------------------------------------------------------------------------------
     def solve(self, users, *, privacy=None, round: int = 0, eps: float | None = None,
-              delta: float | None = None) -> torch.Tensor:
+              delta: float | None = None, public_gram: torch.Tensor | None = None) -> torch.Tensor:
         """Minimize F(w) over one round's users; private iff ``privacy.private``.
 
         Args:
@@ -159,6 +172,9 @@ class LeastSquaresOracle:
             privacy: the PrivacyContext (None or non-private: exact least squares, nothing released).
             round: round index recorded in the ledger.
             eps, delta: this release's budget (default: the context's per-round eps, delta).
+            public_gram: optional data-independent estimate of E[x x^T] (d x d, original units), e.g.
+                a Fisher matrix at public reference states; oracles that can use it (ssp) then
+                spend no budget on X^T X. Ignored without privacy (the exact Gram is used).
 
         Returns:
             w (d,) float64 in the original units of the features and targets.
@@ -168,6 +184,9 @@ class LeastSquaresOracle:
             return self.to_original(exact_ridge(data, self.ridge, self.cg_iters))
         eps = privacy.eps if eps is None else float(eps)
         delta = privacy.delta if delta is None else float(delta)
+        self.public_gram = None
+        if public_gram is not None:  # in normalized units, summed over users: m E[x' x'^T]
+            self.public_gram = public_gram.to(torch.float64) * data.users / self.x_bound ** 2
         return self.to_original(self._solve_private(data, privacy, round, eps, delta))
 
     def exact(self, users) -> torch.Tensor:

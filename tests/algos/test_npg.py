@@ -147,10 +147,10 @@ def test_dp_npg_learns_the_bandit_at_large_eps():
     assert end - start > 0.4 * (best - start), (start, end, best)
 
 
-@pytest.mark.parametrize("bad", [dict(baseline="batch"), dict(normalize="batch"), dict(step="kl")])
+@pytest.mark.parametrize("bad", [dict(baseline="batch"), dict(normalize="batch"), dict(step="kl", oracle="dp_gd")])
 def test_private_runs_refuse_cross_user_statistics(bad):
     with pytest.raises(ConfigError):
-        bandit_learner(eps=1.0, oracle="ssp", **bad)
+        bandit_learner(eps=1.0, **{"oracle": "ssp", **bad})
 
 
 def test_exact_oracle_with_eps_is_a_config_error():

@@ -111,6 +111,7 @@ def test_ssp_ledger_entry_and_sigma():
     (entry,) = privacy.ledger.entries
     assert entry["mechanism"] == "ssp" and entry["round"] == 7 and entry["users"] == 20
     assert entry["eps"] == 2.0 and entry["delta"] == 1e-5
+    assert entry["sigma"] == pytest.approx(entry["sigma_moment"])  # default split = one mechanism, Delta = sqrt(6)
     mu = math.sqrt(6) / entry["sigma"]  # Gaussian mechanism = mu-GDP; its delta(eps), Dong-Roth-Su Cor. 2.13
     delta = norm.cdf(-2.0 / mu + mu / 2) - math.exp(2.0) * norm.cdf(-2.0 / mu - mu / 2)
     assert delta == pytest.approx(1e-5, rel=1e-6)
@@ -123,7 +124,7 @@ def test_ssp_noise_has_the_released_scale():
     oracle = make_oracle("ssp", ridge=1e-3, ridge_noise=0.0, psd_floor=1e9)  # huge floor: w = b~ / (floor + ridge)
     data = oracle.prepare(users)
     draws = [oracle.solve(users, privacy=ctx(1.0, s), round=0) * (1e9 + 1e-3) - data.moment() for s in range(400)]
-    sigma = oracle.last_release["sigma"]
+    sigma = oracle.last_release["sigma_moment"]
     assert torch.stack(draws).std().item() == pytest.approx(sigma, rel=0.1)
 
 
@@ -138,12 +139,14 @@ def test_ssp_sensitivity_bound_holds_for_replaced_users(seed, n1, n2):
         data = oracle.prepare([(torch.tensor(X), torch.tensor(y))])
         S, b = data.gram(), data.moment()
         iu = torch.triu_indices(d, d, 1)
-        return torch.cat([torch.diagonal(S), math.sqrt(2) * S[iu[0], iu[1]], b])
+        return torch.cat([torch.diagonal(S), math.sqrt(2) * S[iu[0], iu[1]]]), b
 
     scale = rng.choice([0.1, 1.0, 10.0])
-    a = release_vector(scale * rng.normal(size=(n1, d)), scale * rng.normal(size=n1))
-    b = release_vector(scale * rng.normal(size=(n2, d)), scale * rng.normal(size=n2))
-    assert (a - b).norm().item() <= oracle.sensitivity() + 1e-9
+    s1, b1 = release_vector(scale * rng.normal(size=(n1, d)), scale * rng.normal(size=n1))
+    s2, b2 = release_vector(scale * rng.normal(size=(n2, d)), scale * rng.normal(size=n2))
+    d_s, d_b = oracle.sensitivities()
+    assert (s1 - s2).norm().item() <= d_s + 1e-9
+    assert (b1 - b2).norm().item() <= d_b + 1e-9
 
 
 def test_dp_gd_noise_meets_eps_delta_by_both_accountants():
@@ -251,3 +254,31 @@ def test_settings_nested_under_an_oracle_name_apply_to_that_oracle_only():
     gd, ssp = make_oracle("dp_gd", **kw), make_oracle("ssp", **kw)
     assert gd.steps == 3 and gd.x_bound == 2.0 and gd.ridge == 0.5
     assert ssp.ridge_noise == 0.0 and ssp.x_bound == 2.0
+
+
+def test_ssp_split_budget_composes_to_eps_delta():
+    oracle = make_oracle("ssp", b_clip=0.1, gram_share=0.2)
+    s_gram, s_b = oracle.noise_stds(4.0, 1e-5)
+    mu = math.hypot(math.sqrt(2) / s_gram, 2 * 0.1 / s_b)  # two Gaussian mechanisms compose in GDP
+    delta = norm.cdf(-4.0 / mu + mu / 2) - math.exp(4.0) * norm.cdf(-4.0 / mu - mu / 2)
+    assert delta == pytest.approx(1e-5, rel=1e-6)
+    assert (math.sqrt(2) / s_gram) ** 2 == pytest.approx(0.2 * mu ** 2)
+
+
+def test_ssp_gram_average_is_the_bias_corrected_mean_of_released_grams():
+    users, _ = regression_users(m=30, d=2)
+    oracle = make_oracle("ssp", gram_momentum=0.5)
+    grams = []
+    for r in range(3):
+        privacy = ctx(1.0, seed=r)
+        oracle.solve(users, privacy=privacy, round=r)
+        grams.append(oracle.gram_sum.clone() if r == 0 else None)
+    S0 = oracle.prepare(users).gram()
+    S_bar = oracle.gram_sum / oracle.gram_weight
+    assert oracle.gram_weight == pytest.approx(1 + 0.5 + 0.25)
+    # the average of three noisy releases is closer to S than one release is, on average over entries
+    assert (S_bar - S0).abs().mean() < (grams[0] - S0).abs().mean() * 1.5
+    state = oracle.state_dict()
+    other = make_oracle("ssp", gram_momentum=0.5)
+    other.load_state_dict(state)
+    torch.testing.assert_close(other.gram_sum, oracle.gram_sum)

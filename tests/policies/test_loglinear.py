@@ -26,4 +26,4 @@ def test_flat_observation_uses_one_weight_row_per_action():
 def test_zero_init_is_uniform():
     policy = LogLinearPolicy(gym.spaces.Box(-1, 1, (4, 3)), gym.spaces.Discrete(4))
     probs = torch.softmax(policy.logits(torch.randn(2, 12)), -1)
-    np.testing.assert_allclose(probs.numpy(), 0.25)
+    np.testing.assert_allclose(probs.detach().numpy(), 0.25)

@@ -1,0 +1,173 @@
+"""The paper's CartPole table ([PO] appendix; REFERENCE.md Sec. 1) through the project's CLI.
+
+    nice -n 10 python scripts/reproduce_cartpole.py              # run the grid (resumable), then report
+    python scripts/reproduce_cartpole.py --report                # table + plot from the runs on disk
+
+Each cell is ``python train.py +experiment=cartpole_<algo> eps=<eps> seed=<seed>`` (CartPole-v1,
+2x64 MLP, 100 rounds x 10 users, delta=1e-5), run in a subprocess with one torch thread, two at a
+time. Runs whose ``summary.json`` is complete are skipped. The report writes
+``runs/reference/cartpole.md`` (mean final return, std over seeds, best-round mean; the paper's numbers
+side by side) and ``runs/reference/cartpole.png`` (mean +- std return per round, one panel per family).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+from tqdm import tqdm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# (family, experiment, eps, paper mean final, paper std, paper best-epoch mean)
+ROWS = [
+    ("PG", "cartpole_pg", None, 334.37, 25.25, 361.70),
+    ("PG", "cartpole_dp_pg", 5.0, 190.34, 52.91, 199.17),
+    ("PG", "cartpole_dp_pg", 3.0, 143.87, 22.88, 187.17),
+    ("NPG", "cartpole_npg", None, 492.90, 10.04, 500.00),
+    ("NPG", "cartpole_dp_npg", 5.0, 478.73, 28.05, 494.70),
+    ("NPG", "cartpole_dp_npg", 3.0, 400.87, 65.37, 410.43),
+    ("REBEL", "cartpole_rebel", None, None, None, None),
+    ("REBEL", "cartpole_dp_rebel", 5.0, None, None, None),
+    ("REBEL", "cartpole_dp_rebel", 3.0, None, None, None),
+]
+LABEL = {"cartpole_pg": "PG", "cartpole_dp_pg": "DP-PG", "cartpole_npg": "NPG", "cartpole_dp_npg": "DP-NPG",
+         "cartpole_rebel": "REBEL", "cartpole_dp_rebel": "DP-REBEL"}
+
+
+def run_dir(out: str, exp: str, eps, seed: int) -> str:
+    return os.path.join(out, f"{exp}_eps{'none' if eps is None else f'{eps:g}'}_s{seed}")
+
+
+def complete(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "summary.json")) as f:
+            return bool(json.load(f).get("complete"))
+    except (OSError, ValueError):
+        return False
+
+
+def launch(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
+    args = [sys.executable, os.path.join(ROOT, "train.py"), f"+experiment={exp}", f"seed={seed}",
+            f"eps={'null' if eps is None else eps}", "progress=false", "logger.tensorboard=false",
+            f"hydra.run.dir={path}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    t0 = time.perf_counter()
+    res = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["?"]
+        print(f"FAILED {os.path.basename(path)}: {tail[0]}", file=sys.stderr, flush=True)
+    return path, res.returncode, time.perf_counter() - t0
+
+
+def run_grid(args) -> float:
+    jobs = [(exp, eps, s, run_dir(args.out, exp, eps, s)) for _, exp, eps, *_ in ROWS for s in args.seeds
+            if not args.only or exp in args.only]
+    todo = [j for j in jobs if not complete(j[3])]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(args.workers) as pool, tqdm(total=len(jobs), initial=len(jobs) - len(todo),
+                                                         desc="cartpole runs", unit="run") as bar:
+        futures = [pool.submit(launch, *j) for j in todo]
+        for fut in as_completed(futures):
+            path, rc, wall = fut.result()
+            bar.set_postfix_str(f"{os.path.basename(path)} {wall:.0f}s rc={rc}")
+            bar.update(1)
+    return time.perf_counter() - t0
+
+
+def load(path: str):
+    with open(os.path.join(path, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(path, "progress.csv")) as f:
+        curve = [float(r["rollout/return"]) for r in csv.DictReader(f)]
+    return summary, curve
+
+
+def _mean_std(xs):
+    m = sum(xs) / len(xs)
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0)
+
+
+def report(args, grid_wall: float | None) -> None:
+    lines = ["# CartPole-v1: the paper's table reproduced", "",
+             "Protocol ([PO] appendix): CartPole-v1, 2x64 tanh MLP, 100 rounds x 10 fresh users (one episode "
+             "each), delta = 1e-5, seeds " + ", ".join(map(str, args.seeds)) + ". Final return: 20 evaluation "
+             "episodes on held-out reset seeds after the last round. Best-round mean: max over rounds of the "
+             "seed-mean training return. eps: spent, from the accountant (parallel composition over one-pass rounds).",
+             "", "| algorithm | eps | mean final return | std | best-round mean | paper mean | paper std | "
+                 "paper best | eps spent | seeds | wall s/run |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    curves = {}
+    for fam, exp, eps, p_mean, p_std, p_best in ROWS:
+        runs = [load(run_dir(args.out, exp, eps, s)) for s in args.seeds if complete(run_dir(args.out, exp, eps, s))]
+        if not runs:
+            lines.append(f"| {LABEL[exp]} | {'-' if eps is None else f'{eps:g}'} | (not run) |||||||||")
+            continue
+        finals = [r[0]["final_return"] for r in runs]
+        T = min(len(r[1]) for r in runs)
+        per_round = [sum(r[1][t] for r in runs) / len(runs) for t in range(T)]
+        curves[(fam, exp, eps)] = [[r[1][t] for r in runs] for t in range(T)]
+        m, sd = _mean_std(finals)
+        spent = max(r[0]["epsilon_spent"] for r in runs)
+        wall = sum(r[0]["wall_time_s"] for r in runs) / len(runs)
+        fmt = lambda v: "-" if v is None else f"{v:.2f}"
+        lines.append(f"| {LABEL[exp]} | {'-' if eps is None else f'{eps:g}'} | {m:.2f} | {sd:.2f} | {max(per_round):.2f} | "
+                     f"{fmt(p_mean)} | {fmt(p_std)} | {fmt(p_best)} | {spent:.3g} | {len(runs)} | {wall:.0f} |")
+    if grid_wall is not None:
+        lines += ["", f"Grid wall time on this machine: {grid_wall / 60:.1f} min (2 runs at a time, one torch thread each)."]
+    lines += ["", "Configs: `conf/experiment/cartpole_<algo>.yaml`; one cell: "
+                  "`python train.py +experiment=cartpole_dp_npg eps=5 seed=0`.", ""]
+    os.makedirs(os.path.dirname(args.md), exist_ok=True)
+    with open(args.md, "w") as f:
+        f.write("\n".join(lines))
+    print("\n".join(lines))
+    plot(curves, args.png)
+
+
+def plot(curves: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fams = ["PG", "NPG", "REBEL"]
+    colors = {None: "black", 5.0: "tab:blue", 3.0: "tab:red"}
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), sharey=True)
+    for ax, fam in zip(axes, fams):
+        for (f, exp, eps), per_round in curves.items():
+            if f != fam:
+                continue
+            ms = [_mean_std(v) for v in per_round]
+            x = list(range(1, len(ms) + 1))
+            mean = [a for a, _ in ms]
+            ax.plot(x, mean, color=colors[eps], label=f"{LABEL[exp]}" + ("" if eps is None else f" eps={eps:g}"))
+            ax.fill_between(x, [a - b for a, b in ms], [a + b for a, b in ms], color=colors[eps], alpha=0.2)
+        ax.set_title(fam)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="upper left")
+    axes[0].set_ylabel("training return (mean +- std over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "cartpole"))
+    ap.add_argument("--md", default=os.path.join(ROOT, "runs", "reference", "cartpole.md"))
+    ap.add_argument("--png", default=os.path.join(ROOT, "runs", "reference", "cartpole.png"))
+    ap.add_argument("--only", nargs="+", help="run only these experiments (e.g. cartpole_dp_npg)")
+    ap.add_argument("--report", action="store_true", help="only write the table and plot from runs on disk")
+    args = ap.parse_args()
+    wall = None if args.report else run_grid(args)
+    report(args, wall)
+
+
+if __name__ == "__main__":
+    main()
