@@ -9,7 +9,6 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -46,10 +45,12 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "runs" / "reference" / "audit.md"))
     parser.add_argument("--rows", default=str(ROOT / "runs" / "audit" / "rows.json"),
                         help="every row measured so far (JSON); --only replaces just its mechanisms' rows")
+    parser.add_argument("--render-only", action="store_true", help="rewrite --out from --rows, run nothing")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    started = time.perf_counter()
-    rows = run_suite(only=args.only, seed=args.seed,
+    if args.render_only:
+        args.only = ["(none)"]
+    rows = [] if args.render_only else run_suite(only=args.only, seed=args.seed,
                      progress=lambda r: print(f"{r.mechanism}: claimed {r.claimed_eps:.4g}, eps_LB {r.eps_lb:.3f} "
                                               f"({r.trials} trials, {r.seconds:.0f} s)", flush=True))
     rows_path = Path(args.rows)
@@ -65,8 +66,9 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
     text = markdown(rows, title="Privacy audit (full)") + NOTES
-    text += (f"\nCommand: `python scripts/audit.py` (seed {args.seed}, one thread) at commit {commit}; "
-             f"total {time.perf_counter() - started:.0f} s.\n")
+    total = sum(r.seconds for r in rows)
+    text += (f"\nCommand: `python scripts/audit.py` (seed {args.seed}, one thread; `--only` reruns merged), "
+             f"rendered at commit {commit}; audits total {total:.0f} s.\n")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
