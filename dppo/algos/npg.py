@@ -150,6 +150,7 @@ class NaturalPolicyGradient(Learner):
         lr, max_kl: step-size constants.
         max_step_norm: cap on ||eta w|| (None: no cap).
         momentum: beta of the step direction d_t = beta d_{t-1} + w_t (a running sum of released w's).
+        step_decay: the step (and its cap) is divided by 1 + step_decay * round.
         fisher_states: ``{low, high, n, seed}``: a public box of reference states; the policy's Fisher
             matrix there (data-independent) is handed to the oracle as ``public_gram`` (ssp then
             spends the whole budget on X^T y) and normalizes ``step=kl`` in private runs.
@@ -161,7 +162,7 @@ class NaturalPolicyGradient(Learner):
                  reward_bound: float | None = 1.0, gamma: float = 0.99, baseline: str = "batch",
                  normalize: str = "batch", subspace: str = "full", head_dim: int | None = None, step: str = "kl",
                  lr: float = 0.05, max_kl: float = 0.01, max_step_norm: float | None = None, momentum: float = 0.0,
-                 fisher_states: dict | None = None):
+                 fisher_states: dict | None = None, step_decay: float = 0.0):
         if step not in STEPS:
             raise ConfigError(f"algo.step must be one of {STEPS}, got '{step}'")
         if privacy.private:
@@ -183,7 +184,14 @@ class NaturalPolicyGradient(Learner):
         if not 0.0 <= momentum < 1.0:
             raise ConfigError(f"algo.momentum must lie in [0, 1), got {momentum}")
         self.momentum = float(momentum)
+        if step_decay < 0:
+            raise ConfigError(f"algo.step_decay must be >= 0, got {step_decay}")
+        self.step_decay = float(step_decay)
         self.reference_obs = public_states(fisher_states) if fisher_states else None
+        obs_shape = tuple(getattr(getattr(env, "observation_space", None), "shape", ()) or ())
+        if self.reference_obs is not None and obs_shape and tuple(self.reference_obs.shape[1:]) != obs_shape:
+            raise ConfigError(f"algo.fisher_states has shape {tuple(self.reference_obs.shape[1:])} but the env's "
+                              f"observations have shape {obs_shape}; give a box of that shape or set it to null")
         self.public_fisher = None
         self.direction = torch.zeros(self.space.dim, dtype=torch.float64)
         self.generator = torch.Generator().manual_seed(self.seed)
@@ -203,9 +211,10 @@ class NaturalPolicyGradient(Learner):
             raise DataError("the least-squares oracle returned a non-finite w; aborting before the update")
         self.direction = self.momentum * self.direction + w  # released w's only: post-processing
         d = self.direction if self.momentum > 0 else w
-        update = self.step_size(d, phi) * d
-        if self.max_step_norm is not None and update.norm() > self.max_step_norm:
-            update = update * (self.max_step_norm / update.norm())
+        update = self.step_size(d, phi) * d / (1.0 + self.step_decay * round_idx)
+        cap = None if self.max_step_norm is None else self.max_step_norm / (1.0 + self.step_decay * round_idx)
+        if cap is not None and update.norm() > cap:
+            update = update * (cap / update.norm())
         self.space.step(update)
         return {"rollout/return": float(batch.returns.mean()),
                 "rollout/episode_length": float(batch.lengths.double().mean()),

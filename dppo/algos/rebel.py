@@ -45,11 +45,12 @@ class REBEL(NaturalPolicyGradient):
                  reward_bound: float | None = 1.0, eta: float = 1.0, normalize_rows: bool = True,
                  gamma: float = 1.0, baseline: str = "none", normalize: str = "none", subspace: str = "full",
                  head_dim: int | None = None, step: str = "fixed", lr: float = 1.0, max_kl: float = 0.01,
-                 max_step_norm: float | None = None, momentum: float = 0.0, fisher_states: dict | None = None):
+                 max_step_norm: float | None = None, momentum: float = 0.0, fisher_states: dict | None = None,
+                 step_decay: float = 0.0):
         super().__init__(policy, env, privacy, sampler, oracle, seed=seed, rounds=rounds, reward_bound=reward_bound,
                          gamma=gamma, baseline=baseline, normalize=normalize, subspace=subspace, head_dim=head_dim,
                          step=step, lr=lr, max_kl=max_kl, max_step_norm=max_step_norm, momentum=momentum,
-                         fisher_states=fisher_states)
+                         fisher_states=fisher_states, step_decay=step_decay)
         self.eta, self.normalize_rows = float(eta), bool(normalize_rows)
 
     def train_round(self, round_idx: int) -> dict:
@@ -71,9 +72,10 @@ class REBEL(NaturalPolicyGradient):
             raise DataError("the least-squares oracle returned a non-finite w; aborting before the update")
         self.direction = self.momentum * self.direction + w
         d = self.direction if self.momentum > 0 else w
-        update = self.step_size(d, torch.cat([phi1, phi2])) * d
-        if self.max_step_norm is not None and update.norm() > self.max_step_norm:
-            update = update * (self.max_step_norm / update.norm())
+        update = self.step_size(d, torch.cat([phi1, phi2])) * d / (1.0 + self.step_decay * round_idx)
+        cap = None if self.max_step_norm is None else self.max_step_norm / (1.0 + self.step_decay * round_idx)
+        if cap is not None and update.norm() > cap:
+            update = update * (cap / update.norm())
         self.space.step(update)
         returns = torch.cat([first.returns, second.returns])
         lengths = torch.cat([first.lengths, second.lengths]).double()

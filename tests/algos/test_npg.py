@@ -181,7 +181,8 @@ def test_cli_dp_npg_and_npg_run_and_write_the_ledger(cli, tiny, tmp_path, algo):
         assert summary["rounds_done"] == 3
         if algo == "dp_npg":
             assert summary["epsilon_spent"] == pytest.approx(3.0)
-            assert [e["mechanism"] for e in summary["ledger"]] == ["dp_gd"] * 3
+            assert [e["mechanism"] for e in summary["ledger"]] == ["ssp"] * 3
+            assert all(e["gram"] == "public" for e in summary["ledger"])
         else:
             assert summary["ledger"] == []
 
@@ -191,8 +192,31 @@ def test_cli_bandit_loglinear_with_each_oracle(cli, tmp_path):
     for oracle in ("ssp", "exp_mech"):
         out = tmp_path / oracle
         res = cli(["algo=dp_npg", "env=bandit", "policy=loglinear", f"oracle={oracle}", "algo.subspace=full",
-                   "algo.head_dim=null", "rounds=3", "users_per_round=5", "eval_episodes=5", "progress=false",
+                   "algo.head_dim=null", "algo.fisher_states=null", "algo.step=norm", "rounds=3", "users_per_round=5", "eval_episodes=5", "progress=false",
                    "algo.oracle_kwargs.x_bound=2.0", "algo.oracle_kwargs.y_bound=2.0", f"hydra.run.dir={out}"])
         assert res.returncode == 0, res.stderr[-2000:]
         summary = json.loads((out / "summary.json").read_text())
         assert [e["mechanism"] for e in summary["ledger"]] == [oracle] * 3
+
+
+def test_public_fisher_is_the_expected_outer_product_of_score_features():
+    from dppo.algos.npg import public_states
+
+    policy = mlp()
+    space = PolicySubspace(policy, "head", head_dim=5, seed=2)
+    obs = public_states({"low": [-1, -1, -0.1, -1], "high": [1, 1, 0.1, 1], "n": 50})
+    assert obs.shape == (50, 4) and bool((obs.abs() <= torch.tensor([1, 1, 0.1, 1])).all())
+    F = space.fisher(obs)
+    probs = torch.softmax(policy.logits(obs), -1).detach().double()
+    expected = torch.zeros(5, 5, dtype=torch.float64)
+    for n in range(50):
+        for a in range(2):
+            phi = space.features(obs[n:n + 1], torch.tensor([a]))[0]
+            expected += probs[n, a] * torch.outer(phi, phi) / 50
+    torch.testing.assert_close(F, expected)
+    torch.testing.assert_close(public_states({"low": [0], "high": [1], "n": 3}), public_states({"low": [0], "high": [1], "n": 3}))
+
+
+def test_fisher_states_of_the_wrong_shape_are_a_config_error():
+    with pytest.raises(ConfigError):
+        bandit_learner(fisher_states={"low": [-1, -1], "high": [1, 1], "n": 10})

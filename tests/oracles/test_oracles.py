@@ -282,3 +282,20 @@ def test_ssp_gram_average_is_the_bias_corrected_mean_of_released_grams():
     other = make_oracle("ssp", gram_momentum=0.5)
     other.load_state_dict(state)
     torch.testing.assert_close(other.gram_sum, oracle.gram_sum)
+
+
+def test_ssp_with_public_gram_spends_everything_on_the_moment():
+    users, _ = regression_users(m=50, d=3)
+    gram = torch.eye(3, dtype=torch.float64) * 0.3
+    privacy = ctx(2.0)
+    oracle = make_oracle("ssp", b_clip=0.5, ridge=0.0)
+    oracle.solve(users, privacy=privacy, round=0, public_gram=gram)
+    (entry,) = privacy.ledger.entries
+    assert entry["gram"] == "public" and entry["eps"] == 2.0
+    mu = 2 * 0.5 / entry["sigma_moment"]
+    delta = norm.cdf(-2.0 / mu + mu / 2) - math.exp(2.0) * norm.cdf(-2.0 / mu - mu / 2)
+    assert delta == pytest.approx(1e-5, rel=1e-6)
+    # at huge eps the answer is (m * gram)^-1 sum_i clip(b_i): check against numpy
+    w = make_oracle("ssp", b_clip=0.5, ridge=0.0).solve(users, privacy=ctx(1e6), round=0, public_gram=gram)
+    b = sum(np.asarray(X.T @ y / len(y)) * min(1.0, 0.5 / np.linalg.norm(X.T @ y / len(y))) for X, y in users)
+    np.testing.assert_allclose(w.numpy(), np.linalg.solve(50 * 0.3 * np.eye(3), b), atol=1e-4)
