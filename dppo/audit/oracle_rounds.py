@@ -6,10 +6,15 @@ Everything private in such a round happens inside that call (the rows x_i, y_i o
 that user alone; the parameter update is post-processing), so it is the smallest function holding
 the whole privatization; the canary is injected as a row rather than through rollouts.
 Neighbours: m users with fixed random rows; the canary row is x = x_bound e1 with y = +y_bound (D)
-or -y_bound (D'). Both configs use ``dp_gd`` with one step from w = 0 and no projection, where the
-canary's gradient -2 y' x' (normalized units, norm 2) is clipped to -+C e1: the replace-one worst
-case 2C. That step is affine in its noise, so ``StackedNoise`` gives ``chunk`` independent releases
-per call; the test is the projection of the released w on e1.
+or -y_bound (D'). Two oracle setups are driven:
+- ``dp_gd`` with one step from w = 0 and no projection (DP-REBEL): the canary's gradient -2 y' x'
+  (normalized units, norm 2) is clipped to -+C e1, the replace-one worst case 2C. That step is
+  affine in its noise, so ``StackedNoise`` gives ``chunk`` independent releases per call; the test
+  is the projection of the released w on e1.
+- ``ssp`` with a public Gram matrix (DP-NPG with ``fisher_states``: only b~ is released): the
+  canary's moment +-e1 is clipped to +-b_clip e1, the replace-one worst case 2 b_clip. One solve
+  per trial (``public_gram`` = I, standing in for the Fisher matrix at public states); b~ is read
+  where it enters ``psd_ridge_solve`` and projected on e1.
 """
 from __future__ import annotations
 
@@ -19,7 +24,8 @@ from pathlib import Path
 import torch
 
 from dppo.audit.result import MechanismAudit, conclude, same_claim
-from dppo.audit.trials import StackedNoise, trial_context
+from dppo.audit.trials import StackedNoise, tap, trial_context
+from dppo.privacy.noise import NoiseSource
 from dppo.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "algo"
@@ -41,9 +47,10 @@ def audit_oracle_round(eps: float, delta: float = 1e-5, trials: int = 1_000_000,
     """``trials`` releases of ``algo``'s oracle (half on D, half on D')."""
     started = time.perf_counter()
     oracle, name = config_oracle(algo)
-    if name != "dp_gd" or oracle.steps != 1 or oracle.radius is not None:
-        raise ConfigError(f"the {algo} audit drives a one-step, unprojected dp_gd oracle; the config has {name} "
-                          f"(steps={getattr(oracle, 'steps', None)}, radius={getattr(oracle, 'radius', None)})")
+    stacked = name == "dp_gd" and oracle.steps == 1 and oracle.radius is None
+    if not stacked and name != "ssp":
+        raise ConfigError(f"the {algo} audit drives a one-step, unprojected dp_gd oracle or ssp; the config has "
+                          f"{name} (steps={getattr(oracle, 'steps', None)}, radius={getattr(oracle, 'radius', None)})")
     gen = torch.Generator().manual_seed(seed + 23)
     rows = []
     for _ in range(users - 1):
@@ -54,6 +61,8 @@ def audit_oracle_round(eps: float, delta: float = 1e-5, trials: int = 1_000_000,
     e1[0, 0] = 1.0
     d_null = [(e1 * oracle.x_bound, torch.tensor([oracle.y_bound]))] + rows
     d_alt = [(e1 * oracle.x_bound, torch.tensor([-oracle.y_bound]))] + rows
+    if not stacked:
+        return _ssp_public_gram(oracle, algo, d_null, d_alt, eps, delta, trials, seed, started)
     noise = StackedNoise(chunk, seed)
     privacy = trial_context(eps, delta, noise)
     null, alt = [], []
@@ -63,3 +72,20 @@ def audit_oracle_round(eps: float, delta: float = 1e-5, trials: int = 1_000_000,
     claim = same_claim([privacy.spent()])
     return conclude(f"{algo}_round", f"conf/algo/{algo}.yaml -> make_oracle('{name}').solve", claim,
                     torch.cat(null).numpy(), torch.cat(alt).numpy(), started)
+
+
+def _ssp_public_gram(oracle, algo, d_null, d_alt, eps, delta, trials, seed, started) -> MechanismAudit:
+    gram = torch.eye(d_null[0][0].shape[1], dtype=torch.float64)
+    noise, seen = NoiseSource(seed), []
+    null, alt, claims = [], [], []
+    with tap("dppo.oracles.ssp", "psd_ridge_solve", lambda args, out: seen.append(float(args[1][0]))):
+        for start in range(0, trials, 2000):
+            privacy = trial_context(eps, delta, noise)
+            for r in range(min(2000, trials - start) // 2):
+                oracle.solve(d_null, privacy=privacy, round=2 * r, public_gram=gram)
+                null.append(seen.pop())
+                oracle.solve(d_alt, privacy=privacy, round=2 * r + 1, public_gram=gram)
+                alt.append(seen.pop())
+            claims.append(privacy.spent())
+    return conclude(f"{algo}_round", f"conf/algo/{algo}.yaml -> make_oracle('ssp').solve(public_gram=...) "
+                    "(b~ read at psd_ridge_solve)", same_claim(claims), null, alt, started)

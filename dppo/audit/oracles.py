@@ -6,11 +6,13 @@ the bounds, normalization) is deterministic, so it runs once per input and every
 accountant's claim) and draws the noise; ``to_original`` is a fixed rescaling (post-processing).
 
 Neighbours (normalized units, ||x|| <= 1, |y| <= 1; the other users are fixed and shared by D and D'):
-- ``ssp``: canary (x = e1, y = 1) vs (x = (1/2, sqrt3/2), y = -1). In the released vector
-  v = (diag S, sqrt2 offdiag S, b) (isotropic noise) this moves v by sqrt(4.5), the largest change a
-  replaced user can cause (single-row users are the extreme points; the oracle's bound sqrt 6 is
-  not attained). White-box: S~, b~ are read where they enter ``psd_ridge_solve``; the test is the
-  projection of v~ on v(D') - v(D) (the likelihood-ratio test).
+- ``ssp``: canary (x = e1, y = 1) vs (x = (1/2, sqrt3/2), y = -1), default settings (b_clip = 1,
+  gram_share = 1/3, where sigma_S = sigma_b and the two releases are one Gaussian mechanism with
+  the claimed sensitivity sqrt 6). In v = (diag S, sqrt2 offdiag S, b) this moves v by sqrt(4.5),
+  the largest change a replaced user can cause (single-row users are the extreme points; the
+  bound sqrt 6 is not attained). White-box: S~, b~ are read where they enter ``psd_ridge_solve``;
+  the test is the likelihood ratio of the two Gaussians, the projection of the whitened release
+  on the whitened difference (sigma_S, sigma_b from the oracle's own ``noise_stds``).
 - ``dp_gd``: canary (x = e1, y = 1) vs (x = e1, y = -1), others on e2; with clip C = 1 and radius 0.5
   the canary's gradient 2 (w_1 - y) e1 is clipped to exactly -C e1 vs +C e1 at every step, the
   replace-one worst case (2C) at each of the k steps. White-box: each step's noisy gradient sum is
@@ -78,7 +80,9 @@ def audit_ssp(eps: float, delta: float = 1e-5, trials: int = 100_000, *, seed: i
     d_alt = [(torch.tensor([[0.5, math.sqrt(3.0) / 2]]), torch.tensor([-1.0]))] + others
     v0 = ssp_vector(oracle.prepare(d_null).gram(), oracle.prepare(d_null).moment())
     v1 = ssp_vector(oracle.prepare(d_alt).gram(), oracle.prepare(d_alt).moment())
-    direction = (v1 - v0) / (v1 - v0).norm()
+    sigma_s, sigma_b = oracle.noise_stds(eps, delta)
+    whiten = torch.cat([torch.full((3,), 1.0 / sigma_s), torch.full((2,), 1.0 / sigma_b)]).double()
+    direction = (v1 - v0) * whiten ** 2          # LLR of N(v0, W^-2) vs N(v1, W^-2) is linear in v . direction
     seen = []
 
     def observe(call):
