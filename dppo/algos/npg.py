@@ -76,7 +76,8 @@ def public_states(spec: dict) -> torch.Tensor:
 class PolicySubspace:
     """Compatible features phi(s, a) in a parameter subspace, and the matching parameter update."""
 
-    def __init__(self, policy, subspace: str = "full", head_dim: int | None = None, seed: int = 0):
+    def __init__(self, policy, subspace: str = "full", head_dim: int | None = None, seed: int = 0,
+                 basis_obs: torch.Tensor | None = None):
         if subspace not in SUBSPACES:
             raise ConfigError(f"algo.subspace must be one of {SUBSPACES}, got '{subspace}'")
         self.policy, self.kind = policy, subspace
@@ -91,12 +92,31 @@ class PolicySubspace:
             if head_dim is not None:
                 if not 1 <= head_dim <= full:
                     raise ConfigError(f"algo.head_dim must lie in 1..{full}, got {head_dim}")
-                gen = torch.Generator().manual_seed(int(seed) + 31337)
-                q, _ = torch.linalg.qr(torch.randn(full, int(head_dim), generator=gen, dtype=torch.float64))
-                self.projection = q  # orthonormal columns: ||P^T v|| <= ||v||
+                if basis_obs is not None:
+                    self.projection = self.public_basis(basis_obs, int(head_dim))
+                else:
+                    gen = torch.Generator().manual_seed(int(seed) + 31337)
+                    q, _ = torch.linalg.qr(torch.randn(full, int(head_dim), generator=gen, dtype=torch.float64))
+                    self.projection = q  # orthonormal columns: ||P^T v|| <= ||v||
             self.dim = full if head_dim is None else int(head_dim)
         else:
             self.dim = sum(p.numel() for p in policy.parameters())
+
+    def public_basis(self, obs: torch.Tensor, k: int) -> torch.Tensor:
+        """Top-k principal directions of the head's inputs [h(s), 1] at public states (orthonormal columns).
+
+        Blocks of rows k = 1..K-1 share the basis, so the head dimension must be a multiple of K-1.
+        Data-independent: the initial body and public states only.
+        """
+        blocks = self.n_actions - 1
+        if k % blocks:
+            raise ConfigError(f"algo.head_dim must be a multiple of {blocks} (actions - 1) with head_basis=public")
+        with torch.no_grad():
+            h = self.policy.body(obs).double()
+        h1 = torch.cat([h, torch.ones(h.shape[0], 1, dtype=torch.float64)], dim=1)
+        _, evecs = torch.linalg.eigh(h1.T @ h1 / h1.shape[0])
+        top = evecs[:, -(k // blocks):]
+        return torch.block_diag(*([top] * blocks))
 
     def features(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
         """phi(s, a) for N rows (N, dim), float64."""
@@ -151,6 +171,8 @@ class NaturalPolicyGradient(Learner):
         max_step_norm: cap on ||eta w|| (None: no cap).
         momentum: beta of the step direction d_t = beta d_{t-1} + w_t (a running sum of released w's).
         step_decay: the step (and its cap) is divided by 1 + step_decay * round.
+        head_basis: ``random`` (seeded random subspace of the head) or ``public`` (top principal
+            directions of the head's inputs at the public ``fisher_states``, at initialization).
         fisher_states: ``{low, high, n, seed}``: a public box of reference states; the policy's Fisher
             matrix there (data-independent) is handed to the oracle as ``public_gram`` (ssp then
             spends the whole budget on X^T y) and normalizes ``step=kl`` in private runs.
@@ -162,7 +184,7 @@ class NaturalPolicyGradient(Learner):
                  reward_bound: float | None = 1.0, gamma: float = 0.99, baseline: str = "batch",
                  normalize: str = "batch", subspace: str = "full", head_dim: int | None = None, step: str = "kl",
                  lr: float = 0.05, max_kl: float = 0.01, max_step_norm: float | None = None, momentum: float = 0.0,
-                 fisher_states: dict | None = None, step_decay: float = 0.0):
+                 fisher_states: dict | None = None, step_decay: float = 0.0, head_basis: str = "random"):
         if step not in STEPS:
             raise ConfigError(f"algo.step must be one of {STEPS}, got '{step}'")
         if privacy.private:
@@ -179,7 +201,12 @@ class NaturalPolicyGradient(Learner):
         self.policy, self.env, self.privacy, self.sampler, self.oracle = policy, env, privacy, sampler, oracle
         self.seed, self.num_rounds, self.reward_bound = int(seed), int(rounds), reward_bound
         self.gamma, self.baseline, self.normalize = float(gamma), baseline, normalize
-        self.space = PolicySubspace(policy, subspace, head_dim, seed)
+        if head_basis not in ("random", "public"):
+            raise ConfigError(f"algo.head_basis must be 'random' or 'public', got '{head_basis}'")
+        if head_basis == "public" and not fisher_states:
+            raise ConfigError("algo.head_basis=public needs algo.fisher_states (the public states it is computed at)")
+        basis_obs = public_states(fisher_states) if head_basis == "public" else None
+        self.space = PolicySubspace(policy, subspace, head_dim, seed, basis_obs=basis_obs)
         self.step_rule, self.lr, self.max_kl, self.max_step_norm = step, float(lr), float(max_kl), max_step_norm
         if not 0.0 <= momentum < 1.0:
             raise ConfigError(f"algo.momentum must lie in [0, 1), got {momentum}")

@@ -220,3 +220,18 @@ def test_public_fisher_is_the_expected_outer_product_of_score_features():
 def test_fisher_states_of_the_wrong_shape_are_a_config_error():
     with pytest.raises(ConfigError):
         bandit_learner(fisher_states={"low": [-1, -1], "high": [1, 1], "n": 10})
+
+
+def test_public_head_basis_is_orthonormal_and_spans_the_top_principal_directions():
+    from dppo.algos.npg import public_states
+
+    policy = mlp()
+    obs = public_states({"low": [-1, -1, -0.1, -1], "high": [1, 1, 0.1, 1], "n": 200})
+    space = PolicySubspace(policy, "head", head_dim=3, basis_obs=obs)
+    P = space.projection
+    torch.testing.assert_close(P.T @ P, torch.eye(3, dtype=torch.float64))
+    h1 = torch.cat([policy.body(obs).detach().double(), torch.ones(200, 1, dtype=torch.float64)], 1)
+    M = h1.T @ h1 / 200
+    captured = torch.trace(P.T @ M @ P)
+    evals = torch.linalg.eigvalsh(M)
+    torch.testing.assert_close(captured, evals[-3:].sum())
