@@ -54,13 +54,18 @@ def run_one(env_name: str, algo: str, eps: float | None, seed: int, T: int, boun
 
 
 def _key(env, algo, eps, seed, T, bound):
-    tag = "ubev" if algo == "ubev" else f"pucb_eps{eps:g}" + ("" if bound == "reference" else f"_{bound}")
+    if algo == "ubev":
+        tag = "ubev"
+    elif eps is None:
+        tag = "pucb_exact_counts"
+    else:
+        tag = f"pucb_eps{eps:g}" + ("" if bound == "reference" else f"_{bound}")
     return f"{env}_{tag}_s{seed}_T{T}"
 
 
 def run_grid(args) -> None:
     os.makedirs(args.out, exist_ok=True)
-    configs = [("ubev", None)] + [("pucb", e) for e in args.eps]
+    configs = ([] if args.no_ubev else [("ubev", None)]) + [("pucb", e) for e in args.eps]
     for T in args.T:
         for seed in args.seeds:
             for env in args.envs:
@@ -84,7 +89,7 @@ def _mean_std(xs):
 
 def report(args) -> None:
     runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.out, "*.json")))]
-    runs = [r for r in runs if r.get("count_error_bound", "reference") == args.bound or r["algo"] == "ubev"]
+    runs = [r for r in runs if r["algo"] == "ubev" or (r["eps"] is not None and r["count_error_bound"] == args.bound)]
     if not runs:
         sys.exit(f"no runs under {args.out}")
     Ts = sorted({r["T"] for r in runs})
@@ -95,7 +100,7 @@ def report(args) -> None:
              "(PUCB's counters and E_eps depend on T).", ""]
     for T in Ts:
         lines += [f"## T = {T:,} episodes", "", "| env | algo | eps | seeds | final regret (mean +- std) | "
-                  "PUCB/UBEV | E_eps | ep/s |", "|---|---|---|---|---|---|---|---|"]
+                  "PUCB/UBEV | E_eps | open gates at T | ep/s |", "|---|---|---|---|---|---|---|---|---|"]
         for env in args.envs:
             sel = [r for r in runs if r["T"] == T and r["env"] == env]
             ubev = [r["cumulative_regret"] for r in sel if r["algo"] == "ubev"]
@@ -109,10 +114,11 @@ def report(args) -> None:
                 m, sd = _mean_std([r["cumulative_regret"] for r in rs])
                 ratio = "-" if algo == "ubev" or not base else f"{m / base:.2f}"
                 E = "-" if algo == "ubev" else f"{rs[0]['E']:.3g}"
+                gate = "-" if algo == "ubev" else f"{sum(r.get('gate_open_fraction') or 0 for r in rs) / len(rs):.2f}"
                 speed = sum(r["episodes_per_s"] for r in rs) / len(rs)
                 seeds = ",".join(str(r["seed"]) for r in rs)
                 lines.append(f"| {ENV_LABEL[env]} | {algo.upper()} | {eps if eps is not None else '-'} | {seeds} | "
-                             f"{m:,.1f} +- {sd:,.1f} | {ratio} | {E} | {speed:,.0f} |")
+                             f"{m:,.1f} +- {sd:,.1f} | {ratio} | {E} | {gate} | {speed:,.0f} |")
         lines.append("")
     lines += ["## PUCB/UBEV regret ratio vs T", "", "| env | eps | " + " | ".join(f"T={T:,}" for T in Ts) + " |",
               "|---|---|" + "---|" * len(Ts)]
@@ -126,6 +132,7 @@ def report(args) -> None:
                 cells.append(f"{_mean_std(p)[0] / _mean_std(u)[0]:.2f}" if u and p else "n/a")
             lines.append(f"| {ENV_LABEL[env]} | {eps:g} | " + " | ".join(cells) + " |")
     lines.append("")
+    lines += _ablation_lines(args)
     os.makedirs(os.path.dirname(args.md), exist_ok=True)
     with open(args.md, "w") as f:
         f.write("\n".join(lines))
@@ -153,7 +160,15 @@ def _plot(runs, args) -> None:
             label = "UBEV" if algo == "ubev" else f"PUCB eps={eps:g}"
             ax.loglog(t, [max(v, 1e-3) for v in mean], label=f"{label} ({len(rs)} seeds)",
                       lw=2.5 if algo == "ubev" else 1.2)
-        ax.loglog(t, [t_ * rs[0]["optimal_value"] for t_ in t], "k:", lw=0.8, label="linear (rho* per episode)")
+        abl = [json.load(open(q)) for q in sorted(glob.glob(os.path.join(args.ablation_out, "*.json")))]
+        abl = [r for r in abl if r["env"] == env and r["T"] == T and r["algo"] == "pucb"]
+        for eps in sorted({r["eps"] if r["eps"] is not None else -1.0 for r in abl}):
+            rs2 = [r for r in abl if (r["eps"] if r["eps"] is not None else -1.0) == eps]
+            t2 = rs2[0]["curve_t"]
+            mean2 = [sum(r["curve"][i] for r in rs2) / len(rs2) for i in range(len(t2))]
+            label = "PUCB exact counts" if eps < 0 else f"PUCB eps={eps:g}, tree bound"
+            ax.loglog(t2, [max(v, 1e-3) for v in mean2], "--", lw=1.5, label=f"{label} ({len(rs2)} seeds)")
+        ax.loglog(t, [t_ * rs[0]["optimal_value"] for t_ in t], "k:", lw=0.8, label="rho* x episodes")
         ax.set_title(ENV_LABEL[env])
         ax.set_xlabel("episodes")
         ax.set_ylabel("cumulative regret")
@@ -164,12 +179,43 @@ def _plot(runs, args) -> None:
     fig.savefig(args.png, dpi=120)
 
 
+def _eps(text: str):
+    return None if text.lower() in ("none", "null") else float(text)
+
+
+def _ablation_lines(args) -> list[str]:
+    runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.ablation_out, "*.json")))]
+    if not runs:
+        return []
+    out = ["## Ablation: PUCB with the tree mechanism's own error bound, and on exact counts", "",
+           "Same learners and seeds; `tree` = `count_error_bound=tree` (Chernoff bound of the tree counter, "
+           "union over all streams and episodes, also valid w.p. 1 - beta'); `exact counts` = `eps=null` "
+           "(no noise, E_eps = 0): isolates the cost of PUCB's bonus design from the cost of privacy.", "",
+           "| T | env | PUCB variant | seeds | final regret (mean +- std) | E | open gates at T |",
+           "|---|---|---|---|---|---|---|"]
+    groups = sorted({(r["T"], r["env"], r["eps"] if r["eps"] is not None else -1.0, r["count_error_bound"])
+                     for r in runs if r["algo"] == "pucb"})
+    for T, env, eps, bound in groups:
+        rs = [r for r in runs if r["algo"] == "pucb" and r["T"] == T and r["env"] == env
+              and (r["eps"] if r["eps"] is not None else -1.0) == eps and r["count_error_bound"] == bound]
+        m, sd = _mean_std([r["cumulative_regret"] for r in rs])
+        label = "exact counts" if eps < 0 else f"eps={eps:g}, {bound} bound"
+        gate = sum(r["gate_open_fraction"] for r in rs) / len(rs)
+        out.append(f"| {T:,} | {ENV_LABEL[env]} | {label} | {','.join(str(r['seed']) for r in rs)} | "
+                   f"{m:,.1f} +- {sd:,.1f} | {rs[0]['E']:.3g} | {gate:.2f} |")
+    return out + [""]
+
+
 def main() -> None:
     torch.set_num_threads(1)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--T", type=int, nargs="+", default=[1000, 10000, 100000])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--eps", type=float, nargs="+", default=[0.5, 1.0, 2.0, 5.0])
+    p.add_argument("--eps", type=_eps, nargs="+", default=[0.5, 1.0, 2.0, 5.0],
+                   help="PUCB eps values; 'none' = PUCB on exact counts (E_eps = 0)")
+    p.add_argument("--no-ubev", action="store_true", help="skip the UBEV runs (ablations)")
+    p.add_argument("--ablation-out", default="runs/tabular_repro_ablation",
+                   help="runs listed in an extra ablation table of the report (if the folder exists)")
     p.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     p.add_argument("--bound", default="reference", choices=["reference", "tree"])
     p.add_argument("--out", default="runs/tabular_repro")
@@ -179,7 +225,8 @@ def main() -> None:
     args = p.parse_args()
     if not args.report:
         run_grid(args)
-    report(args)
+    if args.report or not args.no_ubev:
+        report(args)
 
 
 if __name__ == "__main__":
