@@ -88,7 +88,7 @@ def _mean_std(xs):
 
 
 def report(args) -> None:
-    runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.out, "*.json")))]
+    runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.out, "*_T*.json")))]
     runs = [r for r in runs if r["algo"] == "ubev" or (r["eps"] is not None and r["count_error_bound"] == args.bound)]
     if not runs:
         sys.exit(f"no runs under {args.out}")
@@ -133,6 +133,7 @@ def report(args) -> None:
             lines.append(f"| {ENV_LABEL[env]} | {eps:g} | " + " | ".join(cells) + " |")
     lines.append("")
     lines += _ablation_lines(args)
+    lines += _bench_lines(os.path.join(args.out, "bench.json"))
     os.makedirs(os.path.dirname(args.md), exist_ok=True)
     with open(args.md, "w") as f:
         f.write("\n".join(lines))
@@ -160,7 +161,7 @@ def _plot(runs, args) -> None:
             label = "UBEV" if algo == "ubev" else f"PUCB eps={eps:g}"
             ax.loglog(t, [max(v, 1e-3) for v in mean], label=f"{label} ({len(rs)} seeds)",
                       lw=2.5 if algo == "ubev" else 1.2)
-        abl = [json.load(open(q)) for q in sorted(glob.glob(os.path.join(args.ablation_out, "*.json")))]
+        abl = [json.load(open(q)) for q in sorted(glob.glob(os.path.join(args.ablation_out, "*_T*.json")))]
         abl = [r for r in abl if r["env"] == env and r["T"] == T and r["algo"] == "pucb"]
         for eps in sorted({r["eps"] if r["eps"] is not None else -1.0 for r in abl}):
             rs2 = [r for r in abl if (r["eps"] if r["eps"] is not None else -1.0) == eps]
@@ -179,12 +180,27 @@ def _plot(runs, args) -> None:
     fig.savefig(args.png, dpi=120)
 
 
+def _bench_lines(path: str) -> list[str]:
+    """The table written by scripts/bench_tabular.py, if it was run."""
+    if not os.path.exists(path):
+        return []
+    rows = json.load(open(path))
+    out = ["## Speed (scripts/bench_tabular.py, one thread, shared 2-core machine)", "",
+           "| algo | env (S, A, H) | episodes timed | episodes/s | time for 100k episodes (s) | plan us | "
+           "simulate us | counter update us | load avg |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['algo'].upper()} | {r['env']} ({r['S']}, {r['A']}, {r['H']}) | {r['episodes']:,} | "
+                   f"{r['episodes_per_s']:,.1f} | {r['time_for_100k_s']:,.0f} | {r['plan_us']:,.0f} | "
+                   f"{r['simulate_us']:,.0f} | {r['counter_update_us']:,.0f} | {r['load_avg_1min']:.1f} |")
+    return out + [""]
+
+
 def _eps(text: str):
     return None if text.lower() in ("none", "null") else float(text)
 
 
 def _ablation_lines(args) -> list[str]:
-    runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.ablation_out, "*.json")))]
+    runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.ablation_out, "*_T*.json")))]
     if not runs:
         return []
     out = ["## Ablation: PUCB with the tree mechanism's own error bound, and on exact counts", "",
