@@ -142,6 +142,16 @@ class PolicySubspace:
             F += (phi * probs[:, a:a + 1]).T @ phi
         return F / obs.shape[0]
 
+    def fisher_quadratic(self, obs: torch.Tensor, w: torch.Tensor) -> float:
+        """w^T F w at the given states without forming F (for the full parameter space)."""
+        with torch.no_grad():
+            probs = torch.softmax(self.policy.logits(obs), -1).double()
+        total = 0.0
+        for a in range(probs.shape[1]):
+            phi = self.features(obs, torch.full((obs.shape[0],), a, dtype=torch.long))
+            total += float((probs[:, a] * (phi @ w) ** 2).sum())
+        return total / obs.shape[0]
+
     def step(self, w: torch.Tensor) -> None:
         """theta <- theta + w (w in subspace coordinates)."""
         with torch.no_grad():
@@ -232,7 +242,9 @@ class NaturalPolicyGradient(Learner):
                        self.normalize)
         phi = self.space.features(batch.obs[batch.mask], batch.actions[batch.mask])
         rows = self.user_rows(phi, A[batch.mask].double(), batch.lengths)
-        self.public_fisher = None if self.reference_obs is None else self.space.fisher(self.reference_obs)
+        self.public_fisher = None
+        if self.reference_obs is not None and self.space.dim <= 1024:
+            self.public_fisher = self.space.fisher(self.reference_obs)
         w = self.oracle.solve(rows, privacy=self.privacy, round=round_idx, public_gram=self.public_fisher)
         if not torch.isfinite(w).all():
             raise DataError("the least-squares oracle returned a non-finite w; aborting before the update")
@@ -259,6 +271,8 @@ class NaturalPolicyGradient(Learner):
         if self.step_rule == "kl":
             if self.privacy.private and self.public_fisher is not None:  # public states: data-independent
                 wFw = float(w @ self.public_fisher @ w)
+            elif self.privacy.private and self.reference_obs is not None:  # large dim: matrix-free
+                wFw = self.space.fisher_quadratic(self.reference_obs, w)
             elif self.privacy.private:  # the oracle's released (noisy, averaged) Fisher: post-processing
                 wFw = self.oracle.fisher_quadratic(w) or 0.0
             else:

@@ -235,3 +235,19 @@ def test_public_head_basis_is_orthonormal_and_spans_the_top_principal_directions
     captured = torch.trace(P.T @ M @ P)
     evals = torch.linalg.eigvalsh(M)
     torch.testing.assert_close(captured, evals[-3:].sum())
+
+
+def test_matrix_free_fisher_quadratic_equals_the_explicit_form():
+    from dppo.algos.npg import public_states
+
+    policy = mlp()
+    obs = public_states({"low": [-1, -1, -0.1, -1], "high": [1, 1, 0.1, 1], "n": 20})
+    for space in (PolicySubspace(policy, "head", head_dim=6), PolicySubspace(policy, "full")):
+        w = torch.randn(space.dim, dtype=torch.float64)
+        if space.dim <= 1024:
+            assert space.fisher_quadratic(obs, w) == pytest.approx(float(w @ space.fisher(obs) @ w), rel=1e-9)
+        else:
+            phi = [space.features(obs, torch.full((20,), a)) for a in range(2)]
+            probs = torch.softmax(policy.logits(obs), -1).detach().double()
+            direct = sum(float((probs[:, a] * (phi[a] @ w) ** 2).mean()) for a in range(2))
+            assert space.fisher_quadratic(obs, w) == pytest.approx(direct, rel=1e-9)
