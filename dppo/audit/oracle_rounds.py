@@ -12,9 +12,11 @@ or -y_bound (D'). Two oracle setups are driven:
   affine in its noise, so ``StackedNoise`` gives ``chunk`` independent releases per call; the test
   is the projection of the released w on e1.
 - ``ssp`` with a public Gram matrix (DP-NPG with ``fisher_states``: only b~ is released): the
-  canary's moment +-e1 is clipped to +-b_clip e1, the replace-one worst case 2 b_clip. One solve
-  per trial (``public_gram`` = I, standing in for the Fisher matrix at public states); b~ is read
-  where it enters ``psd_ridge_solve`` and projected on e1.
+  canary's moment +-e1 is clipped to +-b_clip e1, the replace-one worst case 2 b_clip. One private
+  solve per trial (``public_gram`` = I, standing in for the Fisher matrix at public states); b~ is
+  read where it enters ``psd_ridge_solve`` and projected on e1. As in ``oracles``, the deterministic
+  ``prepare`` (and ``solve``'s scaling of the public Gram, done by one warm-up ``solve``) run once
+  and each trial runs ``_solve_private``, the part that calibrates, records and draws the noise.
 """
 from __future__ import annotations
 
@@ -78,14 +80,16 @@ def _ssp_public_gram(oracle, algo, d_null, d_alt, eps, delta, trials, seed, star
     gram = torch.eye(d_null[0][0].shape[1], dtype=torch.float64)
     noise, seen = NoiseSource(seed), []
     null, alt, claims = [], [], []
+    oracle.solve(d_null, privacy=trial_context(eps, delta, NoiseSource(seed + 1)), public_gram=gram)  # sets it
+    data_null, data_alt = oracle.prepare(d_null), oracle.prepare(d_alt)
     with tap("dppo.oracles.ssp", "psd_ridge_solve", lambda args, out: seen.append(float(args[1][0]))):
         for start in range(0, trials, 2000):
             privacy = trial_context(eps, delta, noise)
             for r in range(min(2000, trials - start) // 2):
-                oracle.solve(d_null, privacy=privacy, round=2 * r, public_gram=gram)
+                oracle._solve_private(data_null, privacy, 2 * r, eps, delta)
                 null.append(seen.pop())
-                oracle.solve(d_alt, privacy=privacy, round=2 * r + 1, public_gram=gram)
+                oracle._solve_private(data_alt, privacy, 2 * r + 1, eps, delta)
                 alt.append(seen.pop())
             claims.append(privacy.spent())
-    return conclude(f"{algo}_round", f"conf/algo/{algo}.yaml -> make_oracle('ssp').solve(public_gram=...) "
-                    "(b~ read at psd_ridge_solve)", same_claim(claims), null, alt, started)
+    return conclude(f"{algo}_round", f"conf/algo/{algo}.yaml -> make_oracle('ssp')._solve_private(prepare(D)) with "
+                    "public_gram (b~ read at psd_ridge_solve)", same_claim(claims), null, alt, started)

@@ -46,7 +46,7 @@ def suite() -> list[AuditSpec]:
         AuditSpec("dp_pg_round", audit_dp_pg, 2_000_000, 1_000_000, gaussian=True),
         AuditSpec("dp_rebel_round", audit_oracle_round, 2_000_000, 1_000_000, gaussian=True,
                   kwargs={"algo": "dp_rebel"}),
-        AuditSpec("dp_npg_round", audit_oracle_round, 60_000, 1_000, gaussian=True, kwargs={"algo": "dp_npg"}),
+        AuditSpec("dp_npg_round", audit_oracle_round, 600_000, 2_000, gaussian=True, kwargs={"algo": "dp_npg"}),
         AuditSpec("ssp", audit_ssp, 300_000, 2_000, gaussian=True),
         AuditSpec("dp_gd", audit_dp_gd, 40_000, 400, gaussian=True),
         AuditSpec("exp_mech", audit_exp_mech, 200_000, 4_000),

@@ -115,7 +115,7 @@ def _dp_npg_round(eps, **kwargs):
 
 
 @pytest.mark.parametrize("run,trials", [(audit_ssp, 1_000), (audit_dp_gd, 200), (audit_exp_mech, 2_000),
-                                        (audit_gfa, 2_000), (audit_tree_counter, 100_000), (_dp_npg_round, 400)])
+                                        (audit_gfa, 2_000), (audit_tree_counter, 100_000), (_dp_npg_round, 2_000)])
 def test_mechanism_bound_is_below_claim_small(run, trials):
     out = run(4.0, trials=trials, seed=5)
     assert out.trials >= 0.9 * trials
