@@ -118,7 +118,11 @@ def report(args, grid_wall: float | None) -> None:
         lines.append(f"| {LABEL[exp]} | {'-' if eps is None else f'{eps:g}'} | {m:.2f} | {sd:.2f} | {max(per_round):.2f} | "
                      f"{fmt(p_mean)} | {fmt(p_std)} | {fmt(p_best)} | {spent:.3g} | {len(runs)} | {wall:.0f} |")
     if grid_wall is not None:
-        lines += ["", f"Grid wall time on this machine: {grid_wall / 60:.1f} min (2 runs at a time, one torch thread each)."]
+        lines += ["", f"Grid wall time on this machine: {grid_wall / 60:.1f} min ({args.workers} run(s) at a time, "
+                      f"one torch thread each)."]
+    total = sum(load(run_dir(args.out, exp, eps, s))[0]["wall_time_s"] for _, exp, eps, *_ in ROWS for s in args.seeds
+                if complete(run_dir(args.out, exp, eps, s)))
+    lines += ["", f"Sum of the runs' own wall times: {total / 60:.1f} min (about half that with 2 workers on 2 cores)."]
     lines += ["", "Configs: `conf/experiment/cartpole_<algo>.yaml`; one cell: "
                   "`python train.py +experiment=cartpole_dp_npg eps=5 seed=0`.", ""]
     os.makedirs(os.path.dirname(args.md), exist_ok=True)

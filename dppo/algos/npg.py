@@ -181,6 +181,9 @@ class NaturalPolicyGradient(Learner):
         max_step_norm: cap on ||eta w|| (None: no cap).
         momentum: beta of the step direction d_t = beta d_{t-1} + w_t (a running sum of released w's).
         step_decay: the step (and its cap) is divided by 1 + step_decay * round.
+        advantage: ``returns`` (returns-to-go of one episode per user, shaped by baseline/normalize) or
+            ``paired`` ([PO]'s A = r(x, y) - r(x, y'): two episodes per user from the same reset, the
+            relative return difference as the target of every step of each).
         head_basis: ``random`` (seeded random subspace of the head) or ``public`` (top principal
             directions of the head's inputs at the public ``fisher_states``, at initialization).
         fisher_states: ``{low, high, n, seed}``: a public box of reference states; the policy's Fisher
@@ -194,7 +197,8 @@ class NaturalPolicyGradient(Learner):
                  reward_bound: float | None = 1.0, gamma: float = 0.99, baseline: str = "batch",
                  normalize: str = "batch", subspace: str = "full", head_dim: int | None = None, step: str = "kl",
                  lr: float = 0.05, max_kl: float = 0.01, max_step_norm: float | None = None, momentum: float = 0.0,
-                 fisher_states: dict | None = None, step_decay: float = 0.0, head_basis: str = "random"):
+                 fisher_states: dict | None = None, step_decay: float = 0.0, head_basis: str = "random",
+                 advantage: str = "returns"):
         if step not in STEPS:
             raise ConfigError(f"algo.step must be one of {STEPS}, got '{step}'")
         if privacy.private:
@@ -211,6 +215,9 @@ class NaturalPolicyGradient(Learner):
         self.policy, self.env, self.privacy, self.sampler, self.oracle = policy, env, privacy, sampler, oracle
         self.seed, self.num_rounds, self.reward_bound = int(seed), int(rounds), reward_bound
         self.gamma, self.baseline, self.normalize = float(gamma), baseline, normalize
+        if advantage not in ("returns", "paired"):
+            raise ConfigError(f"algo.advantage must be 'returns' or 'paired', got '{advantage}'")
+        self.advantage = advantage
         if head_basis not in ("random", "public"):
             raise ConfigError(f"algo.head_basis must be 'random' or 'public', got '{head_basis}'")
         if head_basis == "public" and not fisher_states:
@@ -236,12 +243,20 @@ class NaturalPolicyGradient(Learner):
     # ---- one round -----------------------------------------------------------------------
     def train_round(self, round_idx: int) -> dict:
         users = self.sampler.next_round()
-        batch = collect_episodes(self.policy, self.env, reset_seeds(self.env, self.seed, users),
-                                 reward_bound=self.reward_bound, generator=self.generator)
-        A = advantages(returns_to_go(batch.rewards, batch.mask, self.gamma), batch.mask, self.baseline,
-                       self.normalize)
-        phi = self.space.features(batch.obs[batch.mask], batch.actions[batch.mask])
-        rows = self.user_rows(phi, A[batch.mask].double(), batch.lengths)
+        seeds = reset_seeds(self.env, self.seed, users)
+        batch = collect_episodes(self.policy, self.env, seeds, reward_bound=self.reward_bound, generator=self.generator)
+        if self.advantage == "paired":
+            second = collect_episodes(self.policy, self.env, seeds, reward_bound=self.reward_bound,
+                                      generator=self.generator)
+            phi, rows = self.paired_rows(batch, second)
+            returns = torch.cat([batch.returns, second.returns])
+            lengths = torch.cat([batch.lengths, second.lengths])
+        else:
+            A = advantages(returns_to_go(batch.rewards, batch.mask, self.gamma), batch.mask, self.baseline,
+                           self.normalize)
+            phi = self.space.features(batch.obs[batch.mask], batch.actions[batch.mask])
+            rows = self.user_rows(phi, A[batch.mask].double(), batch.lengths)
+            returns, lengths = batch.returns, batch.lengths
         self.public_fisher = None
         if self.reference_obs is not None and self.space.dim <= 1024:
             self.public_fisher = self.space.fisher(self.reference_obs)
@@ -255,10 +270,23 @@ class NaturalPolicyGradient(Learner):
         if cap is not None and update.norm() > cap:
             update = update * (cap / update.norm())
         self.space.step(update)
-        return {"rollout/return": float(batch.returns.mean()),
-                "rollout/episode_length": float(batch.lengths.double().mean()),
+        return {"rollout/return": float(returns.mean()),
+                "rollout/episode_length": float(lengths.double().mean()),
                 "rollout/users": len(users), "privacy/reward_clip_fraction": batch.reward_clip_fraction,
                 "losses/w_norm": float(w.norm()), "losses/step_norm": float(update.norm())}
+
+    def paired_rows(self, first, second) -> tuple[torch.Tensor, list]:
+        """[PO]'s two-response advantage: user i's rows are both of its episodes (same reset), every step
+        of episode 1 with target A_i = (R_i - R'_i) / max(|R_i|, |R'_i|, 1) and every step of episode 2
+        with -A_i. Uses user i's two episodes only."""
+        R1, R2 = first.returns.double(), second.returns.double()
+        A = (R1 - R2) / torch.maximum(torch.maximum(R1.abs(), R2.abs()), torch.ones_like(R1))
+        phi1 = self.space.features(first.obs[first.mask], first.actions[first.mask])
+        phi2 = self.space.features(second.obs[second.mask], second.actions[second.mask])
+        n1, n2 = [int(n) for n in first.lengths], [int(n) for n in second.lengths]
+        rows = [(torch.cat([p1, p2]), torch.cat([torch.full((len(p1),), float(a)), torch.full((len(p2),), -float(a))]))
+                for p1, p2, a in zip(phi1.split(n1), phi2.split(n2), A)]
+        return torch.cat([phi1, phi2]), rows
 
     @staticmethod
     def user_rows(phi: torch.Tensor, A: torch.Tensor, lengths: torch.Tensor) -> list:

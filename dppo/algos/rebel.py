@@ -46,7 +46,7 @@ class REBEL(NaturalPolicyGradient):
                  gamma: float = 1.0, baseline: str = "none", normalize: str = "none", subspace: str = "full",
                  head_dim: int | None = None, step: str = "fixed", lr: float = 1.0, max_kl: float = 0.01,
                  max_step_norm: float | None = None, momentum: float = 0.0, fisher_states: dict | None = None,
-                 step_decay: float = 0.0, head_basis: str = "random"):
+                 step_decay: float = 0.0, head_basis: str = "random"):  # noqa: D417
         super().__init__(policy, env, privacy, sampler, oracle, seed=seed, rounds=rounds, reward_bound=reward_bound,
                          gamma=gamma, baseline=baseline, normalize=normalize, subspace=subspace, head_dim=head_dim,
                          step=step, lr=lr, max_kl=max_kl, max_step_norm=max_step_norm, momentum=momentum,
