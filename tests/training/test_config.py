@@ -34,3 +34,8 @@ def test_privacy_none_means_non_private():
 def test_invalid_values_fail_validation(override, msg):
     with pytest.raises(ConfigError, match=msg):
         validate(compose([override]))
+
+
+def test_plain_train_py_runs_dp_npg_at_eps_5():
+    cfg = compose([])
+    assert cfg.algo.name == "dp_npg" and cfg.eps == 5.0 and cfg.env.id == "CartPole-v1"
