@@ -175,7 +175,7 @@ def _plot(runs, args) -> None:
         ax.set_ylabel("cumulative regret")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"UBEV vs PUCB, T = {T:,}")
+    fig.suptitle(f"UBEV vs PUCB, T = {T:,} (PUCB curves for different eps coincide: no count reached 2 E_eps)")
     fig.tight_layout()
     fig.savefig(args.png, dpi=120)
 
