@@ -29,13 +29,13 @@ NOTES = """
   sqrt(4.5) (single-row users are the extreme points), below the sqrt(6) the oracle calibrates
   for. So its true eps on these neighbours is 0.854 at claimed 1 and 3.39 at claimed 4 (exact
   Gaussian tradeoff), which caps any audit.
-- Power shortfalls come from the trial budget, not from the mechanism, for two rows:
-  - `dp_gd` (20 steps) costs one oracle call of about 10 ms per trial on this machine.
-  - `dp_npg_round` (ssp with a public Gram: only b~ is released, with its replace-one change
-    2 b_clip attained exactly) costs one solve of about 5 ms per trial.
-  With 10^4 evaluation trials per side, an ideal threshold test on a tight Gaussian reaches
-  eps_LB of about 0.38 at eps 1 and 2.0 at eps 4. The one-step `dp_gd` that DP-REBEL runs is
-  vectorized, and `dp_rebel_round` is audited with 2,000,000 trials.
+- `dp_npg_round` is ssp with a public Gram. Only b~ is released, and its replace-one change
+  2 b_clip is attained exactly.
+- `dp_gd` (20 steps) falls short of the power check because of the trial budget, not the
+  mechanism: each trial is one oracle call of about 10 ms on this machine. With 10^4 evaluation
+  trials per side, an ideal threshold test on a tight Gaussian reaches eps_LB of about 0.38 at
+  eps 1 and 2.0 at eps 4. The one-step `dp_gd` that DP-REBEL runs is vectorized, and
+  `dp_rebel_round` is audited with 2,000,000 trials.
 - Per-release claims: GFA's eps is the eps_0 of one exponential-mechanism release. The
   accountant composes the releases to the run's eps. The tree counter's claim is its per-stream
   eps.
