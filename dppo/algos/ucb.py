@@ -84,7 +84,7 @@ class TabularUCB(torch.nn.Module, Learner):
 
     # ---- statistics ----------------------------------------------------------------------
     def _xp(self):
-        return np if self.stats.released.device.type == "cpu" else torch
+        return np if self.stats.counts.device.type == "cpu" else torch
 
     def _view(self, t: torch.Tensor):
         return t.numpy() if t.device.type == "cpu" else t
@@ -123,7 +123,7 @@ class TabularUCB(torch.nn.Module, Learner):
         """Tie-breaking noise for ``n`` plans: ties (e.g. unvisited actions) are broken uniformly."""
         xp = self._xp()
         j = 1e-9 * torch.rand(n, self.H, self.S, self.A, generator=self.tie_gen, dtype=torch.float64)
-        return j.numpy() if xp is np else j.to(self.stats.released.device)
+        return j.numpy() if xp is np else j.to(self.stats.counts.device)
 
     # ---- training ------------------------------------------------------------------------
     def on_first_round(self) -> None:
@@ -207,7 +207,7 @@ class TabularUCB(torch.nn.Module, Learner):
     def _h_left(self, xp):
         """``H - h`` for 1-based h = 1..H, i.e. ``H - 1 - h`` for our 0-based steps, shaped [H, 1, 1]."""
         h = np.arange(self.H - 1, -1, -1, dtype=np.float64).reshape(self.H, 1, 1)
-        return h if xp is np else torch.as_tensor(h, device=self.stats.released.device)
+        return h if xp is np else torch.as_tensor(h, device=self.stats.counts.device)
 
 
 class UBEV(TabularUCB):
@@ -301,7 +301,7 @@ class PUCB(TabularUCB):
         if self.count_error_bound_kind == "tree":
             return self.stats.error_bound(self.beta_prime, uniform=True)
         touched = 2 * H       # streams of one set changed by replacing one user
-        return (3 / self.eps) * touched * math.log((2 * S * A * H + S * S * A * H) / self.beta_prime) \
+        return self.stats.snap_error + (3 / self.eps) * touched * math.log((2 * S * A * H + S * S * A * H) / self.beta_prime) \
             * math.log(T) ** 2.5
 
     def count_error_bound(self) -> float:

@@ -13,8 +13,9 @@ sum_j |y_j| - |y_j - Delta| (it does not need b). Claimed eps: the counter's per
 Floating point: the likelihood ratio has atoms at +-L (all y_j beyond the shift), and the float64
 rounding of ``count + noise`` differs between D and D' at those atoms (the low-order-bit leak of
 textbook floating-point Laplace noise, Mironov 2012). By default the score is rounded to 1e-9,
-which audits the mechanism's real-number calibration; ``float_bits=True`` keeps the raw bits and
-so tests the floating-point release itself.
+which audits the mechanism's real-number calibration on the exact noisy values (before snapping);
+``float_bits=True`` keeps the raw bits of what is actually released (snapped to a power-of-two grid
+>= b and clamped, Mironov's defence) and so tests the floating-point release itself.
 """
 from __future__ import annotations
 
@@ -28,8 +29,11 @@ from dppo.privacy.noise import NoiseSource
 ENTRY = "dppo.privacy.tree_counter.TreeCounter.step (one stream per trial)"
 
 
-def _released_nodes(counter, first: float, others: torch.Tensor, n: int) -> torch.Tensor:
-    """Feed ``first`` then ``others`` to every stream; return (n, L) node releases minus the others' count."""
+def _released_nodes(counter, first: float, others: torch.Tensor, n: int, raw: bool = False) -> torch.Tensor:
+    """Feed ``first`` then ``others`` to every stream; return (n, L) node releases minus the others' count.
+
+    ``raw``: read the exact noisy values before snapping (``noisy_counts``; the real-number calibration),
+    else what a learner can read (``released``: snapped and clamped)."""
     idx = torch.arange(n)
     counter.reserve(counter.capacity)
     rows, running = [], 0.0
@@ -38,7 +42,8 @@ def _released_nodes(counter, first: float, others: torch.Tensor, n: int) -> torc
         counter.step(idx, torch.full((n,), value, dtype=torch.float64))
         running += 0.0 if t == 1 else min(max(value, 0.0), counter.sensitivity)
         if t & (t - 1) == 0:                        # t = 2^j: the release is the level-j node over [1, t]
-            rows.append(counter.released.clone() - running)
+            out = counter.noisy_counts if raw and counter.private else counter.released
+            rows.append(out.clone() - running)
     return torch.stack(rows, 1)
 
 
@@ -55,7 +60,7 @@ def audit_tree_counter(eps: float, trials: int = 1_000_000, *, levels: int = 6, 
     scores, claims = [], []
     for first in (sensitivity, 0.0):
         counter = counter_cls(n, capacity, eps, sensitivity=sensitivity, noise=noise)
-        y = _released_nodes(counter, first, others, n)
+        y = _released_nodes(counter, first, others, n, raw=not float_bits)
         llr = (y.abs() - (y - counter.sensitivity).abs()).sum(1).numpy()
         scores.append(llr if float_bits else llr.round(9))
         claims.append(counter.eps_stream)

@@ -22,7 +22,7 @@ def test_node_noise_scale_is_levels_times_sensitivity_over_eps():
 def test_node_noise_is_laplace_with_that_scale():
     """At t = 1 the release is one node: count + Laplace(b); E|Z| = b and Var Z = 2 b^2."""
     n = 200000
-    c = TreeCounter(n, capacity=16, eps_stream=1.0, noise=NoiseSource(1))
+    c = TreeCounter(n, capacity=16, eps_stream=1.0, noise=NoiseSource(1), snap=False)
     c.step(torch.arange(n))
     err = c.released - 1.0
     b = c.scale
@@ -46,7 +46,7 @@ def test_release_equals_sum_of_dyadic_nodes_of_prefix():
     """Independent check of the tree: c~(t) = c(t) + sum of the noises of the nodes decomposing [1, t],
     each node's noise drawn when it closed (at its end time e, level = trailing zeros of e)."""
     T, n = 45, 3
-    c = TreeCounter(n, capacity=T, eps_stream=1.0, noise=NoiseSource(2))
+    c = TreeCounter(n, capacity=T, eps_stream=1.0, noise=NoiseSource(2), snap=False)
     c.reserve(T)
     node_noise, counts = {}, torch.zeros(n, dtype=torch.float64)
     g = torch.Generator().manual_seed(3)
@@ -138,3 +138,31 @@ def test_state_dict_roundtrip_resumes_identically():
     for _ in range(5):
         a.step([2]), b.step([2])
     assert torch.equal(a.released, b.released)
+
+
+def test_released_counts_are_snapped_to_a_power_of_two_grid_and_clamped():
+    """Floating-point defence (Mironov 2012): releases are multiples of Lambda = 2^ceil(log2 b) >= b,
+    within Lambda/2 of the exact noisy value, clamped to [-T Delta, T Delta]."""
+    n, T = 5000, 8
+    c = TreeCounter(n, capacity=T, eps_stream=0.7, noise=NoiseSource(9))
+    grid = 2.0 ** math.ceil(math.log2(c.scale))
+    assert c.snap_grid == grid and grid >= c.scale and c.snap_error == grid / 2
+    for _ in range(T):
+        c.step(torch.arange(0, n, 2))
+        r = c.released
+        assert torch.equal(torch.remainder(r, grid), torch.zeros_like(r))
+        assert ((r - c.noisy_counts).abs() <= grid / 2).all() or (r.abs() == T).any()
+        assert (r.abs() <= T * 1.0).all()
+    assert c.error_bound(0.1, uniform=False) == pytest.approx(laplace_sum_bound(c.levels, c.scale, 0.1) + grid / 2)
+
+
+def test_snapped_release_has_no_low_order_bits_to_leak():
+    """Neighbouring counts (0 vs 1) give released values from the same lattice: the float-bit
+    distinguisher that separates raw outputs finds nothing (every output is k * Lambda)."""
+    outs = []
+    for start in (0.0, 1.0):
+        c = TreeCounter(20000, capacity=4, eps_stream=1.0, noise=NoiseSource(3))
+        c.step(torch.arange(20000), torch.full((20000,), start)) if start else c.step([])
+        outs.append(c.released)
+    frac = [torch.frac(o / c.snap_grid).abs().max().item() for o in outs]
+    assert frac == [0.0, 0.0]
