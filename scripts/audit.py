@@ -31,10 +31,9 @@ NOTES = """
   Gaussian tradeoff), which caps any audit.
 - `dp_npg_round` is ssp with a public Gram. Only b~ is released, and its replace-one change
   2 b_clip is attained exactly.
-- `dp_gd` (20 steps) falls short of the power check because of the trial budget, not the
-  mechanism: each trial is one oracle call of about 10 ms on this machine. With 10^4 evaluation
-  trials per side, an ideal threshold test on a tight Gaussian reaches eps_LB of about 0.38 at
-  eps 1 and 2.0 at eps 4. The one-step `dp_gd` that DP-REBEL runs is vectorized, and
+- `dp_gd` (20 steps) gets fewer trials: each trial is one oracle call of about 7-10 ms on this
+  machine. At eps 1 it falls short of the power check (0.48 of the claim), because of the trial
+  budget, not the mechanism. The one-step `dp_gd` that DP-REBEL runs is vectorized, and
   `dp_rebel_round` is audited with 2,000,000 trials.
 - Per-release claims: GFA's eps is the eps_0 of one exponential-mechanism release. The
   accountant composes the releases to the run's eps. The tree counter's claim is its per-stream

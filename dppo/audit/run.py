@@ -48,7 +48,7 @@ def suite() -> list[AuditSpec]:
                   kwargs={"algo": "dp_rebel"}),
         AuditSpec("dp_npg_round", audit_oracle_round, 600_000, 2_000, gaussian=True, kwargs={"algo": "dp_npg"}),
         AuditSpec("ssp", audit_ssp, 300_000, 2_000, gaussian=True),
-        AuditSpec("dp_gd", audit_dp_gd, 40_000, 400, gaussian=True),
+        AuditSpec("dp_gd", audit_dp_gd, 80_000, 400, gaussian=True),
         AuditSpec("exp_mech", audit_exp_mech, 200_000, 4_000),
         AuditSpec("gfa_exponential", audit_gfa, 200_000, 4_000),
         AuditSpec("gfa_tabular_exponential", audit_gfa_tabular, 20_000, 1_000),
