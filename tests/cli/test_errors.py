@@ -21,7 +21,9 @@ CASES = [
     (["resume=/tmp/definitely/not/a/run"], "not a run directory"),
     (["eps=abc"], "bad config"),
     (["unknown_key=3"], "bad config"),
-    (["privacy.multi_pass=true", "privacy.population_size=20", "eps=0.01", "rounds=1000"], "cannot be met"),
+    (["algo=dp_pg", "privacy.multi_pass=true", "privacy.population_size=20", "eps=0.01", "rounds=1000"],
+     "cannot be met"),
+    (["algo=dp_npg", "privacy.multi_pass=true", "privacy.population_size=20"], "one-pass training only"),
 ]
 
 
