@@ -21,10 +21,10 @@ NOTES = """
 ## Notes
 
 - Mechanisms and neighbours: module docstrings of `dppo/audit/*.py`; the method: `docs/audit.md`.
-- `tree_counter (raw float64 bits)` runs the same test on the unrounded float64 likelihood ratio.
-  A row above its claim there is the floating-point low-order-bit leak of adding continuous noise
-  to exact counts (Mironov 2012), not a calibration error. The `tree_counter` rows round the
-  statistic to 1e-9 and audit the calibration.
+- `tree_counter (raw float64 bits)` runs the same test on the raw float64 released values (snapped
+  to a power-of-two grid since 400d592). Before snapping it found the low-order-bit leak of adding
+  continuous noise to exact counts (Mironov 2012): eps_LB 3.85 at claimed 1. The `tree_counter`
+  rows audit the calibration on the exact noisy values (statistic rounded to 1e-9).
 - `ssp`: the largest replace-one change of SSP's released (diag S, sqrt2 offdiag S, b) is
   sqrt(4.5) (single-row users are the extreme points), below the sqrt(6) the oracle calibrates
   for. So its true eps on these neighbours is 0.854 at claimed 1 and 3.39 at claimed 4 (exact
