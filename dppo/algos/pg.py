@@ -97,6 +97,8 @@ class PolicyGradient(Learner):
     # ---- one round -----------------------------------------------------------------------
     def train_round(self, round_idx: int) -> dict:
         users = self.sampler.next_round()
+        if not users:  # Poisson sampling can draw nobody: the release is then noise only (as in DP-SGD)
+            return self._empty_round(round_idx)
         batch = collect_episodes(self.policy, self.env, [user_seed(self.seed, u) for u in users],
                                  reward_bound=self.reward_bound, generator=self.generator)
         G = returns_to_go(batch.rewards, batch.mask, self.gamma)
@@ -124,6 +126,15 @@ class PolicyGradient(Learner):
         else:
             d, stats = self.privatizer.release_mean(per_user, round_idx)
         return d.float(), stats
+
+    def _empty_round(self, round_idx: int) -> dict:
+        n_params = sum(p.numel() for p in self.policy.parameters())
+        stats = {}
+        if self._multi_pass_sigma is not None:
+            expected_m = self.sampler.sample_rate * self.sampler.population_size
+            d, stats = self._release_multi_pass(torch.zeros(0, n_params), round_idx, expected_m)
+            self.apply(d.float())
+        return {"rollout/users": 0, **stats}
 
     def _release_multi_pass(self, per_user, round_idx, expected_m):
         from dppo.privacy.clipping import clip_per_user

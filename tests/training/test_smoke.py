@@ -89,3 +89,16 @@ def test_budget_cap_stops_run_cleanly(tiny, tmp_path):
     s = dppo.train(["algo=dp_pg", *tiny, "rounds=4", "privacy.multi_pass=true", "privacy.population_size=12",
                     "eps=50", "privacy.max_epsilon=0.05"], run_dir=str(tmp_path))
     assert s["rounds_done"] < 4 and "max_epsilon" in s["stop_reason"] and s["epsilon_spent"] <= 0.05
+
+
+def test_multi_pass_round_with_no_sampled_user_releases_noise_only():
+    from dppo.build import build
+
+    cfg = dppo.make_config(["algo=dp_pg", "rounds=2", "users_per_round=1", "progress=false", "eval_episodes=0",
+                            "privacy.multi_pass=true", "privacy.population_size=1000", "eps=8"])
+    trainer = build(cfg)
+    trainer.sampler.next_round = lambda: []
+    before = [p.detach().clone() for p in trainer.learner.policy.parameters()]
+    metrics = trainer.learner.train_round(0)
+    assert metrics["rollout/users"] == 0 and len(trainer.privacy.ledger) == 1
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.learner.policy.parameters()))
