@@ -14,8 +14,7 @@ from dppo.algos.base import Learner
 from dppo.algos.rollout import collect_episodes, returns_to_go
 from dppo.envs.gym_env import user_seed
 from dppo.errors import ConfigError, DataError
-from dppo.privacy.accountants.opacus import multi_pass_noise_multiplier
-from dppo.privacy.clipping import GaussianSumPrivatizer
+from dppo.privacy.clipping import GaussianSumPrivatizer, PoissonGaussianSumPrivatizer
 
 EVAL_USER_OFFSET = 10**9  # evaluation episodes use seeds no training user has
 
@@ -86,13 +85,12 @@ class PolicyGradient(Learner):
         self.reward_bound = reward_bound
         self.gamma, self.baseline, self.normalize = float(gamma), baseline, normalize
         self.optimizer = _make_optimizer(optimizer, policy.parameters(), lr, momentum)
-        self.privatizer = GaussianSumPrivatizer(privacy, max_grad_norm) if privacy.private else None
+        self.privatizer = None
+        if privacy.private:
+            self.privatizer = (PoissonGaussianSumPrivatizer(privacy, max_grad_norm, sampler.sample_rate,
+                                                            sampler.population_size, self.num_rounds)
+                               if privacy.multi_pass else GaussianSumPrivatizer(privacy, max_grad_norm))
         self.generator = torch.Generator().manual_seed(self.seed)
-        self._multi_pass_sigma = None
-        if privacy.private and privacy.multi_pass:
-            nm = multi_pass_noise_multiplier(privacy.eps, privacy.delta, sampler.sample_rate, self.num_rounds,
-                                             privacy.accountant.name)
-            self._multi_pass_sigma = nm * max_grad_norm
 
     # ---- one round -----------------------------------------------------------------------
     def train_round(self, round_idx: int) -> dict:
@@ -120,33 +118,17 @@ class PolicyGradient(Learner):
                 raise DataError("the policy-gradient loss became NaN/inf; aborting before the update")
             return d, {}
         per_user = per_user_gradients(self.policy, batch.obs, batch.actions, A)
-        if self._multi_pass_sigma is not None:
-            expected_m = self.sampler.sample_rate * self.sampler.population_size
-            d, stats = self._release_multi_pass(per_user, round_idx, expected_m)
-        else:
-            d, stats = self.privatizer.release_mean(per_user, round_idx)
+        d, stats = self.privatizer.release_mean(per_user, round_idx)
         return d.float(), stats
 
     def _empty_round(self, round_idx: int) -> dict:
-        n_params = sum(p.numel() for p in self.policy.parameters())
+        """A Poisson round that sampled nobody still releases (noise only), as in DP-SGD."""
         stats = {}
-        if self._multi_pass_sigma is not None:
-            expected_m = self.sampler.sample_rate * self.sampler.population_size
-            d, stats = self._release_multi_pass(torch.zeros(0, n_params), round_idx, expected_m)
+        if self.privatizer is not None:
+            n_params = sum(p.numel() for p in self.policy.parameters())
+            d, stats = self.privatizer.release_mean(torch.zeros(0, n_params), round_idx)
             self.apply(d.float())
         return {"rollout/users": 0, **stats}
-
-    def _release_multi_pass(self, per_user, round_idx, expected_m):
-        from dppo.privacy.clipping import clip_per_user
-
-        C = self.privatizer.max_grad_norm
-        clipped, norms = clip_per_user(per_user.double(), C)
-        sigma = self._multi_pass_sigma
-        noise = self.privacy.noise.gaussian(clipped.shape[1:], sigma)
-        self.privacy.release("poisson_gaussian_sum", round=round_idx, users=per_user.shape[0], eps=None, delta=None,
-                             noise_multiplier=sigma / C, sample_rate=self.sampler.sample_rate, sensitivity=C)
-        return (clipped.sum(0) + noise) / expected_m, {"privacy/noise_multiplier": sigma / C,
-                                                       "privacy/clip_fraction": float((norms > C).double().mean())}
 
     def apply(self, direction: torch.Tensor) -> None:
         """Gradient ascent on J along ``direction`` with the configured optimizer."""

@@ -52,3 +52,37 @@ class GaussianSumPrivatizer:
                  "privacy/clip_fraction": float((norms > self.max_grad_norm).double().mean()),
                  "privacy/noise_std": sigma / m}
         return (clipped.sum(0) + noise) / m, stats
+
+
+class PoissonGaussianSumPrivatizer:
+    """Multi-pass (opt-in) release: users Poisson-sampled at rate q from a finite population, clipped
+    sum + N(0, (z C)^2 I) divided by the expected batch q N (Opacus' DP-SGD step).
+
+    Adjacency is add/remove-one-user (Opacus' analysis), so the sum's sensitivity is C; the noise
+    multiplier z is the smallest meeting (eps, delta) after ``rounds`` releases under the RDP/PRV
+    accountant, which composes the ledger entries this records.
+    """
+
+    mechanism = "poisson_gaussian_sum"
+
+    def __init__(self, privacy, max_grad_norm: float, sample_rate: float, population_size: int, rounds: int):
+        from dppo.privacy.accountants.opacus import multi_pass_noise_multiplier
+
+        self.privacy = privacy
+        self.max_grad_norm = float(max_grad_norm)
+        self.sample_rate = float(sample_rate)
+        self.expected_users = self.sample_rate * population_size
+        self.noise_multiplier = multi_pass_noise_multiplier(privacy.eps, privacy.delta, self.sample_rate, rounds,
+                                                            privacy.accountant.name)
+
+    def release_mean(self, per_user: torch.Tensor, round_idx: int) -> tuple[torch.Tensor, dict]:
+        """Clip rows to C, sum, add noise, divide by the expected batch size; records the release."""
+        C = self.max_grad_norm
+        clipped, norms = clip_per_user(per_user, C)
+        sigma = self.noise_multiplier * C
+        noise = self.privacy.noise.gaussian(clipped.shape[1:], sigma)
+        self.privacy.release(self.mechanism, round=round_idx, users=per_user.shape[0], eps=None, delta=None,
+                             noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, sensitivity=C)
+        stats = {"privacy/noise_multiplier": self.noise_multiplier,
+                 "privacy/clip_fraction": float((norms > C).double().mean()) if len(norms) else 0.0}
+        return (clipped.sum(0) + noise) / self.expected_users, stats
