@@ -23,12 +23,22 @@ class SSPOracle(LeastSquaresOracle):
     (tr(AB) >= 0 for PSD A, B): Delta_S = sqrt(2) for the vector (diag S, sqrt(2) upper-offdiag S),
     whose norm is ||S||_F. The moment b_i = (1/n_i) X_i^T y_i has ||b_i|| <= 1 and is further clipped
     to ``b_clip`` (<= 1), so Delta_b = 2 b_clip.
-    Calibration (exact, Gaussian DP): the two Gaussian releases with noise sigma_S, sigma_b are
-    mu_S = Delta_S/sigma_S and mu_b = Delta_b/sigma_b -GDP; together sqrt(mu_S^2 + mu_b^2)-GDP
-    (Dong, Roth & Su 2019, Cor. 3.3), which is (eps, delta)-DP iff it is at most
-    mu = 1 / analytic_gaussian_sigma(eps, delta, 1) (Balle & Wang 2018). ``gram_share`` is the
-    fraction of mu^2 given to S: mu_S^2 = gram_share mu^2, mu_b^2 = (1 - gram_share) mu^2.
-    (gram_share = 1/3, b_clip = 1 is the single Gaussian mechanism on (S, b) with Delta = sqrt(6).)
+    Calibration (exact, Gaussian DP): releasing S + N(0, sigma_S^2), b + N(0, sigma_b^2) is mu-GDP with
+    mu^2 = sup over replaced users of ||dS||^2 / sigma_S^2 + ||db||^2 / sigma_b^2 (one Gaussian
+    mechanism in whitened coordinates; Dong, Roth & Su 2019), and mu-GDP is (eps, delta)-DP iff
+    mu <= 1 / analytic_gaussian_sigma(eps, delta, 1) (Balle & Wang 2018). ``gram_share`` fixes the
+    ratio of the stds: with a = gram_share / Delta_S^2 and c = (1 - gram_share) / Delta_b^2 the
+    separate bounds give mu^2 <= (2a + 4 b_clip^2 c) / t^2 = 1 / t^2 for stds (1/sqrt(a), 1/sqrt(c)) t.
+    Joint bound, ``b_clip = 1`` (``joint_sensitivity_sq``): the sup is jointly tighter, because the two
+    terms peak at different pairs. f = a ||dS||^2 + c ||db||^2 is jointly convex in the two users'
+    (S_i, b_i), which range over the convex hull of single rows (x x^T, y x), ||x|| <= 1, |y| <= 1
+    (weights 1/n_i sum to <= 1; 0 is a row with x = 0), so the sup is at single-row users; there,
+    with u = x.x', f = a(|x|^4 + |x'|^4 - 2u^2) + c(y^2|x|^2 + y'^2|x'|^2 - 2yy'u), increasing in
+    |x|^2, |x'|^2 and convex in (y, y'): the sup is at unit x, x', y = -y' sign(u):
+    max_{0<=u<=1} 2a(1 - u^2) + 2c(1 + u) = 2a + 2c + c^2/(2a) (at u = c/(2a) <= 1), else 4c.
+    With gram_share = 1/3 (sigma_S = sigma_b) that is the single Gaussian mechanism on (S, b) with
+    Delta = sqrt(4.5), attained (x = e1, y = 1 vs x' = (1/2, sqrt3/2), y' = -1), not sqrt(6).
+    (For b_clip < 1 the clipped b_i leave that hull, and the separate bounds are used.)
     The off-diagonal noise of S~ is N(0, sigma_S^2 / 2), mirrored so S~ is symmetric.
 
     Post-processing: ``gram_momentum`` beta > 0 solves with S_bar, the bias-corrected exponential
@@ -66,14 +76,23 @@ class SSPOracle(LeastSquaresOracle):
         self.users_per_release = 1
 
     def sensitivities(self) -> tuple[float, float]:
-        """(Delta_S, Delta_b) under replace-one, normalized units."""
+        """(Delta_S, Delta_b) under replace-one, normalized units (each bound alone)."""
         return math.sqrt(2.0), 2.0 * self.b_clip
 
+    def joint_sensitivity_sq(self) -> float:
+        """sup over replaced users of a ||dS||^2 + c ||db||^2 for unit stds (1/sqrt(a), 1/sqrt(c)) (class doc)."""
+        d_s, d_b = self.sensitivities()
+        a, c = self.gram_share / d_s ** 2, (1.0 - self.gram_share) / d_b ** 2
+        if self.b_clip < 1.0:
+            return a * d_s ** 2 + c * d_b ** 2  # = 1: the separate bounds
+        return 2 * a + 2 * c + c * c / (2 * a) if c <= 2 * a else 4 * c
+
     def noise_stds(self, eps: float, delta: float) -> tuple[float, float]:
-        """(sigma_S, sigma_b) whose composition is exactly (eps, delta)-DP (mu-GDP split by gram_share)."""
+        """(sigma_S, sigma_b) whose joint release is exactly (eps, delta)-DP at the joint sensitivity."""
         mu = 1.0 / analytic_gaussian_sigma(eps, delta, 1.0)
         d_s, d_b = self.sensitivities()
-        return d_s / (math.sqrt(self.gram_share) * mu), d_b / (math.sqrt(1 - self.gram_share) * mu)
+        t = math.sqrt(self.joint_sensitivity_sq()) / mu
+        return t * d_s / math.sqrt(self.gram_share), t * d_b / math.sqrt(1.0 - self.gram_share)
 
     def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float) -> torch.Tensor:
         if getattr(self, "public_gram", None) is not None:
@@ -84,10 +103,11 @@ class SSPOracle(LeastSquaresOracle):
         b_users = self._clipped_moments(data)
         self.last_release = privacy.release("ssp", round=round, users=data.users, eps=eps, delta=delta,
                                             sigma=sigma_s, sigma_moment=sigma_b, sensitivity=self.sensitivities()[0],
-                                            sensitivity_moment=self.sensitivities()[1], dim=d)
-        noise = privacy.noise.gaussian((d, d), sigma_s)
+                                            sensitivity_moment=self.sensitivities()[1],
+                                            joint_sensitivity_sq=self.joint_sensitivity_sq(), dim=d)
+        noise = privacy.noise.gaussian((d, d), sigma_s)  # (..., d, d): a stacked source gives many releases
         upper = torch.triu(noise, diagonal=1) / math.sqrt(2.0)
-        S_noisy = S + torch.diag(torch.diagonal(noise)) + upper + upper.T
+        S_noisy = S + torch.diag_embed(torch.diagonal(noise, dim1=-2, dim2=-1)) + upper + upper.mT
         b_noisy = b_users.sum(0) + privacy.noise.gaussian((d,), sigma_b)
         S_bar, noise_scale = self._average(S_noisy)
         self.users_per_release = data.users
@@ -139,9 +159,15 @@ class SSPOracle(LeastSquaresOracle):
 
 
 def psd_ridge_solve(S: torch.Tensor, b: torch.Tensor, ridge: float, floor: float = 0.0) -> torch.Tensor:
-    """Solve (PSD(S) + ridge I) w = b, PSD(S) = S with eigenvalues raised to ``floor``."""
-    evals, evecs = torch.linalg.eigh((S + S.T) / 2)
+    """Solve (PSD(S) + ridge I) w = b, PSD(S) = S with eigenvalues raised to ``floor``.
+
+    S (..., d, d) and b (..., d) may carry leading batch dimensions (independent solves).
+    """
+    evals, evecs = torch.linalg.eigh((S + S.mT) / 2)
     evals = evals.clamp_min(floor) + ridge
     if float(evals.min()) <= 0:
         evals = evals.clamp_min(1e-12)
-    return evecs @ ((evecs.T @ b) / evals)
+    if S.dim() == 2 and b.dim() == 1:
+        return evecs @ ((evecs.T @ b) / evals)
+    coef = (b.unsqueeze(-2) @ evecs).squeeze(-2) / evals
+    return (evecs @ coef.unsqueeze(-1)).squeeze(-1)

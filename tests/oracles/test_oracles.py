@@ -111,8 +111,8 @@ def test_ssp_ledger_entry_and_sigma():
     (entry,) = privacy.ledger.entries
     assert entry["mechanism"] == "ssp" and entry["round"] == 7 and entry["users"] == 20
     assert entry["eps"] == 2.0 and entry["delta"] == 1e-5
-    assert entry["sigma"] == pytest.approx(entry["sigma_moment"])  # default split = one mechanism, Delta = sqrt(6)
-    mu = math.sqrt(6) / entry["sigma"]  # Gaussian mechanism = mu-GDP; its delta(eps), Dong-Roth-Su Cor. 2.13
+    assert entry["sigma"] == pytest.approx(entry["sigma_moment"])  # default split = one mechanism, Delta = sqrt(4.5)
+    mu = math.sqrt(4.5) / entry["sigma"]  # Gaussian mechanism = mu-GDP; its delta(eps), Dong-Roth-Su Cor. 2.13
     delta = norm.cdf(-2.0 / mu + mu / 2) - math.exp(2.0) * norm.cdf(-2.0 / mu - mu / 2)
     assert delta == pytest.approx(1e-5, rel=1e-6)
     assert privacy.spent() == (2.0, 1e-5)
@@ -147,6 +147,90 @@ def test_ssp_sensitivity_bound_holds_for_replaced_users(seed, n1, n2):
     d_s, d_b = oracle.sensitivities()
     assert (s1 - s2).norm().item() <= d_s + 1e-9
     assert (b1 - b2).norm().item() <= d_b + 1e-9
+
+
+def _whitened_change(oracle, user_a, user_b):
+    """||dS||^2 / sigma_S^2 + ||db||^2 / sigma_b^2 between two single users, with the oracle's eps = 1 stds."""
+    s_gram, s_b = oracle.noise_stds(1.0, 1e-5)
+    (Sa, ba), (Sb, bb) = [(d.gram(), d.per_user_moments()[0]) for d in (oracle.prepare([u]) for u in (user_a, user_b))]
+    ba, bb = [b * min(1.0, oracle.b_clip / max(float(b.norm()), 1e-300)) for b in (ba, bb)]
+    return float(((Sa - Sb) ** 2).sum()) / s_gram ** 2 + float(((ba - bb) ** 2).sum()) / s_b ** 2
+
+
+@pytest.mark.parametrize("gram_share", [0.1, 1.0 / 3.0, 0.6])
+def test_ssp_joint_sensitivity_is_never_exceeded_and_is_attained(gram_share):
+    """Random multi-row neighbours never move the whitened release by more than mu = 1/sigma_analytic(1, 1e-5),
+    and a grid search over single-row unit users (u = x.x', y = -y') reaches it: the calibration is tight."""
+    from dppo.privacy.calibration import analytic_gaussian_sigma
+
+    oracle = make_oracle("ssp", gram_share=gram_share)
+    mu_sq = analytic_gaussian_sigma(1.0, 1e-5, 1.0) ** -2
+    rng = np.random.default_rng(0)
+    worst = 0.0
+    for _ in range(400):
+        users = []
+        for _ in range(2):
+            n = int(rng.integers(1, 4))
+            X = rng.normal(size=(n, 3))
+            X /= np.maximum(np.linalg.norm(X, axis=1, keepdims=True), 1.0) if rng.random() < 0.5 else \
+                np.linalg.norm(X, axis=1, keepdims=True)
+            users.append((torch.tensor(X), torch.tensor(rng.choice([-1.0, 1.0], size=n) * rng.uniform(0.5, 1, n))))
+        worst = max(worst, _whitened_change(oracle, *users))
+    assert worst <= mu_sq * (1 + 1e-9)
+    grid = []
+    for u in np.linspace(0.0, 1.0, 201):
+        x2 = torch.tensor([[u, math.sqrt(1 - u * u), 0.0]], dtype=torch.float64)
+        grid.append(_whitened_change(oracle, (torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([1.0])), (x2, torch.tensor([-1.0]))))
+    assert max(grid) <= mu_sq * (1 + 1e-9) and max(grid) >= mu_sq * (1 - 1e-3)
+
+
+def test_ssp_default_noise_is_the_gaussian_mechanism_at_sensitivity_sqrt_4_5():
+    from dppo.privacy.calibration import analytic_gaussian_sigma
+
+    s_gram, s_b = make_oracle("ssp").noise_stds(3.0, 1e-5)
+    assert s_gram == pytest.approx(s_b) and s_b == pytest.approx(analytic_gaussian_sigma(3.0, 1e-5, math.sqrt(4.5)))
+
+
+def test_stacked_noise_gives_the_same_releases_as_one_solve_per_noise():
+    """The oracles broadcast over a leading noise dimension (how the audit runs many trials): each row of a
+    stacked solve equals the unstacked solve fed that row's noise."""
+    from dppo.oracles.ssp import psd_ridge_solve
+
+    users, _ = regression_users(m=6, d=3)
+    gen = torch.Generator().manual_seed(0)
+    for name, kw in [("dp_gd", dict(steps=4, clip=0.5, radius=0.8)), ("ssp", {}), ("exp_mech", dict(cover="grid", grid_points=5))]:
+        oracle = make_oracle(name, **kw)
+        data = oracle.prepare(users)
+        draws = []
+
+        class Recorded(NoiseSource):
+            def gaussian(self, shape, sigma):
+                draws.append(torch.randn((5, *shape), generator=gen, dtype=torch.float64) * sigma)
+                return draws[-1]
+
+            def gumbel(self, shape):
+                draws.append(-torch.log(-torch.log(torch.rand((5, *shape), generator=gen, dtype=torch.float64))))
+                return draws[-1]
+
+        stacked = oracle._solve_private(data, PrivacyContext(2.0, 1e-5, noise=Recorded(0)), 0, 2.0, 1e-5)
+        assert stacked.shape == (5, 3)
+        for row in range(5):
+            class Replay(NoiseSource):
+                it = iter([d[row] for d in draws])
+
+                def gaussian(self, shape, sigma):
+                    return next(self.it)
+
+                def gumbel(self, shape):
+                    return next(self.it)
+
+            single = oracle._solve_private(data, PrivacyContext(2.0, 1e-5, noise=Replay(0)), 0, 2.0, 1e-5)
+            assert torch.allclose(stacked[row], single, atol=1e-10), name
+    S = torch.tensor([[[2.0, 0.5], [0.5, 1.0]], [[1.0, 0.0], [0.0, 3.0]]], dtype=torch.float64)
+    b = torch.tensor([[1.0, -1.0], [2.0, 3.0]], dtype=torch.float64)
+    w = psd_ridge_solve(S, b, 0.1)
+    for i in range(2):
+        assert torch.allclose(w[i], torch.linalg.solve(S[i] + 0.1 * torch.eye(2, dtype=torch.float64), b[i]))
 
 
 def test_dp_gd_noise_meets_eps_delta_by_both_accountants():
