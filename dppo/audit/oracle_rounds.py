@@ -12,9 +12,9 @@ or -y_bound (D'). Two oracle setups are driven:
   affine in its noise, so ``StackedNoise`` gives ``chunk`` independent releases per call; the test
   is the projection of the released w on e1.
 - ``ssp`` with a public Gram matrix (DP-NPG with ``fisher_states``: only b~ is released): the
-  canary's moment +-e1 is clipped to +-b_clip e1, the replace-one worst case 2 b_clip. One private
-  solve per trial (``public_gram`` = I, standing in for the Fisher matrix at public states); b~ is
-  read where it enters ``psd_ridge_solve`` and projected on e1. As in ``oracles``, the deterministic
+  canary's moment +-e1 is clipped to +-b_clip e1, the replace-one worst case 2 b_clip. Each private
+  solve draws a stacked noise, ``chunk`` releases per call (``public_gram`` = I, standing in for the
+  Fisher matrix at public states); b~ is read where it enters ``psd_ridge_solve`` and projected on e1. As in ``oracles``, the deterministic
   ``prepare`` (and ``solve``'s scaling of the public Gram, done by one warm-up ``solve``) run once
   and each trial runs ``_solve_private``, the part that calibrates, records and draws the noise.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from dppo.audit.result import MechanismAudit, conclude, same_claim
@@ -76,20 +77,19 @@ def audit_oracle_round(eps: float, delta: float = 1e-5, trials: int = 1_000_000,
                     torch.cat(null).numpy(), torch.cat(alt).numpy(), started)
 
 
-def _ssp_public_gram(oracle, algo, d_null, d_alt, eps, delta, trials, seed, started) -> MechanismAudit:
+def _ssp_public_gram(oracle, algo, d_null, d_alt, eps, delta, trials, seed, started, chunk=20_000) -> MechanismAudit:
     gram = torch.eye(d_null[0][0].shape[1], dtype=torch.float64)
-    noise, seen = NoiseSource(seed), []
-    null, alt, claims = [], [], []
+    chunk = max(1, min(chunk, trials // 2))
+    seen, null, alt = [], [], []
     oracle.solve(d_null, privacy=trial_context(eps, delta, NoiseSource(seed + 1)), public_gram=gram)  # sets it
     data_null, data_alt = oracle.prepare(d_null), oracle.prepare(d_alt)
-    with tap("dppo.oracles.ssp", "psd_ridge_solve", lambda args, out: seen.append(float(args[1][0]))):
-        for start in range(0, trials, 2000):
-            privacy = trial_context(eps, delta, noise)
-            for r in range(min(2000, trials - start) // 2):
-                oracle._solve_private(data_null, privacy, 2 * r, eps, delta)
-                null.append(seen.pop())
-                oracle._solve_private(data_alt, privacy, 2 * r + 1, eps, delta)
-                alt.append(seen.pop())
-            claims.append(privacy.spent())
+    privacy = trial_context(eps, delta, StackedNoise(chunk, seed))
+    with tap("dppo.oracles.ssp", "psd_ridge_solve", lambda args, out: seen.append(args[1][..., 0].numpy())):
+        for r in range(max(1, trials // (2 * chunk))):
+            oracle._solve_private(data_null, privacy, 2 * r, eps, delta)
+            null.append(seen.pop())
+            oracle._solve_private(data_alt, privacy, 2 * r + 1, eps, delta)
+            alt.append(seen.pop())
     return conclude(f"{algo}_round", f"conf/algo/{algo}.yaml -> make_oracle('ssp')._solve_private(prepare(D)) with "
-                    "public_gram (b~ read at psd_ridge_solve)", same_claim(claims), null, alt, started)
+                    "public_gram (b~ read at psd_ridge_solve)", same_claim([privacy.spent()]),
+                    np.concatenate(null), np.concatenate(alt), started)

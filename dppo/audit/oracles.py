@@ -8,9 +8,9 @@ accountant's claim) and draws the noise; ``to_original`` is a fixed rescaling (p
 Neighbours (normalized units, ||x|| <= 1, |y| <= 1; the other users are fixed and shared by D and D'):
 - ``ssp``: canary (x = e1, y = 1) vs (x = (1/2, sqrt3/2), y = -1), default settings (b_clip = 1,
   gram_share = 1/3, where sigma_S = sigma_b and the two releases are one Gaussian mechanism with
-  the claimed sensitivity sqrt 6). In v = (diag S, sqrt2 offdiag S, b) this moves v by sqrt(4.5),
-  the largest change a replaced user can cause (single-row users are the extreme points; the
-  bound sqrt 6 is not attained). White-box: S~, b~ are read where they enter ``psd_ridge_solve``;
+  the joint sensitivity sqrt 4.5 of ``SSPOracle.joint_sensitivity_sq``). In v = (diag S, sqrt2
+  offdiag S, b) this moves v by sqrt(4.5), the largest change a replaced user can cause (single-row
+  users are the extreme points), so the audit meets the calibration's own worst case. White-box: S~, b~ are read where they enter ``psd_ridge_solve``;
   the test is the likelihood ratio of the two Gaussians, the projection of the whitened release
   on the whitened difference (sigma_S, sigma_b from the oracle's own ``noise_stds``).
 - ``dp_gd``: canary (x = e1, y = 1) vs (x = e1, y = -1), others on e2; with clip C = 1 and radius 0.5
@@ -32,26 +32,25 @@ import numpy as np
 import torch
 
 from dppo.audit.result import MechanismAudit, conclude, same_claim
-from dppo.audit.trials import tap, trial_context
-from dppo.privacy.noise import NoiseSource
+from dppo.audit.trials import StackedNoise, tap, trial_context
 
-CHUNK = 2000  # trials per PrivacyContext (one round each), keeps ledgers small
+CHUNK = 20_000  # releases per call: the oracles broadcast over a stacked noise draw
 
 
-def _run(oracle, users_null, users_alt, eps, delta, trials, seed, observe):
-    """Alternate private solves on D and D' (fresh context every CHUNK trials); returns (null, alt, claim)."""
-    null, alt, claims = [], [], []
+def _run(oracle, users_null, users_alt, eps, delta, trials, seed, observe, chunk=CHUNK):
+    """Alternate private solves on D and D', each drawing ``chunk`` stacked noises; returns (null, alt, claim).
+
+    The project's ``_solve_private`` runs unchanged; with a ``StackedNoise`` source its output carries a
+    leading trial dimension (every oracle broadcasts over it), so one call is ``chunk`` independent releases.
+    """
+    chunk = max(1, min(chunk, trials // 2))
     data_null, data_alt = oracle.prepare(users_null), oracle.prepare(users_alt)
-    noise = NoiseSource(seed)
-    done = 0
-    while done < trials:
-        privacy = trial_context(eps, delta, noise)
-        for r in range(min(CHUNK, trials - done) // 2):
-            null.append(observe(lambda: oracle._solve_private(data_null, privacy, 2 * r, eps, delta)))
-            alt.append(observe(lambda: oracle._solve_private(data_alt, privacy, 2 * r + 1, eps, delta)))
-        done += CHUNK
-        claims.append(privacy.spent())
-    return np.array(null), np.array(alt), same_claim(claims)
+    privacy = trial_context(eps, delta, StackedNoise(chunk, seed))
+    null, alt = [], []
+    for r in range(max(1, trials // (2 * chunk))):
+        null.append(observe(lambda: oracle._solve_private(data_null, privacy, 2 * r, eps, delta)))
+        alt.append(observe(lambda: oracle._solve_private(data_alt, privacy, 2 * r + 1, eps, delta)))
+    return np.concatenate(null), np.concatenate(alt), same_claim([privacy.spent()])
 
 
 def _others(count: int, dim: int, seed: int) -> list:
@@ -65,8 +64,8 @@ def _others(count: int, dim: int, seed: int) -> list:
 
 def ssp_vector(S: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """v = (diag S, sqrt2 * upper-offdiag S, b), the coordinates in which SSP's noise is isotropic."""
-    iu = torch.triu_indices(S.shape[0], S.shape[0], offset=1)
-    return torch.cat([torch.diagonal(S), math.sqrt(2.0) * S[iu[0], iu[1]], b])
+    iu = torch.triu_indices(S.shape[-1], S.shape[-1], offset=1)
+    return torch.cat([torch.diagonal(S, dim1=-2, dim2=-1), math.sqrt(2.0) * S[..., iu[0], iu[1]], b], dim=-1)
 
 
 def audit_ssp(eps: float, delta: float = 1e-5, trials: int = 100_000, *, seed: int = 0, oracle=None) -> MechanismAudit:
@@ -89,7 +88,7 @@ def audit_ssp(eps: float, delta: float = 1e-5, trials: int = 100_000, *, seed: i
         seen.clear()
         with tap("dppo.oracles.ssp", "psd_ridge_solve", lambda args, out: seen.append(args[:2])):
             call()
-        return float(ssp_vector(*seen[0]) @ direction)
+        return (ssp_vector(*seen[0]) @ direction).numpy()
 
     null, alt, claim = _run(oracle, d_null, d_alt, eps, delta, trials, seed, observe)
     return conclude("ssp", "make_oracle('ssp')._solve_private(prepare(D)) (S~, b~ read at psd_ridge_solve)", claim, null, alt, started)
@@ -112,10 +111,10 @@ def audit_dp_gd(eps: float, delta: float = 1e-5, trials: int = 20_000, *, seed: 
         with tap("dppo.oracles.dp_gd", "project_ball", lambda args, out: seen.append((args[0], out))):
             call()
         w_prev, total = torch.zeros(2, dtype=torch.float64), 0.0
-        for pre, out in seen:  # pre = w - lr (sum_i clip(g_i) + noise + 2 ridge w) / m
-            total += float(((w_prev - pre) * m / oracle.lr - 2.0 * oracle.ridge * w_prev)[0])
+        for pre, out in seen:  # pre = w - lr (sum_i clip(g_i) + noise + 2 ridge w) / m, one row per trial
+            total = total + ((w_prev - pre) * m / oracle.lr - 2.0 * oracle.ridge * w_prev)[..., 0]
             w_prev = out
-        return total
+        return total.numpy()
 
     null, alt, claim = _run(oracle, d_null, d_alt, eps, delta, trials, seed, observe)
     return conclude("dp_gd", f"make_oracle('dp_gd', steps={oracle.steps})._solve_private(prepare(D)) (each step's noisy sum "
@@ -133,5 +132,5 @@ def audit_exp_mech(eps: float, delta: float = 0.0, trials: int = 100_000, *, see
     rest = [(torch.tensor([[1.0]]), torch.tensor([-1.0]))] * k
     d_null = [(torch.tensor([[1.0]]), torch.tensor([1.0]))] + rest
     d_alt = [(torch.tensor([[1.0]]), torch.tensor([-1.0]))] + rest
-    null, alt, claim = _run(oracle, d_null, d_alt, eps, delta, trials, seed, lambda call: float(call()[0]))
+    null, alt, claim = _run(oracle, d_null, d_alt, eps, delta, trials, seed, lambda call: call()[..., 0].numpy())
     return conclude("exp_mech", "make_oracle('exp_mech', cover='grid')._solve_private(prepare(D))", claim, null, alt, started)

@@ -74,7 +74,7 @@ class DPGDOracle(LeastSquaresOracle):
         m = data.users
         for _ in range(self.steps):
             g = data.per_user_grads(w)
-            scale = torch.clamp(self.clip / g.norm(dim=1).clamp_min(1e-300), max=1.0)
-            total = (g * scale[:, None]).sum(0) + noise((data.dim,))
+            scale = torch.clamp(self.clip / g.norm(dim=-1).clamp_min(1e-300), max=1.0)
+            total = (g * scale[..., None]).sum(-2) + noise((data.dim,))  # a stacked source: (..., d) releases
             w = project_ball(w - self.lr * (total + 2.0 * self.ridge * w) / m, self.radius)
         return w

@@ -82,6 +82,6 @@ class ExpMechOracle(LeastSquaresOracle):
         beta = exp_mech_beta(eps, sens)
         self.last_release = privacy.release("exp_mech", round=round, users=data.users, eps=eps, delta=0.0,
                                             beta=beta, sensitivity=sens, candidates=W.shape[0])
-        logits = beta * self.score(data, W) + privacy.noise.gumbel((W.shape[0],))
-        return W[int(torch.argmax(logits))].clone()
+        logits = beta * self.score(data, W) + privacy.noise.gumbel((W.shape[0],))  # (..., K) if stacked
+        return W[torch.argmax(logits, dim=-1)].clone()
 

@@ -85,6 +85,29 @@ def test_dp_rebel_round_bound_is_below_claim_and_has_power(eps):
     assert 0.5 * eps <= out.eps_lb <= eps
 
 
+def _dp_npg_round(eps, **kwargs):
+    return audit_oracle_round(eps, algo="dp_npg", **kwargs)
+
+
+@pytest.mark.parametrize("eps", [1.0, 4.0])
+@pytest.mark.parametrize("run,trials", [(audit_ssp, 1_000_000), (audit_dp_gd, 400_000), (_dp_npg_round, 1_000_000)])
+def test_oracle_bound_is_below_claim_and_has_power(run, trials, eps):
+    """The oracles' stacked audits (ssp with a noisy Gram, 20-step dp_gd, DP-NPG's public-Gram ssp)."""
+    out = run(eps, trials=trials, seed=20 + int(eps))
+    assert out.claimed_eps == eps
+    assert 0.5 * eps <= out.eps_lb <= eps
+
+
+def test_ssp_calibrated_to_the_separate_bounds_halved_is_caught(monkeypatch):
+    """An SSP whose stds are half what the joint sensitivity needs must be caught at eps = 1."""
+    from dppo.oracles.ssp import SSPOracle
+
+    original = SSPOracle.noise_stds
+    monkeypatch.setattr(SSPOracle, "noise_stds", lambda self, e, d: tuple(0.5 * s for s in original(self, e, d)))
+    out = audit_ssp(1.0, trials=1_000_000, seed=9)
+    assert out.claimed_eps == 1.0 and out.eps_lb > 1.0
+
+
 class _HalfNoise(GaussianSumPrivatizer):
     def sigma(self, eps=None):
         return 0.5 * super().sigma(eps)
@@ -110,10 +133,6 @@ def test_dp_pg_broken_variant_is_caught(variant, monkeypatch):
 
 
 # ---- the other mechanisms: small smoke audits, and the tree counter's broken variant ------------------
-def _dp_npg_round(eps, **kwargs):
-    return audit_oracle_round(eps, algo="dp_npg", **kwargs)
-
-
 @pytest.mark.parametrize("run,trials", [(audit_ssp, 1_000), (audit_dp_gd, 200), (audit_exp_mech, 2_000),
                                         (audit_gfa, 2_000), (audit_tree_counter, 100_000), (_dp_npg_round, 2_000)])
 def test_mechanism_bound_is_below_claim_small(run, trials):
@@ -159,8 +178,9 @@ def test_full_audit_every_mechanism_within_claim_and_gaussian_power():
     assert {s.name for s in suite()} - {"tree_counter_float_bits"} <= names | {"gfa_exponential"}
     bad = [(r.mechanism, r.claimed_eps, r.eps_lb) for r in rows if not r.passed]
     assert not bad, f"eps_LB above the claimed eps (privacy bug): {bad}"
-    strong = {"dp_pg_round", "dp_rebel_round", "dp_npg_round"}
-    assert all(ok for m, _, _, ok in power_checks(rows) if m in strong)
+    checks = power_checks(rows)
+    assert {m for m, *_ in checks} == {"dp_pg_round", "dp_rebel_round", "dp_npg_round", "ssp", "dp_gd"}
+    assert all(ok for *_, ok in checks), checks
 
 
 @pytest.mark.slow
