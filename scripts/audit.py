@@ -1,7 +1,7 @@
 """Full privacy audit of every mechanism; writes runs/reference/audit.md.
 
 Usage: nice -n 10 python scripts/audit.py [--only NAME ...] [--out runs/reference/audit.md]
-(about 20-30 minutes on one thread; ``python -m dppo.audit --fast`` is the quick version).
+(a few minutes on one thread; ``python -m dppo.audit --fast`` is the quick version).
 """
 from __future__ import annotations
 
@@ -25,16 +25,15 @@ NOTES = """
   to a power-of-two grid since 400d592). Before snapping it found the low-order-bit leak of adding
   continuous noise to exact counts (Mironov 2012): eps_LB 3.85 at claimed 1. The `tree_counter`
   rows audit the calibration on the exact noisy values (statistic rounded to 1e-9).
-- `ssp`: the largest replace-one change of SSP's released (diag S, sqrt2 offdiag S, b) is
-  sqrt(4.5) (single-row users are the extreme points), below the sqrt(6) the oracle calibrates
-  for. So its true eps on these neighbours is 0.854 at claimed 1 and 3.39 at claimed 4 (exact
-  Gaussian tradeoff), which caps any audit.
+- `ssp` calibrates to its joint replace-one sensitivity (since cc68fb7): sqrt(4.5) in the
+  whitened (diag S, sqrt2 offdiag S, b) at the default split, attained by single-row users, so the
+  audit's neighbours meet the calibration's own worst case. (Before, it calibrated for the sum of
+  the separate bounds, sqrt(6); eps_LB was 0.465 at claimed 1, under the power check.)
 - `dp_npg_round` is ssp with a public Gram. Only b~ is released, and its replace-one change
   2 b_clip is attained exactly.
-- `dp_gd` (20 steps) gets fewer trials: each trial is one oracle call of about 7-10 ms on this
-  machine. At eps 1 it falls short of the power check (0.48 of the claim), because of the trial
-  budget, not the mechanism. The one-step `dp_gd` that DP-REBEL runs is vectorized, and
-  `dp_rebel_round` is audited with 2,000,000 trials.
+- The oracles broadcast over a stacked noise draw (`StackedNoise`), so one `_solve_private` call
+  is 20,000 independent releases of the project's code: `ssp`, `dp_gd` (20 adaptive, projected
+  steps) and `exp_mech` get 2,000,000 trials in seconds.
 - Per-release claims: GFA's eps is the eps_0 of one exponential-mechanism release. The
   accountant composes the releases to the run's eps. The tree counter's claim is its per-stream
   eps.

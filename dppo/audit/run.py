@@ -38,6 +38,7 @@ def suite() -> list[AuditSpec]:
     from dppo.audit.dp_pg import audit_dp_pg
     from dppo.audit.gfa import audit_gfa
     from dppo.audit.gfa_tabular import audit_gfa_tabular
+    from dppo.audit.multi_pass import audit_multi_pass_dp_pg
     from dppo.audit.oracle_rounds import audit_oracle_round
     from dppo.audit.oracles import audit_dp_gd, audit_exp_mech, audit_ssp
     from dppo.audit.tree_counter import audit_tree_counter
@@ -49,6 +50,10 @@ def suite() -> list[AuditSpec]:
         AuditSpec("dp_npg_round", audit_oracle_round, 2_000_000, 200_000, gaussian=True, kwargs={"algo": "dp_npg"}),
         AuditSpec("ssp", audit_ssp, 2_000_000, 200_000, gaussian=True),
         AuditSpec("dp_gd", audit_dp_gd, 2_000_000, 100_000, gaussian=True),
+        AuditSpec("multi_pass_dp_pg", audit_multi_pass_dp_pg, 2_000_000, 100_000, gaussian=True,
+                  kwargs={"accountant": "rdp"}),
+        AuditSpec("multi_pass_dp_pg_prv", audit_multi_pass_dp_pg, 2_000_000, 100_000, gaussian=True,
+                  kwargs={"accountant": "prv"}),
         AuditSpec("exp_mech", audit_exp_mech, 2_000_000, 100_000),
         AuditSpec("gfa_exponential", audit_gfa, 200_000, 4_000),
         AuditSpec("gfa_tabular_exponential", audit_gfa_tabular, 20_000, 1_000),

@@ -18,6 +18,7 @@ from dppo.audit.__main__ import main
 from dppo.audit.bounds import clopper_pearson_upper
 from dppo.audit.dp_pg import audit_dp_pg
 from dppo.audit.gfa import audit_gfa
+from dppo.audit.multi_pass import audit_multi_pass_dp_pg
 from dppo.audit.oracle_rounds import audit_oracle_round
 from dppo.audit.oracles import audit_dp_gd, audit_exp_mech, audit_ssp
 from dppo.audit.run import power_checks, run_suite, suite
@@ -108,6 +109,21 @@ def test_ssp_calibrated_to_the_separate_bounds_halved_is_caught(monkeypatch):
     assert out.claimed_eps == 1.0 and out.eps_lb > 1.0
 
 
+def test_multi_pass_release_bound_is_below_claim_and_has_power():
+    out = audit_multi_pass_dp_pg(1.0, trials=1_000_000, seed=4, accountant="prv")
+    assert out.claimed_eps == pytest.approx(1.0, abs=0.01) and out.delta == 1e-5
+    assert 0.5 * out.claimed_eps <= out.eps_lb <= out.claimed_eps
+
+
+def test_multi_pass_release_without_real_subsampling_is_caught(monkeypatch):
+    """A sampler that includes every user while the accountant counts on q = 1/8 amplification."""
+    from dppo.data.sampler import PoissonUserSampler
+
+    monkeypatch.setattr(PoissonUserSampler, "next_round", lambda self: list(range(self.population_size)))
+    out = audit_multi_pass_dp_pg(1.0, trials=400_000, seed=4, accountant="rdp", users=1, population=8)
+    assert out.eps_lb > out.claimed_eps
+
+
 class _HalfNoise(GaussianSumPrivatizer):
     def sigma(self, eps=None):
         return 0.5 * super().sigma(eps)
@@ -179,7 +195,8 @@ def test_full_audit_every_mechanism_within_claim_and_gaussian_power():
     bad = [(r.mechanism, r.claimed_eps, r.eps_lb) for r in rows if not r.passed]
     assert not bad, f"eps_LB above the claimed eps (privacy bug): {bad}"
     checks = power_checks(rows)
-    assert {m for m, *_ in checks} == {"dp_pg_round", "dp_rebel_round", "dp_npg_round", "ssp", "dp_gd"}
+    assert {m.split(" ")[0] for m, *_ in checks} == {"dp_pg_round", "dp_rebel_round", "dp_npg_round", "ssp", "dp_gd",
+                                                     "multi_pass_dp_pg"}
     assert all(ok for *_, ok in checks), checks
 
 
