@@ -15,12 +15,21 @@ Privacy: ``beta = eps_0 / (2 Delta_S)`` (``exp_mech_beta``), eps_0 the largest p
 which the M - 1 data-dependent releases compose to the target eps under ``privacy.composition``
 (``advanced``: Dwork-Rothblum-Vadhan; ``zcdp``: eps_0-bounded range => eps_0^2/8-zCDP). The first
 release (batch 0) sees no data and costs nothing; it is still written to the ledger (eps = 0).
+
+Budget split (``budget_decay`` = p): release i = 1..M-1 gets ``eps_i = s i^{-p}`` with s the largest
+scale whose composition (the same accountant) meets the target, and ``beta_i = eps_i / (2 Delta_S)``.
+p = 0 (default) is the paper's equal split. p = 1 front-loads the budget: a wrong member's score gap
+grows linearly with the data n_i = i B, so eps_i ~ 1/i keeps ``beta_i x gap`` the same at every
+release instead of wasting budget on late releases whose data already separates Q*. Either way each
+release is eps_i-DP with its own calibration, and the accountant composes exactly the recorded eps_i.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
+from scipy.optimize import brentq
 
 from dppo.algos.base import Learner
 from dppo.errors import ConfigError, DataError
@@ -34,6 +43,30 @@ def paper_batch_size(episodes: int, batch_const: float) -> int:
     return max(1, int(round(batch_const * episodes ** 0.6)))
 
 
+def budget_schedule(accountant, eps: float, delta: float, releases: int, decay: float = 0.0) -> list[float]:
+    """Per-release budgets ``eps_i = s i^{-decay}`` (i = 1..releases), s the largest scale whose composition
+    under ``accountant`` is at most ``eps`` at ``delta`` (module docstring). ``decay = 0``: the equal split,
+    ``accountant.largest_eps0``. Otherwise a copy of the accountant (as it is now: fresh at calibration
+    time) is stepped with the trial schedule, so the composition rule is exactly the one that will
+    account the real releases.
+    """
+    if releases < 1:
+        raise ConfigError(f"need at least one release, got {releases}")
+    if decay == 0:
+        return [float(accountant.largest_eps0(eps, delta, releases, "exponential"))] * releases
+    weights = [(i + 1) ** (-float(decay)) for i in range(releases)]
+
+    def excess(scale: float) -> float:
+        trial = copy.deepcopy(accountant)
+        for i, w in enumerate(weights):
+            trial.step({"mechanism": "exponential", "round": i + 1, "users": 0, "eps": scale * w, "delta": 0.0})
+        return trial.spent(delta)[0] - eps
+
+    hi = eps / weights[0]                                  # basic composition alone already reaches eps here
+    scale = brentq(excess, 1e-12, hi, xtol=1e-14, rtol=1e-12) if excess(hi) > 0 else hi
+    return [scale * w for w in weights]
+
+
 def gumbel_max(logits: torch.Tensor, gumbel: torch.Tensor) -> int:
     """Index of ``max(logits + gumbel)``: an exact sample of ``softmax(logits)`` when gumbel ~ Gumbel(0, 1)."""
     return int(torch.argmax(logits + gumbel))
@@ -43,12 +76,15 @@ class _GFABase(Learner):
     """Batching, the exponential mechanism, accounting and logging shared by both algorithms."""
 
     def __init__(self, *, privacy, sampler, seed: int, episodes: int | None, batch_size: int | None,
-                 episodes_default: int, batch_const: float, eta: float, size: int):
+                 episodes_default: int, batch_const: float, eta: float, size: int, budget_decay: float = 0.0):
         K = int(episodes if episodes is not None else episodes_default)
         if K < 1:
             raise ConfigError(f"episodes must be >= 1, got {K}")
         if not batch_const > 0 or not eta >= 0:
             raise ConfigError(f"need algo.batch_const > 0 and algo.eta >= 0, got {batch_const}, {eta}")
+        if not (math.isfinite(budget_decay) and budget_decay >= 0):
+            raise ConfigError(f"algo.budget_decay must be >= 0, got {budget_decay}")
+        self.budget_decay = float(budget_decay)
         self.privacy, self.sampler = privacy, sampler
         self.K = K
         self.B = int(batch_size) if batch_size is not None else paper_batch_size(K, batch_const)
@@ -61,7 +97,9 @@ class _GFABase(Learner):
         self.episodes_done = 0
         self.regret = []                       # exact expected regret of each episode's policy
         self.current = None                    # index of the member in use
-        self.eps0 = self.beta = None
+        self.eps0 = self.beta = None           # budget and beta of the first data-dependent release
+        self.eps_schedule = []                 # eps_i of the data-dependent releases i = 1..M-1
+        self.round_eps = self.round_beta = None
         self.size = size
 
     # ---- privacy -----------------------------------------------------------------------------
@@ -74,7 +112,7 @@ class _GFABase(Learner):
         return COMPOSITION_ACCOUNTANTS[comp]
 
     def _calibrate(self, sensitivity: float) -> None:
-        """eps_0 (largest meeting the target over the M - 1 data-dependent releases) and beta."""
+        """eps_i of the M - 1 data-dependent releases (largest meeting the target) and beta = eps_1/(2 Delta_S)."""
         self.sensitivity = float(sensitivity)
         if not self.privacy.private:
             return
@@ -83,17 +121,28 @@ class _GFABase(Learner):
             raise ConfigError(f"GFA accounts its releases by composition; privacy.accountant={acc.name} cannot, "
                               f"use privacy.accountant=null with privacy.composition=advanced|zcdp")
         releases = max(self.num_rounds - 1, 1)
-        self.eps0 = float(acc.largest_eps0(self.privacy.eps, self.privacy.delta, releases, "exponential"))
+        self.eps_schedule = budget_schedule(acc, self.privacy.eps, self.privacy.delta, releases, self.budget_decay)
+        self.eps0 = self.eps_schedule[0]
         self.beta = exp_mech_beta(self.eps0, self.sensitivity)
+
+    def release_budget(self, round_idx: int) -> tuple[float, float]:
+        """(eps, beta) of the release at the start of round ``round_idx``. Round 0 sees no data: eps = 0,
+        and its beta (which then only weighs the data-free optimism term) is the first release's.
+        ``beta_i = beta eps_i / eps_1 = eps_i / (2 Delta_S)``: ``self.beta`` stays the one calibration knob."""
+        if round_idx == 0:
+            return 0.0, self.beta
+        eps = self.eps_schedule[min(round_idx, len(self.eps_schedule)) - 1]
+        return eps, self.beta * (eps / self.eps0)
 
     def _select(self, round_idx: int, score: torch.Tensor) -> tuple[int, float]:
         """Pick the member for this batch: exponential mechanism (private) or argmax (ties at random)."""
         if self.privacy.private:
             users = self.episodes_done
-            self.privacy.release("exponential", round=round_idx, users=users,
-                                 eps=self.eps0 if users > 0 else 0.0, delta=0.0, beta=self.beta,
-                                 sensitivity=self.sensitivity, class_size=self.size)
-            idx = gumbel_max(self.beta * score, self.privacy.noise.gumbel(score.shape))
+            eps, beta = self.release_budget(round_idx)
+            self.round_eps, self.round_beta = (eps if users > 0 else 0.0), beta
+            self.privacy.release("exponential", round=round_idx, users=users, eps=self.round_eps, delta=0.0,
+                                 beta=beta, sensitivity=self.sensitivity, class_size=self.size)
+            idx = gumbel_max(beta * score, self.privacy.noise.gumbel(score.shape))
         else:
             best = score.max()
             ties = torch.nonzero(score >= best - 1e-9 * max(1.0, float(best.abs()))).squeeze(1)
@@ -121,14 +170,15 @@ class _GFABase(Learner):
             metrics["regret/per_episode"] = regret
             metrics["regret/cumulative"] = float(sum(self.regret))
         if self.privacy.private:
-            metrics["gfa/beta"] = self.beta
-            metrics["gfa/eps0"] = self.eps0
+            metrics["gfa/beta"] = self.round_beta
+            metrics["gfa/eps0"] = self.round_eps
             metrics["privacy/epsilon"] = self.privacy.spent()[0]
         return metrics
 
     def summary(self) -> dict:
         out = {"episodes": self.episodes_done, "batch_size": self.B, "class_size": self.size,
-               "sensitivity": self.sensitivity, "eps0": self.eps0, "beta": self.beta}
+               "sensitivity": self.sensitivity, "eps0": self.eps0, "beta": self.beta,
+               "budget_decay": self.budget_decay}
         if self.regret:
             out["cumulative_regret"] = float(sum(self.regret))
             out["final_regret_per_episode"] = float(self.regret[-1])
@@ -159,19 +209,23 @@ class GFAOutcomeLearner(_GFABase):
         env: a deterministic outcome-reward MDP (``ContextBitsMDP``).
         privacy, sampler, seed, episodes, batch_size: injected (``episodes``: K; ``batch_size``: B).
         episodes_default: K when the top-level ``episodes`` is null.
-        batch_const: c in the default batch size B = c K^{3/5}.
-        eta: weight of the optimism term.
+        batch_const: c in the default batch size B = c K^{3/5} (default 1.5: the c of {0.5, 1, 1.25, 1.5, 2}
+            with the smallest mean plateau over the four private rows of the plateau table, selected on
+            seeds 100-119, disjoint from the reported seeds 0-19; docs/gfa.md).
+        eta: weight of the optimism term (default 50, the scale of the paper's eta = Theta(sqrt(K H)) = 45
+            at K = 500, H = 4; results are flat for eta >= 50).
         class_size, class_scales, class_seed: the structured class (``ContextBitsClass``).
         sensitivity: ``worst_case`` (any class with values in [0, V_max]) or ``class`` (exact maximum
             of one loss term over this finite class and domain; see ``residual_sensitivity``).
+        budget_decay: p in the per-release budgets eps_i ~ i^{-p} (0 = the paper's equal split).
     """
 
     name = "gfa_outcome"
 
     def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
-                 batch_size: int | None = None, episodes_default: int = 500, batch_const: float = 1.0,
-                 eta: float = 1.0, class_size: int = 243, class_scales=(0.75, 1.0, 1.25), class_seed: int = 0,
-                 sensitivity: str = "class"):
+                 batch_size: int | None = None, episodes_default: int = 500, batch_const: float = 1.5,
+                 eta: float = 50.0, class_size: int = 243, class_scales=(0.5, 0.75, 1.0), class_seed: int = 0,
+                 sensitivity: str = "class", budget_decay: float = 0.0):
         from dppo.function_classes.context_bits import ContextBitsClass
         from dppo.function_classes.losses import BellmanResidualLoss
 
@@ -182,7 +236,7 @@ class GFAOutcomeLearner(_GFABase):
         self.fclass = ContextBitsClass(env, size=class_size, scales=class_scales, seed=class_seed)
         super().__init__(privacy=privacy, sampler=sampler, seed=seed, episodes=episodes, batch_size=batch_size,
                          episodes_default=episodes_default, batch_const=batch_const, eta=eta,
-                         size=self.fclass.size)
+                         size=self.fclass.size, budget_decay=budget_decay)
         self.stats = BellmanResidualLoss(self.fclass.size)
         rho = env.rho.double()
         self.optimism = self.fclass.values(env.initial_sa()).double().amax(-1) @ rho    # f1_bar, data-free
@@ -205,6 +259,11 @@ class GFAOutcomeLearner(_GFABase):
                          (= H^2 = 16 for values and rewards in [0, 1], H = 4: the paper's O(H^2));
             class:       Delta_S = max_{f in F, tau} max(G_f(tau) - r_lo, r_hi - G_f(tau))^2,
                          enumerated over every trajectory of the finite domain (data-independent).
+
+        ``class`` is a worst case over all possible users, from public information only (the class and
+        the domain); it is 1 for the default class (residuals in [0, 1]). That is the smallest value any
+        class containing Q* can have: G_{Q*}(tau) is the true reward, which is 1 on some trajectory, and
+        replacing that user's reward 1 by 0 moves Q*'s loss term from 0 to 1.
         """
         H, vmax = self.env.H, self.fclass.value_max
         lo, hi = self.env.reward_low, self.env.reward_high
@@ -276,13 +335,15 @@ class GFALearner(_GFABase):
         episodes_default, batch_const, eta: as for ``GFAOutcomeLearner``.
         grid_low, grid_high, grid_points: the weight grid of the linear epsilon-net class
             (``LinearGridClass`` on ``tabular_features``), |F| = grid_points^3.
+        budget_decay: as for ``GFAOutcomeLearner``.
     """
 
     name = "gfa"
 
     def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  batch_size: int | None = None, episodes_default: int = 2000, batch_const: float = 1.0,
-                 eta: float = 50.0, grid_low: float = -0.5, grid_high: float = 0.5, grid_points: int = 11):
+                 eta: float = 50.0, grid_low: float = -0.5, grid_high: float = 0.5, grid_points: int = 11,
+                 budget_decay: float = 0.0):
         from dppo.envs.tabular import make_tabular
         from dppo.function_classes.linear_grid import LinearGridClass
         from dppo.function_classes.losses import BellmanErrorLoss
@@ -296,7 +357,7 @@ class GFALearner(_GFABase):
                                       value_max=1.0)
         super().__init__(privacy=privacy, sampler=sampler, seed=seed, episodes=episodes, batch_size=batch_size,
                          episodes_default=episodes_default, batch_const=batch_const, eta=eta,
-                         size=self.fclass.size)
+                         size=self.fclass.size, budget_decay=budget_decay)
         self.stats = BellmanErrorLoss(H, S, A)
         self.r_max = 1.0 / H
         p0 = getattr(self.env, "p0", None)

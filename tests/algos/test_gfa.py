@@ -87,7 +87,121 @@ def test_replacing_one_user_moves_every_score_by_at_most_the_sensitivity(kind):
     worst = float((terms.amax(1) - terms.amin(1)).max())              # largest change from one swap
     assert worst <= learner.sensitivity + 1e-9
     if kind == "class":
-        assert learner.sensitivity == pytest.approx(1.25 ** 2)         # residuals in [0, 1.25], r in [0, 1]
+        assert learner.sensitivity == pytest.approx(1.0)               # default scales <= 1: residuals in [0, 1]
+        wide, _ = outcome_learner(sensitivity=kind, class_scales=(0.75, 1.0, 1.25))
+        assert wide.sensitivity == pytest.approx(1.25 ** 2)             # residuals in [0, 1.25], r in [0, 1]
+
+
+def brute_force_sensitivity(env, fclass):
+    """max over f and over two users (tau, r), (tau', r') of |(G_f(tau) - r)^2 - (G_f(tau') - r')^2|, with G_f
+    from the member's explicit value table (the generic path, not the class's pattern fast path), every one
+    of the 1024 trajectories and rewards on a grid of [0, 1] (the term is convex in r: the ends are on it)."""
+    from dppo.function_classes import TensorClass
+
+    table = TensorClass(fclass.values(torch.arange(env.num_sa)), value_max=fclass.value_max)
+    sa, nxt = env.trajectory_sa(torch.arange(env.num_trajectories))
+    G = trajectory_residuals(table, sa, nxt, env.num_actions)                     # [|F|, 1024]
+    r = torch.linspace(0.0, 1.0, 11, dtype=torch.float64)
+    terms = (G.unsqueeze(-1) - r) ** 2                                              # [|F|, 1024, 11]
+    return float((terms.flatten(1).amax(1) - terms.flatten(1).amin(1)).max())
+
+
+@pytest.mark.parametrize("variant", ["easy", "hard"])
+@pytest.mark.parametrize("scales,size,seed", [((0.5, 0.75, 1.0), 243, 0), ((0.75, 1.0, 1.25), 243, 0),
+                                              ((0.25, 1.0), 2000, 3)])
+def test_class_sensitivity_equals_brute_force_over_the_class_and_every_user(variant, scales, size, seed):
+    learner, _ = outcome_learner(variant, class_scales=scales, class_size=size, class_seed=seed)
+    assert learner.sensitivity == pytest.approx(brute_force_sensitivity(learner.env, learner.fclass), abs=1e-9)
+    assert learner.sensitivity == pytest.approx(max(scales) ** 2 if max(scales) >= 1 else 1.0)
+
+
+def test_no_realizable_class_has_a_smaller_sensitivity_than_one():
+    """Q* alone already needs Delta_S >= 1: its residual is the true reward, which takes the values 0 and 1."""
+    from dppo.function_classes import TensorClass
+
+    for variant in ("easy", "hard"):
+        env = ContextBitsMDP(variant)
+        assert brute_force_sensitivity(env, TensorClass(env.q_star().unsqueeze(0), value_max=1.0)) == pytest.approx(1.0)
+
+
+def test_replacing_one_user_in_a_real_dataset_moves_the_score_by_exactly_up_to_delta():
+    """Two datasets that differ in one user: the largest score change over f is <= Delta_S, and the
+    worst pair of users (found by enumeration) reaches it."""
+    learner, _ = outcome_learner("hard", episodes=40, batch_size=20)
+    learner.train_round(0)
+    env, fc = learner.env, learner.fclass
+    sa, nxt = env.trajectory_sa(torch.arange(env.num_trajectories))
+    G = trajectory_residuals(fc, sa, nxt, env.num_actions)
+    base = learner.stats
+
+    def score_with(tau, r):
+        import copy
+
+        learner.stats = copy.deepcopy(base)
+        learner.stats.update(G[:, tau:tau + 1], torch.ones(1), torch.tensor([r], dtype=torch.float64),
+                             torch.tensor([r * r], dtype=torch.float64))
+        out = learner.score().clone()
+        learner.stats = base
+        return out
+
+    right = int((G[fc.q_star_index] == 1).nonzero()[0])           # a trajectory on which Q* predicts reward 1
+    change = (score_with(right, 1.0) - score_with(right, 0.0)).abs().max()
+    assert float(change) == pytest.approx(learner.sensitivity)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(20):
+        t1, t2 = torch.randint(0, env.num_trajectories, (2,), generator=g).tolist()
+        r1, r2 = torch.rand(2, generator=g, dtype=torch.float64).tolist()
+        assert float((score_with(t1, r1) - score_with(t2, r2)).abs().max()) <= learner.sensitivity + 1e-9
+
+
+def test_default_config_values():
+    learner, _ = outcome_learner(eps=8.0)
+    assert learner.K == 500 and learner.B == round(1.5 * 500 ** 0.6) == 62 and learner.num_rounds == 9
+    assert learner.eta == 50.0 and learner.sensitivity == 1.0 and learner.budget_decay == 0.0
+    assert learner.beta == pytest.approx(learner.eps0 / 2)
+
+
+@pytest.mark.parametrize("composition", ["advanced", "zcdp"])
+def test_budget_schedule_is_proportional_to_i_to_the_minus_p_and_composes_to_the_target(composition):
+    from dppo.algos.gfa import budget_schedule
+    from dppo.privacy.accountants.advanced import advanced_composition_eps
+    from dppo.privacy.accountants.zcdp import zcdp_to_dp
+
+    def composed(eps_list, delta):                 # written from the theorems, not through the accountant
+        if composition == "advanced":
+            return advanced_composition_eps(eps_list, delta)
+        return min(sum(eps_list), zcdp_to_dp(sum(e * e / 8 for e in eps_list), delta))
+
+    for eps, releases in ((8.0, 8), (5.0, 8), (5.0, 40)):
+        acc = make_accountant(composition)
+        flat = budget_schedule(acc, eps, 1e-5, releases, 0.0)
+        assert flat == [acc.largest_eps0(eps, 1e-5, releases)] * releases
+        for p in (0.5, 1.0):
+            sched = budget_schedule(acc, eps, 1e-5, releases, p)
+            assert len(sched) == releases
+            assert all(e / sched[0] == pytest.approx((i + 1) ** -p) for i, e in enumerate(sched))
+            assert composed(sched, 1e-5) == pytest.approx(eps, rel=1e-9)
+            assert sched[0] > flat[0] and sched[-1] < flat[-1]
+        assert acc.spent(1e-5) == (0.0, 0.0)                            # the real accountant is untouched
+
+
+@pytest.mark.parametrize("composition", ["advanced", "zcdp"])
+def test_front_loaded_run_records_each_release_with_its_own_budget_and_beta(composition):
+    learner, privacy = outcome_learner(eps=5.0, composition=composition, episodes=200, batch_size=20,
+                                       budget_decay=1.0)
+    metrics = run(learner)
+    ledger = privacy.ledger.entries
+    assert len(ledger) == 10 and ledger[0]["eps"] == 0.0
+    eps = [e["eps"] for e in ledger[1:]]
+    assert eps == pytest.approx(learner.eps_schedule) and eps == pytest.approx([eps[0] / i for i in range(1, 10)])
+    assert all(e["beta"] == pytest.approx(e["eps"] / (2 * learner.sensitivity)) for e in ledger[1:])
+    assert privacy.spent()[0] == pytest.approx(5.0, rel=1e-9)
+    assert [m["gfa/eps0"] for m in metrics] == pytest.approx([0.0] + eps)
+
+
+def test_negative_budget_decay_is_a_config_error():
+    with pytest.raises(ConfigError):
+        outcome_learner(eps=5.0, budget_decay=-1.0)
 
 
 def test_private_run_records_one_release_per_batch_and_spends_exactly_the_target():
