@@ -15,6 +15,7 @@ import json
 import os
 import time
 
+import numpy as np
 import torch
 
 from dppo.algos.ucb import PUCB, UBEV
@@ -47,8 +48,9 @@ def bench(algo: str, env_name: str, mdp, episodes: int) -> dict:
     # one episode's parts, measured on the trained learner (no further releases: feed goes to a copy)
     n = max(3, min(200, episodes // 10))
     jit = learner._jitter(1)[0]
-    plan_us = _per_call_us(lambda: learner.greedy_policy(jit), n)
-    pl = learner.greedy_policy(jit).tolist()
+    pi = np.zeros((mdp.H, mdp.S), dtype=np.int64)
+    plan_us = _per_call_us(lambda: learner._greedy_into(jit, pi), n)      # what the training loop runs
+    pl = pi.tolist()
     U = learner.mdp.uniforms(n, torch.Generator().manual_seed(0)).tolist()
     it = iter(U)
     sim_us = _per_call_us(lambda: learner.mdp.episode_from_uniforms(pl, next(it)), n)

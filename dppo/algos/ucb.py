@@ -11,12 +11,15 @@ backward induction (O(H S^2 A), no loop over states) on the released statistics 
 model: the policy is a post-processing of the private counts), runs the greedy policy, and feeds the
 episode to the counters (one release per episode).
 
-On CPU the per-episode planning runs on NumPy views of the torch buffers (no copy): a plan is ~100
+On CPU the per-episode planning runs on NumPy views of the torch buffers (no copy): a plan is ~150
 tiny array operations and NumPy's per-operation overhead is several times lower than torch's; on
-other devices the same code runs on torch tensors (``_xp``).
+other devices the same code runs on torch tensors (``_xp``). UBEV's CPU plan (``_UBEVPlanner``)
+writes into preallocated arrays and reads ``phi`` from a table indexed by the (integer) count: about
+6 NumPy calls per step h, the same floats as the generic ``_backward`` (tested bit for bit).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -28,6 +31,24 @@ from dppo.errors import ConfigError
 from dppo.privacy.tree_counter import TreeCounter, tree_levels
 
 _UNVISITED_BONUS = 1e30   # stands for an infinite bonus (n = 0), finite so that 0 * bonus = 0
+
+
+@contextlib.contextmanager
+def _one_torch_thread():
+    """Run a block with one torch intra-op thread, then restore the setting. A round's torch work is
+    small operations (node noise, the batched policy evaluation); on a busy machine every parallel
+    one waits for its second OpenMP thread to get a core: the exact evaluation of a 1000-episode
+    RiverSwim round took 0.7 s with the default 2 threads at load 3 on 2 cores, 0.01 s with one.
+    Random draws, elementwise kernels and per-matrix products give the same values with any thread
+    count (the regret of the CLI runs is bit-identical)."""
+    n = torch.get_num_threads()
+    if n > 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if n > 1:
+            torch.set_num_threads(n)
 
 
 class TabularUCB(torch.nn.Module, Learner):
@@ -75,6 +96,10 @@ class TabularUCB(torch.nn.Module, Learner):
         self.register_buffer("episode_regret", torch.full((self.T,), float("nan"), dtype=torch.float64))
         self.register_buffer("episode_return", torch.full((self.T,), float("nan"), dtype=torch.float64))
         self.episodes_done = 0
+        self._stats_cache = {}                  # NumPy views of the released statistics (planning)
+        self._feed_offsets = [h * S * A for h in range(H)]    # index of (h, 0, 0) in a stream set
+        self._feed_ones = [1.0] * (2 * H)
+        self._jit_buf = None
         self.sim_gen = torch.Generator().manual_seed(int(seed) * 3 + 11)
         self.tie_gen = torch.Generator().manual_seed(int(seed) * 3 + 12)
         self.eval_gen = torch.Generator().manual_seed(int(seed) * 3 + 13)
@@ -93,31 +118,47 @@ class TabularUCB(torch.nn.Module, Learner):
         """(l~ [H,S,A], n~ [H,S,A], m~ [H,S,A,S]) as NumPy views (CPU) or tensors: what planning may use."""
         rel = self.stats.released
         key = (rel.data_ptr(), rel.device)
-        if getattr(self, "_stats_key", None) != key:
+        cache = self._stats_cache          # a plain dict: torch.nn.Module.__setattr__ is slow per episode
+        if cache.get("key") != key:
             v = self._view(rel)
             S, A, H, k = self.S, self.A, self.H, self.hsa
-            self._stats_views = (v[:k].reshape(H, S, A), v[k:2 * k].reshape(H, S, A), v[2 * k:].reshape(H, S, A, S))
-            self._stats_key = key
-        return self._stats_views
+            cache["views"] = (v[:k].reshape(H, S, A), v[k:2 * k].reshape(H, S, A), v[2 * k:].reshape(H, S, A, S))
+            cache["key"] = key
+        return cache["views"]
 
     def _feed(self, states: list, actions: list, rewards: list) -> None:
         """One user's episode into the counters: r to l(s,a,h), 1 to n(s,a,h) and m(s,a,s',h), 0 elsewhere."""
         S, A, k = self.S, self.A, self.hsa
-        sa = [(h * S + s) * A + a for h, (s, a) in enumerate(zip(states[:-1], actions))]
+        sa = [b + s * A + a for b, s, a in zip(self._feed_offsets, states, actions)]    # (h*S + s)*A + a
         idx = sa + [k + i for i in sa] + [2 * k + i * S + s2 for i, s2 in zip(sa, states[1:])]
-        self.stats.step(idx, list(rewards) + [1.0] * (2 * len(sa)))
+        ones = self._feed_ones if len(sa) == self.H else [1.0] * (2 * len(sa))
+        self.stats.step(idx, list(rewards) + ones)
 
     # ---- planning ------------------------------------------------------------------------
-    def q_values(self):
-        """Optimistic Q [H, S, A] from the released statistics (subclasses)."""
+    def _plan(self):
+        """Optimistic Q [H, S, A] from the released statistics (subclasses); may be a work buffer
+        that the next plan overwrites."""
         raise NotImplementedError
+
+    def q_values(self):
+        """Optimistic Q [H, S, A] from the released statistics (a fresh array / tensor)."""
+        q = self._plan()
+        return q.copy() if isinstance(q, np.ndarray) else q.clone()
 
     def greedy_policy(self, jitter=None):
         """``pi[h, s] = argmax_a Q(s, a, h)``, ties broken by ``jitter`` (tiny uniform noise) if given."""
-        q = self.q_values()
+        q = self._plan()
         if jitter is not None:
             q = q + jitter
         return q.argmax(-1)
+
+    def _greedy_into(self, jitter: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """``greedy_policy(jitter)`` on CPU written into ``out`` [H, S] (int64), no new arrays."""
+        buf = self._jit_buf
+        if buf is None or buf.shape != jitter.shape:
+            buf = self._jit_buf = np.empty_like(jitter)
+        np.add(self._plan(), jitter, out=buf)
+        return buf.argmax(axis=-1, out=out)
 
     def _jitter(self, n: int):
         """Tie-breaking noise for ``n`` plans: ties (e.g. unvisited actions) are broken uniformly."""
@@ -137,21 +178,29 @@ class TabularUCB(torch.nn.Module, Learner):
             self.sampler.take(K)            # one fresh user per episode (one-pass enforced)
         self.stats.reserve(K)
         model = isinstance(self.mdp, TabularMDP)
-        U = self.mdp.uniforms(K, self.sim_gen).tolist() if model else None
+        # the round's uniforms, made lists episode by episode: no long-lived nested lists for the GC to scan
+        U = self.mdp.uniforms(K, self.sim_gen).numpy() if model else None
         chunk = max(1, min(K, (1 << 20) // (self.H * self.S * self.A)))
-        policies, returns = [], []
-        for k in range(K):
-            if k % chunk == 0:
-                jit = self._jitter(min(chunk, K - k))
-            pi = self.greedy_policy(jit[k % chunk])
-            pl = pi.tolist()
-            if model:
-                states, actions, rewards = self.mdp.episode_from_uniforms(pl, U[k])
-            else:
-                states, actions, rewards = self.mdp.run_episode(pl)
-            self._feed(states, actions, rewards)
-            policies.append(pl)
-            returns.append(sum(rewards))
+        cpu = self._xp() is np
+        policies = np.empty((K, self.H, self.S), dtype=np.int64)     # every episode's policy, for the regret
+        returns = []
+        with _one_torch_thread():
+            for k in range(K):
+                if k % chunk == 0:
+                    jit = self._jitter(min(chunk, K - k))
+                if cpu:
+                    pi = self._greedy_into(jit[k % chunk], policies[k])
+                else:
+                    pi = policies[k] = self.greedy_policy(jit[k % chunk]).cpu().numpy()
+                pl = pi.tolist()
+                if model:
+                    states, actions, rewards = self.mdp.episode_from_uniforms(pl, U[k].tolist())
+                else:
+                    states, actions, rewards = self.mdp.run_episode(pl)
+                self._feed(states, actions, rewards)
+                returns.append(sum(rewards))
+            if self.optimal is not None:           # exact value of every episode's policy (repeats once)
+                values = self.mdp.policy_value_batch(torch.from_numpy(policies))
         t0 = self.episodes_done
         self.episodes_done += K
         native = self.mdp.to_native_return(torch.tensor(returns, dtype=torch.float64))
@@ -160,7 +209,6 @@ class TabularUCB(torch.nn.Module, Learner):
                    "rollout/episodes": float(self.episodes_done),
                    "counters/error_bound": float(self.count_error_bound())}
         if self.optimal is not None:
-            values = self.mdp.policy_value_batch(torch.tensor(policies))
             regret = self.mdp.to_native_regret(self.optimal - values)
             self.episode_regret[t0:t0 + K] = regret
             metrics["regret/per_episode"] = float(regret.mean())
@@ -230,20 +278,27 @@ class UBEV(TabularUCB):
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
                          failure_prob=failure_prob, reward_bound=reward_bound, counter_eps=None,
                          max_memory_gb=max_memory_gb)
+        self._planner = None                  # the CPU planner's work arrays (made at the first plan)
 
     @classmethod
     def accountant_name(cls, privacy_cfg) -> str:
         return "basic"
 
-    def q_values(self):
-        xp = self._xp()
+    def _log_term(self) -> float:
+        return math.log(18 * self.S * self.A * self.H / self.failure_prob)
+
+    def _plan(self):
         l, n, m = self.released_stats()
-        S, A, H = self.S, self.A, self.H
+        planner = self._planner
+        if planner is not None and planner.l is l:       # same NumPy views as last time
+            return planner.plan()
+        xp = self._xp()
+        if xp is np:
+            planner = self._planner = _UBEVPlanner(l, n, m, self._log_term())
+            return planner.plan()
         nn = xp.where(n > 0, n, 1.0)
-        lnln = xp.log(xp.log(xp.where(n > math.e, n, math.e)))
-        phi = xp.sqrt((2 * lnln + math.log(18 * S * A * H / self.failure_prob)) / nn)
-        phi = xp.where(n > 0, phi, _UNVISITED_BONUS)
-        r_part = xp.minimum(l / nn + phi, 1.0) if xp is np else (l / nn + phi).clamp(max=1.0)
+        phi = _ubev_phi(xp, n, self._log_term())
+        r_part = (l / nn + phi).clamp(max=1.0)
         width = self._h_left(xp) * phi                    # (H - h) phi
         return _backward(xp, m, 1.0 / nn, width, r_part, mode="ubev")
 
@@ -330,7 +385,7 @@ class PUCB(TabularUCB):
                                  streams_changed_per_user=2 * self.H, noise_scale=self.stats.scale,
                                  levels=self.stats.levels, capacity=self.T)
 
-    def q_values(self):
+    def _plan(self):
         xp = self._xp()
         l, n, m = self.released_stats()
         S, H, E = self.S, self.H, self.E
@@ -343,6 +398,86 @@ class PUCB(TabularUCB):
         psi = (1 + S * H) * (3 * E / safe + 2 * E * E / (safe * safe))
         conf = xp.where(gate, (H + 1) * phi + psi, float(H))
         return _backward(xp, m, 1.0 / safe, conf, l, mode="pucb", cap=float(H))
+
+
+def _ubev_phi(xp, n, log_term: float):
+    """UBEV's bonus ``phi = sqrt((2 ln ln max(e, n) + ln(18 S A H / delta)) / n)`` elementwise, with
+    ``_UNVISITED_BONUS`` where ``n = 0`` (``log_term`` = ``ln(18 S A H / delta)``)."""
+    nn = xp.where(n > 0, n, 1.0)
+    lnln = xp.log(xp.log(xp.where(n > math.e, n, math.e)))
+    phi = xp.sqrt((2 * lnln + log_term) / nn)
+    return xp.where(n > 0, phi, _UNVISITED_BONUS)
+
+
+class _UBEVPlanner:
+    """UBEV's per-episode plan on CPU: the same arithmetic as ``_backward(mode="ubev")`` (bit for bit),
+    with every work array allocated once and about 6 NumPy calls per step h.
+
+    UBEV's counts are exact integers, so ``phi`` is read from a table indexed by the count (built with
+    ``_ubev_phi`` itself, grown on demand) instead of evaluating two logs and a square root on every
+    entry of every plan. ``l, n, m`` are the learner's views of its statistics buffers (read each plan).
+    """
+
+    def __init__(self, l: np.ndarray, n: np.ndarray, m: np.ndarray, log_term: float):
+        H, S, A = n.shape
+        self.l, self.n, self.m, self.log_term = l, n, m, log_term
+        self.table = np.empty(0)
+        self.idx = np.empty((H, S, A), dtype=np.intp)
+        self.phi, self.nn, self.inv = (np.empty((H, S, A)) for _ in range(3))
+        self.r, self.width, self.Q = (np.empty((H, S, A)) for _ in range(3))
+        self.h_left = np.arange(H - 1, -1, -1, dtype=np.float64).reshape(H, 1, 1)     # H - h (1-based h)
+        self.mn = np.empty((H, S, A, S))                                                # m / n
+        self.V = np.zeros((H + 1, S))                                                   # V[H] = 0
+        self.y = np.empty(S * A)
+        self.v_max = np.zeros(())
+        mn, w, r, Q = self.mn.reshape(H, S * A, S), self.width.reshape(H, S * A), self.r.reshape(H, S * A), \
+            self.Q.reshape(H, S * A)
+        # per step h (backwards): the views its operations read and write, made once. max_a Q_h is
+        # chained np.maximum over the columns Q_h(., a) for A <= 4 (cheaper than a reduction).
+        self.by_columns = A <= 4
+        q_a = lambda h: [self.Q[h][:, a] for a in range(A)] if self.by_columns else self.Q[h]
+        self.steps = [(mn[h], self.V[h + 1], w[h], r[h], Q[h], self.V[h], q_a(h)) for h in range(H - 1, -1, -1)]
+        self.small_s = S <= 64        # max_s V_h via a Python list (cheaper than a reduction)
+
+    def _grow(self) -> None:
+        size = max(2 * self.table.size, int(self.n.max()) + 1, 1024)
+        self.table = _ubev_phi(np, np.arange(size, dtype=np.float64), self.log_term)
+
+    def plan(self) -> np.ndarray:
+        n = self.n
+        np.copyto(self.idx, n, casting="unsafe")         # exact counts: integers
+        try:
+            np.take(self.table, self.idx, out=self.phi)
+        except IndexError:                               # a count beyond the table
+            self._grow()
+            np.take(self.table, self.idx, out=self.phi)
+        nn, phi, r = self.nn, self.phi, self.r
+        np.maximum(n, 1.0, out=nn)                       # = where(n > 0, n, 1) for counts
+        np.divide(self.l, nn, out=r)
+        np.add(r, phi, out=r)
+        np.minimum(r, 1.0, out=r)                        # min(1, l/n + phi)
+        np.multiply(self.h_left, phi, out=self.width)    # (H - h) phi
+        np.divide(1.0, nn, out=self.inv)
+        np.multiply(self.m, self.inv[..., None], out=self.mn)
+        y, v_max, small_s, by_columns = self.y, self.v_max, self.small_s, self.by_columns
+        v_max[()] = 0.0
+        matmul, add, minimum, maximum, amax = np.matmul, np.add, np.minimum, np.maximum, np.maximum.reduce
+        for mn_h, v_next, w_h, r_h, q_h, v_h, q_a in self.steps:
+            matmul(mn_h, v_next, out=y)                  # m V_{h+1} / n
+            add(y, w_h, out=y)
+            minimum(y, v_max, out=y)                     # min(max V_{h+1}, m V / n + (H - h) phi)
+            add(r_h, y, out=q_h)                         # Q_h
+            if by_columns:                               # V_h = max_a Q_h (exact either way)
+                maximum(q_a[0], q_a[-1], out=v_h)
+                for c in q_a[1:-1]:
+                    maximum(v_h, c, out=v_h)
+            else:
+                amax(q_a, -1, out=v_h)
+            if small_s:                                  # max_s V_h
+                v_max[()] = max(v_h.tolist())
+            else:
+                amax(v_h, out=v_max)
+        return self.Q
 
 
 def _backward(xp, m, inv_n, bonus, r, *, mode: str, cap: float = 0.0):

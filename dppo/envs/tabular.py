@@ -227,22 +227,34 @@ class TabularMDP:
     def policy_value_batch(self, policies: torch.Tensor, chunk_elems: int = 1 << 22) -> torch.Tensor:
         """rho^pi of many deterministic policies ``[K, H, S]`` at once (backward induction batched over K).
 
+        Each distinct policy is evaluated once (a greedy learner repeats its policy a lot); ``V^pi_0``
+        of every policy is then weighted by ``p0`` in chunks of ``chunk_elems / S^2`` policies, the same
+        matrix-vector products as evaluating every policy, so the values do not depend on the repeats
+        (a BLAS product's rounding can depend on the row's position in the matrix).
+
         Returns:
             [K] float64 expected returns in [0, 1] reward units.
         """
         pis = torch.as_tensor(policies, dtype=torch.long)
         K = pis.shape[0]
+        if K == 0:
+            return torch.zeros(0, dtype=torch.float64)
         step = max(1, chunk_elems // (self.S * self.S))
+        flat = np.ascontiguousarray(pis.reshape(K, -1).numpy())
+        rows_as_bytes = flat.view(np.dtype((np.void, flat.dtype.itemsize * flat.shape[1]))).ravel()
+        _, first, inverse = np.unique(rows_as_bytes, return_index=True, return_inverse=True)
+        distinct = pis[torch.from_numpy(first)]
         rows = torch.arange(self.S)
-        out = []
-        for k0 in range(0, K, step):
-            pi = pis[k0:k0 + step]
+        v0 = []
+        for k0 in range(0, distinct.shape[0], step):
+            pi = distinct[k0:k0 + step]
             V = torch.zeros(pi.shape[0], self.S, dtype=torch.float64)
             for h in reversed(range(self.H)):
                 a = pi[:, h, :]                                   # [k, S]
                 V = self.R[rows, a] + (self.P[rows, a] @ V.unsqueeze(-1)).squeeze(-1)
-            out.append(V @ self.p0)
-        return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
+            v0.append(V)
+        V0 = torch.cat(v0)[torch.from_numpy(inverse.reshape(-1))]          # V^pi_0 of every policy [K, S]
+        return torch.cat([V0[k0:k0 + step] @ self.p0 for k0 in range(0, K, step)])
 
     def to_native_return(self, ret):
         """Map an H-step return in [0, 1] reward units back to the env's native reward units."""

@@ -76,6 +76,16 @@ def tree_error_bound(eps_stream: float, capacity: int, beta: float, *, streams: 
     return laplace_sum_bound(L, b, beta / (streams * capacity))
 
 
+class _PendingNoise:
+    """Pre-drawn node noise of a ``TreeCounter`` (``chunk`` rows, next row ``pos``) and the number of
+    steps ``reserve`` announced that are not taken yet."""
+
+    __slots__ = ("chunk", "pos", "planned")
+
+    def __init__(self):
+        self.chunk, self.pos, self.planned = None, 0, 0
+
+
 class TreeCounter(torch.nn.Module):
     """Binary-tree continual counters for ``num_streams`` streams at once (state in buffers).
 
@@ -114,9 +124,9 @@ class TreeCounter(torch.nn.Module):
             self.register_buffer("noisy_counts", torch.zeros(n, dtype=torch.float64))
             self.register_buffer("level_noise", torch.zeros(self.levels, n, dtype=torch.float64))
             self.register_buffer("noise_total", torch.zeros(n, dtype=torch.float64))
-        self._chunk = None          # pre-drawn noise for the next steps, consumed row by row
-        self._chunk_pos = 0
-        self._planned = 0           # steps announced by reserve() and not yet taken
+        # pre-drawn noise for the next steps, consumed row by row, and the steps announced by reserve()
+        # and not yet taken; a plain object, since torch.nn.Module.__setattr__ is slow on every step
+        self._pending = _PendingNoise()
 
     @property
     def private(self) -> bool:
@@ -135,8 +145,16 @@ class TreeCounter(torch.nn.Module):
             return self.counts
         if self.snap_grid is None:
             return self.noisy_counts
-        g = self.snap_grid
-        return torch.clamp(torch.round(self.noisy_counts / g) * g, -self.clamp_bound, self.clamp_bound)
+        g, bound = self.snap_grid, self.clamp_bound
+        views = self._numpy_views()
+        if views is not None:       # the same operations in NumPy (round half to even, as torch.round)
+            out = np.divide(views["noisy_counts"], g)
+            np.round(out, out=out)
+            np.multiply(out, g, out=out)
+            np.maximum(out, -bound, out=out)
+            np.minimum(out, bound, out=out)
+            return torch.from_numpy(out)
+        return torch.clamp(torch.round(self.noisy_counts / g) * g, -bound, bound)
 
     def error_bound(self, beta: float, uniform: bool = True) -> float:
         """Error bound holding w.p. ``1 - beta``: for one (stream, t) pair, or (``uniform``) for all
@@ -155,8 +173,9 @@ class TreeCounter(torch.nn.Module):
         Call it at a round boundary with the round's number of steps: the chunk is then used up by
         the round's end, so checkpoints taken between rounds hold no pre-drawn noise.
         """
-        self._planned = int(steps)
-        self._chunk, self._chunk_pos = None, 0
+        pending = self._pending
+        pending.planned = int(steps)
+        pending.chunk, pending.pos = None, 0
         if self.private:
             self.noise_total.copy_(self._exact_noise_total())
 
@@ -170,24 +189,24 @@ class TreeCounter(torch.nn.Module):
     def _numpy_views(self) -> dict | None:
         """NumPy views of the buffers on CPU (same memory; NumPy's per-call overhead is ~5x lower than
         torch's on these small per-step updates), rebuilt whenever a buffer was replaced; None off CPU."""
-        if self.counts.device.type != "cpu":
-            return None
-        bufs = dict(self.named_buffers(recurse=False))
-        key = tuple(b.data_ptr() for b in bufs.values())
-        if getattr(self, "_views_key", None) != key:
+        bufs = self._buffers
+        key = tuple([b.data_ptr() for b in bufs.values()])
+        if self.__dict__.get("_views_key") != key:
+            if self.counts.device.type != "cpu":
+                return None
             self._views = {k: b.numpy() for k, b in bufs.items()}
             self._views_key = key
         return self._views
 
     def _next_noise(self):
-        if self._chunk is None or self._chunk_pos >= self._chunk.shape[0]:
-            rows = max(1, min(self._planned, self.max_chunk // max(1, self.num_streams)))
-            self._chunk = self.noise.laplace((rows, self.num_streams), self.scale).to(self.counts.device)
-            if self.counts.device.type == "cpu":
-                self._chunk = self._chunk.numpy()
-            self._chunk_pos = 0
-        z = self._chunk[self._chunk_pos]
-        self._chunk_pos += 1
+        pending = self._pending
+        if pending.chunk is None or pending.pos >= pending.chunk.shape[0]:
+            rows = max(1, min(pending.planned, self.max_chunk // max(1, self.num_streams)))
+            chunk = self.noise.laplace((rows, self.num_streams), self.scale).to(self.counts.device)
+            pending.chunk = chunk.numpy() if self.counts.device.type == "cpu" else chunk
+            pending.pos = 0
+        z = pending.chunk[pending.pos]
+        pending.pos += 1
         return z
 
     def step(self, index, values=None) -> None:
@@ -202,7 +221,9 @@ class TreeCounter(torch.nn.Module):
             PrivacyError: more than ``capacity`` steps (the noise was calibrated for ``T`` steps) or a
                 stream repeated within the step (its increment could exceed ``Delta``).
         """
-        t = int(self.t) + 1
+        views = self._numpy_views()
+        cpu = views is not None
+        t = (int(views["t"]) if cpu else int(self.t)) + 1
         if t > self.capacity:
             raise PrivacyError(f"the tree counter was built for {self.capacity} steps; step {t} would break "
                                f"its privacy calibration")
@@ -216,14 +237,13 @@ class TreeCounter(torch.nn.Module):
         else:
             vals = values.tolist() if isinstance(values, torch.Tensor) else values
             vals = np.minimum(np.maximum(np.asarray(vals, dtype=np.float64), 0.0), cap)   # clip to [0, Delta]
-        views = self._numpy_views()
-        cpu = views is not None
         if cpu:
             views["counts"][np.asarray(idx, dtype=np.int64)] += vals
+            views["t"][()] = t
         else:
             self.counts.index_add_(0, torch.tensor(idx, device=self.counts.device),
                                    torch.tensor(vals, dtype=torch.float64, device=self.counts.device))
-        self.t.fill_(t)
+            self.t.fill_(t)
         if not self.private:
             return
         i = (t & -t).bit_length() - 1          # level of the node closing at t (lowest set bit)
@@ -243,4 +263,4 @@ class TreeCounter(torch.nn.Module):
             self.level_noise[i].copy_(z)
             self.noise_total.add_(z)
             torch.add(self.counts, self.noise_total, out=self.noisy_counts)
-        self._planned = max(0, self._planned - 1)
+        self._pending.planned = max(0, self._pending.planned - 1)

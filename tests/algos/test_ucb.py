@@ -119,6 +119,88 @@ def test_numpy_and_torch_backward_induction_agree():
         np.testing.assert_allclose(qt.numpy(), qn, rtol=1e-13)
 
 
+def _reference_ubev_q(l, n, m, S, A, H, delta):
+    """UBEV's plan exactly as the generic (vectorized, un-cached) code computes it."""
+    nn = np.where(n > 0, n, 1.0)
+    lnln = np.log(np.log(np.where(n > math.e, n, math.e)))
+    phi = np.sqrt((2 * lnln + math.log(18 * S * A * H / delta)) / nn)
+    phi = np.where(n > 0, phi, 1e30)
+    r_part = np.minimum(l / nn + phi, 1.0)
+    width = np.arange(H - 1, -1, -1, dtype=np.float64).reshape(H, 1, 1) * phi
+    return _backward(np, m, 1.0 / nn, width, r_part, mode="ubev")
+
+
+@pytest.mark.parametrize("S,A,H", [(6, 2, 20), (4, 3, 5), (3, 1, 4), (5, 6, 3), (70, 2, 3)])
+def test_ubev_fast_plan_is_bit_identical_to_the_generic_induction(S, A, H):
+    """The CPU planner (count-indexed phi table, preallocated buffers) gives the same floats as the
+    generic code, including counts far beyond the table's first size (it grows) and n = 0."""
+    mdp = random_mdp(S=S, A=A, H=H, seed=3)
+    ubev = UBEV(mdp, privacy=_ctx(None), seed=0, episodes=10, episodes_per_round=10)
+    g = torch.Generator().manual_seed(S * 100 + A)
+    for scale in (3, 40, 300_000):          # small counts, then counts that force the table to grow
+        m = torch.randint(0, scale, (H, S, A, S), generator=g).double()
+        m[torch.rand(H, S, A, generator=g) < 0.3] = 0.0         # unvisited pairs
+        n = m.sum(-1)
+        l = torch.floor(torch.rand(H, S, A, generator=g, dtype=torch.float64) * (n + 1))
+        k = H * S * A
+        ubev.stats.counts.copy_(torch.cat([l.reshape(-1), n.reshape(-1), m.reshape(-1)]))
+        ref = _reference_ubev_q(l.numpy(), n.numpy(), m.numpy(), S, A, H, 0.05)
+        assert (n == 0).any() and (scale < 300_000 or n.max() > 4096)   # n = 0 and a grown table
+        np.testing.assert_array_equal(ubev.q_values(), ref)
+        np.testing.assert_array_equal(ubev.q_values(), ref)        # again: buffers reused, same result
+
+
+@pytest.mark.parametrize("algo", ["ubev", "pucb"])
+def test_torch_planning_path_runs_the_same_episodes(algo, monkeypatch):
+    """The tensor path (used off CPU) forced on CPU: same policies, hence the same regret."""
+    def make():
+        cls = UBEV if algo == "ubev" else PUCB
+        return cls(riverswim(5), privacy=_ctx(None), seed=2, episodes=300, episodes_per_round=100)   # PUCB: gates open
+
+    a, b = make(), make()
+    monkeypatch.setattr(b, "_xp", lambda: torch)
+    monkeypatch.setattr(b, "_view", lambda t: t)
+    ra, rb = _run(a, 3), _run(b, 3)
+    assert isinstance(b.q_values(), torch.Tensor) and isinstance(a.q_values(), np.ndarray)
+    np.testing.assert_allclose(b.q_values().numpy(), a.q_values(), rtol=1e-12, atol=1e-12)
+    assert [r["regret/cumulative"] for r in rb] == pytest.approx([r["regret/cumulative"] for r in ra], rel=1e-12)
+
+
+def test_ubev_phi_table_equals_the_formula_for_every_count():
+    ubev = UBEV(riverswim(20), privacy=_ctx(None), seed=0, episodes=10)
+    ubev.q_values()
+    planner = ubev._planner
+    planner.n.fill(70_000.0)
+    ubev.q_values()                                               # grows the table past 70,000
+    counts = np.arange(planner.table.size, dtype=np.float64)
+    for chunk in np.array_split(counts, 997):                     # formula on small arrays, as in a plan
+        nn = np.where(chunk > 0, chunk, 1.0)
+        direct = np.sqrt((2 * np.log(np.log(np.where(chunk > math.e, chunk, math.e))) + planner.log_term) / nn)
+        direct = np.where(chunk > 0, direct, 1e30)
+        np.testing.assert_array_equal(planner.table[chunk.astype(np.intp)], direct)
+    planner.n.fill(0.0)
+
+
+def test_pucb_released_counts_equal_the_torch_snapping_formula():
+    pucb = PUCB(riverswim(5), privacy=_ctx(2.0), seed=0, episodes=500, episodes_per_round=250)
+    pucb.train_round(0)
+    st = pucb.stats
+    g, b = st.snap_grid, st.clamp_bound
+    assert torch.equal(st.released, torch.clamp(torch.round(st.noisy_counts / g) * g, -b, b))
+
+
+@pytest.mark.parametrize("algo,eps,expected", [("ubev", None, 3352.501763466624),
+                                               ("pucb", 1.0, 3353.342905215252)])
+def test_riverswim_regret_reproduces_the_reference_grid(algo, eps, expected):
+    """Seed 0, T = 1000 cells of runs/reference/tabular.md (scripts/reproduce_tabular.py's run_one):
+    speed work must not change a single decision."""
+    common = dict(privacy=_ctx(eps), sampler=OnePassUserSampler(1000, seed=0), seed=0, episodes=1000,
+                  episodes_per_round=1000)
+    learner = UBEV(riverswim(20), **common) if algo == "ubev" else PUCB(riverswim(20), **common)
+    learner.train_round(0)
+    assert float(torch.cumsum(learner.episode_regret, 0)[-1]) == pytest.approx(expected, rel=1e-12)
+
+
 def test_pucb_ledger_and_noise_scale_follow_the_privacy_derivation():
     H, T, eps = 20, 2000, 1.0
     ctx = _ctx(eps)

@@ -130,3 +130,20 @@ def test_batched_policy_values_match_one_by_one():
     pis = torch.randint(0, 3, (6, 5, 4), generator=torch.Generator().manual_seed(1))
     batch = mdp.policy_value_batch(pis, chunk_elems=40)
     assert torch.allclose(batch, torch.tensor([mdp.policy_value(p) for p in pis], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("S,chunk", [(5, 1 << 22), (5, 200), (12, 1 << 22)])
+def test_batched_policy_values_with_repeats_equal_the_values_without(S, chunk):
+    """Repeated policies are evaluated once; the values are bit-identical to evaluating every policy
+    (checked against the product V^pi_0 @ p0 done on the whole batch, chunk by chunk)."""
+    mdp = random_mdp(S=S, A=3, H=6, seed=1)
+    g = torch.Generator().manual_seed(0)
+    base = torch.randint(0, 3, (7, 6, S), generator=g)
+    pols = base[torch.randint(0, 7, (301,), generator=g)]           # many repeats, in any order
+    rows, step = torch.arange(S), max(1, chunk // (S * S))
+    V = torch.zeros(301, S, dtype=torch.float64)
+    for h in reversed(range(6)):
+        a = pols[:, h, :]
+        V = mdp.R[rows, a] + (mdp.P[rows, a] @ V.unsqueeze(-1)).squeeze(-1)
+    expected = torch.cat([V[k0:k0 + step] @ mdp.p0 for k0 in range(0, 301, step)])
+    assert torch.equal(mdp.policy_value_batch(pols, chunk_elems=chunk), expected)
