@@ -20,6 +20,8 @@ class GymEnvFactory:
         self.kwargs = dict(kwargs or {})
         try:
             spec = gym.spec(self.id)
+        except gym.error.DeprecatedEnv as err:   # e.g. Taxi-v3: gymnasium names the replacement version
+            raise ConfigError(f"env.id '{self.id}' is deprecated in gymnasium {gym.__version__}: {err}") from None
         except Exception:  # noqa: BLE001 - gymnasium raises several error types for unknown ids
             raise ConfigError(f"unknown env.id '{self.id}': not a registered gymnasium environment "
                               f"(e.g. CartPole-v1, Acrobot-v1, FrozenLake-v1)") from None

@@ -132,6 +132,30 @@ def test_batched_policy_values_match_one_by_one():
     assert torch.allclose(batch, torch.tensor([mdp.policy_value(p) for p in pis], dtype=torch.float64))
 
 
+def test_taxi_v3_is_refused_with_gymnasiums_replacement_named():
+    """gymnasium 1.4 deprecates Taxi-v3 ("Please use `Taxi-v4` instead") without saying the dynamics are
+    identical (v4 changed the rainy / fickle variants), so dppo does not substitute it silently."""
+    from dppo.envs.gym_env import GymEnvFactory
+
+    with pytest.raises(ConfigError, match="Taxi-v4"):
+        GymEnvFactory("Taxi-v3", horizon=5)
+
+
+def test_cli_taxi_v3_is_a_one_line_error_with_exit_code_2(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cmd = [sys.executable, "train.py", "algo=ubev", "env.id=Taxi-v3", "env.horizon=5", "episodes=20",
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dppo: error:") and "Taxi-v4" in lines[0]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("S,chunk", [(5, 1 << 22), (5, 200), (12, 1 << 22)])
 def test_batched_policy_values_with_repeats_equal_the_values_without(S, chunk):
     """Repeated policies are evaluated once; the values are bit-identical to evaluating every policy
