@@ -370,11 +370,11 @@ def test_stopped_and_resumed_run_ends_with_the_same_ledger_and_regret(tmp_path):
 @pytest.mark.slow
 def test_plateau_ordering_unbatched_batched_eps8_eps5_on_easy():
     """The paper's ordering on 5 seeds, and every private run ends at zero regret (the curve flattens)."""
-    def mean_cum(eps, batch_size, comp="advanced"):
+    def mean_cum(eps, batch_size, comp="advanced", **kw):
         total, last = 0.0, []
         for seed in range(5):
             learner, _ = outcome_learner("easy", eps=eps, composition=comp, seed=seed, episodes=500,
-                                         batch_size=batch_size)
+                                         batch_size=batch_size, **kw)
             run(learner)
             total += sum(learner.regret)
             last.append(learner.regret[-1])
@@ -383,4 +383,8 @@ def test_plateau_ordering_unbatched_batched_eps8_eps5_on_easy():
     rows = [mean_cum(None, 1), mean_cum(None, None), mean_cum(8.0, None), mean_cum(5.0, None)]
     assert all(a[0] <= b[0] for a, b in zip(rows, rows[1:]))
     assert all(last == 0.0 for _, last in rows)
-    assert mean_cum(5.0, None, "zcdp")[0] < rows[3][0]
+    # zCDP allows a larger beta (1.19x at 8 releases); on 5 seeds the samples may coincide, never worsen
+    assert outcome_learner(eps=5.0, composition="zcdp")[0].beta > outcome_learner(eps=5.0)[0].beta
+    assert mean_cum(5.0, None, "zcdp")[0] <= rows[3][0]
+    front = mean_cum(5.0, None, budget_decay=1.0)
+    assert front[0] < rows[3][0] and front[1] == 0.0
