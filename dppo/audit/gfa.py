@@ -15,7 +15,9 @@ log P_D(f) / P_D'(f) = beta u(f) - const, thresholding u(released f) is the like
 
 DESIGN was found by a greedy search (``search_design``) maximizing the exact power of that test
 (softmax probabilities of the learner's own scores) for beta doubled at eps = 1, for ContextBits
-``easy`` with the default class (class_seed 0); it is a choice of inputs, not a result.
+``easy`` with the then-default class (scales 0.75/1/1.25, class_seed 0); it is a choice of inputs, not a
+result. On the current default class (scales 0.5/0.75/1, Delta_S = 1, eta = 50) it still reaches
+max u - min u = 2 Delta_S, and beta doubled is still caught (tests/audit).
 Claimed eps: the eps_0 of the release's ledger entry (the accountant composes these).
 """
 from __future__ import annotations
