@@ -66,7 +66,7 @@ class UserRegression:
 
     def per_user_grads(self, w: torch.Tensor) -> torch.Tensor:
         """(users, d) gradients grad L_i(w) = (2/n_i) X_i^T (X_i w - y_i); (..., users, d) for w (..., d)."""
-        if w.dim() > 1:
+        if w.dim() > 1:   # stacked iterates (audit trials); the 1-D path below is the learners', unchanged
             resid = self.weight * (w @ self.X.T - self.y)                     # (..., rows)
             out = torch.zeros(*w.shape[:-1], self.users, self.dim, dtype=self.X.dtype)
             return out.index_add_(-2, self.user, 2.0 * resid[..., None] * self.X)

@@ -167,7 +167,7 @@ def psd_ridge_solve(S: torch.Tensor, b: torch.Tensor, ridge: float, floor: float
     evals = evals.clamp_min(floor) + ridge
     if float(evals.min()) <= 0:
         evals = evals.clamp_min(1e-12)
-    if S.dim() == 2 and b.dim() == 1:
+    if S.dim() == 2 and b.dim() == 1:   # the learners' path, kept as it was so reference runs stay bit-exact
         return evecs @ ((evecs.T @ b) / evals)
     coef = (b.unsqueeze(-2) @ evecs).squeeze(-2) / evals
     return (evecs @ coef.unsqueeze(-1)).squeeze(-1)
