@@ -231,6 +231,10 @@ class NaturalPolicyGradient(Learner):
         if step_decay < 0:
             raise ConfigError(f"algo.step_decay must be >= 0, got {step_decay}")
         self.step_decay = float(step_decay)
+        if fisher_states and getattr(policy, "continuous", False):
+            raise ConfigError("algo.fisher_states (a public Fisher matrix) needs a Discrete-action policy; for a "
+                              "continuous policy set algo.fisher_states=null (step=kl then uses ssp's released Fisher "
+                              "when private) or algo.step=norm|fixed")
         self.reference_obs = public_states(fisher_states) if fisher_states else None
         obs_shape = tuple(getattr(getattr(env, "observation_space", None), "shape", ()) or ())
         if self.reference_obs is not None and obs_shape and tuple(self.reference_obs.shape[1:]) != obs_shape:
@@ -272,7 +276,8 @@ class NaturalPolicyGradient(Learner):
         self.space.step(update)
         return {"rollout/return": float(returns.mean()),
                 "rollout/episode_length": float(lengths.double().mean()),
-                "rollout/users": len(users), "privacy/reward_clip_fraction": batch.reward_clip_fraction,
+                "rollout/users": len(users), "rollout/episodes": len(lengths), "diag/env_steps": int(lengths.sum()),
+                "privacy/reward_clip_fraction": batch.reward_clip_fraction,
                 "losses/w_norm": float(w.norm()), "losses/step_norm": float(update.norm())}
 
     def paired_rows(self, first, second) -> tuple[torch.Tensor, list]:

@@ -104,7 +104,8 @@ class PolicyGradient(Learner):
         direction, stats = self.update_direction(batch, A, round_idx, len(users))
         self.apply(direction)
         return {"rollout/return": float(batch.returns.mean()), "rollout/episode_length": float(batch.lengths.double().mean()),
-                "rollout/users": len(users), "privacy/reward_clip_fraction": batch.reward_clip_fraction,
+                "rollout/users": len(users), "rollout/episodes": len(users), "diag/env_steps": int(batch.mask.sum()),
+                "privacy/reward_clip_fraction": batch.reward_clip_fraction,
                 "losses/grad_norm": float(direction.norm()), **stats}
 
     def update_direction(self, batch, A, round_idx: int, m: int) -> tuple[torch.Tensor, dict]:

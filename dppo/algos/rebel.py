@@ -80,7 +80,7 @@ class REBEL(NaturalPolicyGradient):
         returns = torch.cat([first.returns, second.returns])
         lengths = torch.cat([first.lengths, second.lengths]).double()
         return {"rollout/return": float(returns.mean()), "rollout/episode_length": float(lengths.mean()),
-                "rollout/users": len(users),
+                "rollout/users": len(users), "rollout/episodes": len(lengths), "diag/env_steps": int(lengths.sum()),
                 "privacy/reward_clip_fraction": (first.reward_clip_fraction + second.reward_clip_fraction) / 2,
                 "losses/reward_gap": float((first.returns - second.returns).abs().mean()),
                 "losses/w_norm": float(w.norm()), "losses/step_norm": float(update.norm())}

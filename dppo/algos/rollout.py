@@ -12,7 +12,8 @@ from dppo.errors import DataError
 
 @dataclass
 class UserEpisodes:
-    """Padded episodes of m users: ``obs[m, T, ...]``, ``actions[m, T]``, ``rewards[m, T]`` (clipped),
+    """Padded episodes of m users: ``obs[m, T, ...]``, ``actions[m, T]`` (long; ``[m, T, d]`` float for Box
+    actions: the policy's pre-squash samples), ``rewards[m, T]`` (clipped),
     ``mask[m, T]`` (True on real steps), ``returns[m]`` (sum of clipped rewards), ``reward_clip_fraction``."""
 
     obs: torch.Tensor
@@ -58,11 +59,12 @@ def collect_episodes(policy, env_factory, reset_seeds: list[int], *, reward_boun
             if not np.all(np.isfinite(batch)):
                 raise DataError("the environment returned a NaN/inf observation; this round's data is discarded")
             actions, _ = policy.sample(torch.as_tensor(batch), greedy=greedy, generator=generator)
+            env_actions = _env_actions(policy, actions)
             still = []
             for j, i in enumerate(active):
-                a = int(actions[j])
+                a = env_actions[j]
                 nxt, r, term, trunc, _ = envs[i].step(a)
-                obs_list[i].append(cur[i]); act_list[i].append(a); rew_list[i].append(float(r))
+                obs_list[i].append(cur[i]); act_list[i].append(_stored(actions[j])); rew_list[i].append(float(r))
                 cur[i] = np.asarray(nxt, dtype=np.float32)
                 if not (term or trunc):
                     still.append(i)
@@ -86,18 +88,38 @@ def _pad(obs_list, act_list, rew_list, n_clipped) -> UserEpisodes:
     T = max(1, max(len(a) for a in act_list))
     obs_shape = np.asarray(obs_list[0][0]).reshape(-1).shape
     obs = torch.zeros((m, T) + obs_shape)
-    actions = torch.zeros(m, T, dtype=torch.long)
+    first = next((a[0] for a in act_list if a), 0)
+    if isinstance(first, int):
+        actions = torch.zeros(m, T, dtype=torch.long)
+    else:  # continuous actions: (m, T, d) float
+        actions = torch.zeros((m, T) + tuple(np.shape(first)), dtype=torch.float32)
     rewards = torch.zeros(m, T, dtype=torch.float64)
     mask = torch.zeros(m, T, dtype=torch.bool)
     for i in range(m):
         n = len(act_list[i])
         if n:
             obs[i, :n] = torch.as_tensor(np.stack(obs_list[i])).reshape(n, -1)
-            actions[i, :n] = torch.as_tensor(act_list[i])
+            actions[i, :n] = torch.as_tensor(np.stack(act_list[i]) if not isinstance(first, int) else act_list[i])
             rewards[i, :n] = torch.as_tensor(rew_list[i], dtype=torch.float64)
             mask[i, :n] = True
     steps = int(mask.sum())
     return UserEpisodes(obs, actions, rewards, mask, rewards.sum(1), n_clipped / max(steps, 1))
+
+
+# ---- continuous actions (Box): minimal support in this rollout, to move into the shared rollout core ----
+def _env_actions(policy, actions: torch.Tensor) -> list:
+    """What each env receives: ints for Discrete policies; for continuous ones (``policy.env_action``) float32
+    vectors squashed or clipped to the Box. The learner keeps the pre-squash samples (``_stored``)."""
+    if actions.is_floating_point() and (hasattr(policy, "env_action") or getattr(policy, "continuous", False)):
+        if not hasattr(policy, "env_action"):
+            return list(actions.detach().cpu().numpy().astype(np.float32))
+        return list(policy.env_action(actions).detach().cpu().numpy().astype(np.float32))
+    return [int(a) for a in actions]
+
+
+def _stored(action: torch.Tensor):
+    return action.detach().cpu().numpy().astype(np.float32) if action.is_floating_point() else int(action)
+# ---- end of continuous-action support -----------------------------------------------------------------
 
 
 def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
