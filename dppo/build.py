@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from dppo.config import to_container, validate
 from dppo.data import OnePassUserSampler, PoissonUserSampler
 from dppo.errors import ConfigError
+from dppo.policies.check import check_env, check_policy
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
 from dppo.training.logger import make_logger
@@ -145,7 +146,8 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         check_writable(run_dir)
     seed_everything(cfg.seed)
     cls = learner_class(cfg)
-    env = env if env is not None else build_env(cfg)
+    env_given = env is not None
+    env = env if env_given else build_env(cfg)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
     sampler = sampler if sampler is not None else build_sampler(cfg)
     if not getattr(sampler, "multi_pass", False):
@@ -157,15 +159,36 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         sig = inspect.signature(cls.__init__).parameters
         objects = {"env": env, "privacy": privacy, "sampler": sampler, "logger": logger}
         if "policy" in sig:
+            if env_given:
+                check_env(env)
             objects["policy"] = policy if policy is not None else build_policy(cfg, env)
+            if objects["policy"] is not None:
+                check_policy(objects["policy"], env)  # before any user is drawn
         learner = build_learner(cfg, cls, objects)
     cb = [instantiate(spec) for spec in (to_container(cfg.callbacks) or {}).values()] + list(callbacks)
     meta = {"algo": _algo_name(cfg), "env_id": getattr(env, "id", type(env).__name__), "seed": cfg.seed}
+    hparams = resolved_hparams(cfg, privacy, learner)
     trainer = Trainer(learner, privacy, logger, sampler=sampler, callbacks=cb, run_dir=run_dir,
                       checkpoint_every=cfg.checkpoint_every, eval_episodes=cfg.eval_episodes,
-                      eval_greedy=cfg.eval.greedy, progress=cfg.progress, meta=meta, fingerprint=fingerprint(cfg))
-    logger.log_hparams(_flat(to_container(cfg)))
+                      eval_greedy=cfg.eval.greedy, progress=cfg.progress, meta=meta, fingerprint=fingerprint(cfg),
+                      eval_every=cfg.eval_every, hparams=hparams)
+    logger.log_hparams(hparams)  # remembered only; written with the final metrics at the end of the session
     return trainer
+
+
+def resolved_hparams(cfg, privacy, learner) -> dict:
+    """The run's hyper-parameters as they were used: the accountant and oracle actually built (not null
+    defaults), eps = null for a non-private run, the algorithm's name; flattened ``a.b`` keys."""
+    hp = _flat(to_container(cfg))
+    hp.pop("resume", None)
+    hp["algo"] = _algo_name(cfg)
+    hp["eps"] = privacy.eps
+    hp["private"] = bool(privacy.private)
+    hp["privacy.accountant"] = privacy.accountant.name
+    oracle = getattr(learner, "oracle", None)
+    if oracle is not None and hasattr(oracle, "name"):
+        hp["oracle"] = oracle.name
+    return hp
 
 
 def _algo_name(cfg) -> str:

@@ -33,6 +33,12 @@ class LoggerConfig:
     csv: bool = True
     console: bool = False
     console_every: int = 10
+    diagnostics: bool = True  # false: drop diag/* keys and log against cumulative episodes, not env steps
+    wandb: bool = False  # also log to Weights & Biases (logger=wandb; needs the wandb package)
+    wandb_project: str = "dppo"
+    wandb_mode: Optional[str] = None  # online | offline | disabled (null: W&B's own default)
+    wandb_entity: Optional[str] = None
+    wandb_group: Optional[str] = None
 
 
 @dataclass
@@ -62,6 +68,7 @@ class TrainConfig:
     batch_size: Optional[int] = None  # GFA: episodes per policy update (null = paper's rule)
     oracle: Optional[str] = None  # NPG/REBEL: private least-squares oracle (null = the algo's default)
     eval_episodes: int = 20
+    eval_every: Optional[int] = None  # also log eval/return every this many rounds (null: at the end only)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint_every: int = 10
     progress: bool = True
@@ -106,6 +113,8 @@ def validate(cfg) -> None:
         raise ConfigError(f"batch_size must be >= 1, got {cfg.batch_size}")
     if cfg.eval_episodes < 0 or cfg.checkpoint_every < 1:
         raise ConfigError("eval_episodes must be >= 0 and checkpoint_every >= 1")
+    if cfg.eval_every is not None and cfg.eval_every < 1:
+        raise ConfigError(f"eval_every must be >= 1 (or null: evaluate at the end only), got {cfg.eval_every}")
     p = cfg.privacy
     if p.max_epsilon is not None and not p.max_epsilon > 0:
         raise ConfigError(f"privacy.max_epsilon must be > 0, got {p.max_epsilon}")

@@ -6,10 +6,11 @@ import os
 import time
 
 from dppo.errors import BudgetExhausted, DataError, DPPOError
-from dppo.training.callbacks import Callback, CallbackList, LoggingCallback, ProgressBarCallback
+from dppo.training.callbacks import Callback, CallbackList, EvalCallback, LoggingCallback, ProgressBarCallback
 from dppo.training.checkpoint import (atomic_write_json, check_fingerprint, load_latest_checkpoint, rng_state,
                                       save_checkpoint, set_rng_state)
 from dppo.training.runlock import RunLock
+from dppo.training.steps import StepCounter
 
 
 class CheckpointCallback(Callback):
@@ -29,13 +30,16 @@ class Trainer:
 
     def __init__(self, learner, privacy, logger, *, sampler=None, callbacks=(), run_dir: str | None = None,
                  checkpoint_every: int = 10, eval_episodes: int = 20, eval_greedy: bool = False,
-                 progress: bool = True, meta: dict | None = None, fingerprint: str = ""):
+                 progress: bool = True, meta: dict | None = None, fingerprint: str = "", eval_every: int | None = None,
+                 hparams: dict | None = None):
         self.learner, self.privacy, self.logger, self.sampler = learner, privacy, logger, sampler
         self.run_dir = run_dir
         self.eval_episodes, self.eval_greedy = int(eval_episodes), bool(eval_greedy)
         self.meta = dict(meta or {})
         self.fingerprint = fingerprint
-        builtin = [LoggingCallback(), ProgressBarCallback(progress)]
+        self.hparams = dict(hparams or {})  # resolved hyper-parameters (TensorBoard HParams, W&B config)
+        self.steps = StepCounter()  # the logging axis global_step (env steps, or episodes without diagnostics)
+        builtin = [EvalCallback(eval_every, eval_episodes, eval_greedy), LoggingCallback(), ProgressBarCallback(progress)]
         if run_dir is not None:
             builtin.append(CheckpointCallback(checkpoint_every))
         self.callbacks = CallbackList(builtin + list(callbacks))
@@ -55,7 +59,7 @@ class Trainer:
         return {"format": "dppo-ckpt-1", "round": self.round, "fingerprint": self.fingerprint,
                 "learner": self.learner.state_dict(), "privacy": self.privacy.state_dict(),
                 "sampler": None if self.sampler is None else self.sampler.state_dict(),
-                "rng": rng_state(), "best_round_return": self.best_round_return,
+                "rng": rng_state(), "best_round_return": self.best_round_return, "steps": self.steps.state_dict(),
                 "wall_time_s": self.wall_time()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -68,6 +72,11 @@ class Trainer:
         self.round = self.start_round = int(state["round"])
         self.best_round_return = float(state["best_round_return"])
         self.wall_time_prev = float(state["wall_time_s"])
+        self.steps.load_state_dict(state.get("steps"))
+        # what an interrupted session logged after this checkpoint is redone: drop it from the logs
+        purge = getattr(self.logger, "purge_after", None)
+        if purge is not None:
+            purge(self.steps.global_step(getattr(self.logger, "diagnostics", True)))
 
     def save_checkpoint(self) -> str | None:
         if self.ckpt_dir is None:
@@ -124,6 +133,7 @@ class Trainer:
                 self.save_checkpoint()
                 raise
             self.round = r + 1
+            self.steps.update(metrics, self.learner)
             metrics.setdefault("privacy/epsilon", self.privacy.spent()[0])
             if "rollout/return" in metrics:
                 self.best_round_return = max(self.best_round_return, metrics["rollout/return"])
