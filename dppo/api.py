@@ -152,7 +152,7 @@ def load_run_config(run_dir: str, overrides: list[str] | None = None) -> DictCon
     """The saved config of a run directory (``.hydra/config.yaml``) with extra overrides applied."""
     path = os.path.join(run_dir, ".hydra", "config.yaml")
     if not os.path.isfile(path):
-        raise ConfigError(f"resume={run_dir} is not a run directory (no .hydra/config.yaml); "
+        raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml); "
                           f"pass the directory of an earlier run")
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path))

@@ -49,12 +49,16 @@ def reset_seeds(env, run_seed: int, users) -> list[int]:
     return [user_seed(run_seed, u) for u in users]
 
 
+def evaluation_seeds(env, run_seed: int, episodes: int) -> list[int]:
+    """Held-out public reset seeds: the env's own mapping if it has one, else users EVAL_USER_OFFSET + i."""
+    if hasattr(env, "eval_seeds"):
+        return list(env.eval_seeds(run_seed, episodes))
+    return [user_seed(run_seed, EVAL_USER_OFFSET + i) for i in range(episodes)]
+
+
 def evaluate_policy(policy, env, run_seed: int, episodes: int, greedy: bool = False) -> float:
     """Mean return over ``episodes`` held-out users (seeds no training user has)."""
-    if hasattr(env, "eval_seeds"):
-        seeds = env.eval_seeds(run_seed, episodes)
-    else:
-        seeds = [user_seed(run_seed, EVAL_USER_OFFSET + i) for i in range(episodes)]
+    seeds = evaluation_seeds(env, run_seed, episodes)
     gen = torch.Generator().manual_seed(run_seed + 99991)
     return float(collect_episodes(policy, env, seeds, reward_bound=None, generator=gen, greedy=greedy).returns.mean())
 
