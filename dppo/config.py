@@ -74,11 +74,21 @@ class TrainConfig:
     progress: bool = True
 
 
+def eps_tag(eps, private=True) -> str:
+    """Folder tag of a run's privacy level: ``eps5.0``, or ``nonprivate`` when eps is null or the algorithm
+    is a non-private twin (``algo=pg`` ignores the top-level eps). Used by ``hydra.sweep.subdir``."""
+    if eps is None or str(eps).lower() in ("none", "null") or str(private).lower() in ("false", "0"):
+        return "nonprivate"
+    return f"eps{eps}"
+
+
 def register_schema() -> None:
     """Register the schema as ``base_config`` so ``conf/config.yaml`` is typed and closed."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="base_config", node=TrainConfig)
+    if not OmegaConf.has_resolver("dppo_eps_tag"):
+        OmegaConf.register_new_resolver("dppo_eps_tag", eps_tag)
 
 
 def compose(overrides: list[str] | None = None):
