@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -18,6 +19,8 @@ from dppo.errors import ConfigError, DPPOError
 from dppo.training.rundir import check_fresh, write_layout
 
 GROUPS = ("algo", "env", "policy", "privacy", "logger", "callbacks")
+_PLAIN = re.compile(r"[A-Za-z_/][\w\-./:]*")  # a string Hydra reads as the same string when unquoted
+_KEYWORDS = ("true", "false", "null", "none", "inf", "nan", "yes", "no", "on", "off")
 
 
 def config_error(err: BaseException) -> ConfigError:
@@ -45,6 +48,8 @@ def render(value) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
+        if _PLAIN.fullmatch(value) and value.lower() not in _KEYWORDS:
+            return value  # as typed on the command line (so errors read the same)
         return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(render(v) for v in value) + "]"
