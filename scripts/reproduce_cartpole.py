@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
+from dppo.training.rundir import holds_run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (family, experiment, eps, paper mean final, paper std, paper best-epoch mean)
 ROWS = [
@@ -56,6 +58,8 @@ def launch(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
     args = [sys.executable, os.path.join(ROOT, "train.py"), f"+experiment={exp}", f"seed={seed}",
             f"eps={'null' if eps is None else eps}", "progress=false", "logger.tensorboard=false",
             f"hydra.run.dir={path}"]
+    if holds_run(path):  # an interrupted run: continue it (a new run may not reuse its directory)
+        args = [sys.executable, os.path.join(ROOT, "train.py"), f"resume={path}", "progress=false"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     t0 = time.perf_counter()
     res = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)

@@ -32,7 +32,7 @@ import torch
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from dppo.algos.base import Learner
-from dppo.algos.pg import EVAL_USER_OFFSET, advantages, per_user_gradients
+from dppo.algos.pg import EVAL_USER_OFFSET, advantages, per_user_gradients, shifted_rewards
 from dppo.algos.rollout import collect_episodes, returns_to_go
 from dppo.envs.gym_env import user_seed
 from dppo.errors import ConfigError, DataError
@@ -188,6 +188,8 @@ class NaturalPolicyGradient(Learner):
         advantage: ``returns`` (returns-to-go of one episode per user, shaped by baseline/normalize) or
             ``paired`` ([PO]'s A = r(x, y) - r(x, y'): two episodes per user from the same reset, the
             relative return difference as the target of every step of each).
+        reward_baseline: public per-step constant subtracted from the rewards before the returns-to-go
+            (``advantage=returns``; see ``pg.PolicyGradient``).
         head_basis: ``random`` (seeded random subspace of the head) or ``public`` (top principal
             directions of the head's inputs at the public ``fisher_states``, at initialization).
         fisher_states: ``{low, high, n, seed}``: a public box of reference states; the policy's Fisher
@@ -202,7 +204,7 @@ class NaturalPolicyGradient(Learner):
                  normalize: str = "batch", subspace: str = "full", head_dim: int | None = None, step: str = "kl",
                  lr: float = 0.05, max_kl: float = 0.01, max_step_norm: float | None = None, momentum: float = 0.0,
                  fisher_states: dict | None = None, step_decay: float = 0.0, head_basis: str = "random",
-                 advantage: str = "returns"):
+                 advantage: str = "returns", reward_baseline: float = 0.0):
         if step not in STEPS:
             raise ConfigError(f"algo.step must be one of {STEPS}, got '{step}'")
         if privacy.private:
@@ -222,6 +224,7 @@ class NaturalPolicyGradient(Learner):
         if advantage not in ("returns", "paired"):
             raise ConfigError(f"algo.advantage must be 'returns' or 'paired', got '{advantage}'")
         self.advantage = advantage
+        self.reward_baseline = float(reward_baseline)
         if head_basis not in ("random", "public"):
             raise ConfigError(f"algo.head_basis must be 'random' or 'public', got '{head_basis}'")
         if head_basis == "public" and not fisher_states:
@@ -260,7 +263,8 @@ class NaturalPolicyGradient(Learner):
             returns = torch.cat([batch.returns, second.returns])
             lengths = torch.cat([batch.lengths, second.lengths])
         else:
-            A = advantages(returns_to_go(batch.rewards, batch.mask, self.gamma), batch.mask, self.baseline,
+            A = advantages(returns_to_go(shifted_rewards(batch, self.reward_baseline), batch.mask, self.gamma),
+                           batch.mask, self.baseline,
                            self.normalize)
             phi = self.space.features(batch.obs[batch.mask], batch.actions[batch.mask])
             rows = self.user_rows(phi, A[batch.mask].double(), batch.lengths)

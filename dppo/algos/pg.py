@@ -33,6 +33,13 @@ def per_user_gradients(policy, obs, actions, weights) -> torch.Tensor:
     return torch.cat([g.reshape(obs.shape[0], -1) for g in grads.values()], dim=1)
 
 
+def shifted_rewards(batch, reward_baseline: float) -> torch.Tensor:
+    """r_t - b on real steps (b public, data-independent); the rewards themselves if b = 0."""
+    if not reward_baseline:
+        return batch.rewards
+    return batch.rewards - float(reward_baseline) * batch.mask.double()
+
+
 def advantages(G: torch.Tensor, mask: torch.Tensor, baseline: str, normalize: str) -> torch.Tensor:
     """A_t from returns-to-go. ``batch`` options mix users (non-private only); ``user`` options use one
     user's own data, so a user's clipped gradient still depends on that user alone."""
@@ -65,6 +72,9 @@ class PolicyGradient(Learner):
         lr, optimizer, momentum: step on the (noisy) mean gradient (``adam`` or ``sgd``).
         gamma: discount for returns-to-go.
         baseline, normalize: advantage shaping (``batch`` only when non-private).
+        reward_baseline: a public per-step constant b subtracted from every (clipped) reward before the
+            returns-to-go (A uses r_t - b): a baseline common to all users that depends on no data, so it
+            keeps each user's contribution its own (e.g. the middle of a known reward range).
     """
 
     name = "pg"
@@ -72,7 +82,7 @@ class PolicyGradient(Learner):
     def __init__(self, policy, env, privacy, sampler, *, seed: int = 0, rounds: int = 100,
                  max_grad_norm: float = 1.0, reward_bound: float | None = 1.0, lr: float = 0.01,
                  optimizer: str = "adam", momentum: float = 0.0, gamma: float = 0.99,
-                 baseline: str = "none", normalize: str = "none"):
+                 baseline: str = "none", normalize: str = "none", reward_baseline: float = 0.0):
         if baseline not in BASELINES or normalize not in NORMALIZE:
             raise ConfigError(f"algo.baseline must be one of {BASELINES} and algo.normalize one of {NORMALIZE}")
         if privacy.private and ("batch" in (baseline, normalize)):
@@ -84,6 +94,7 @@ class PolicyGradient(Learner):
         self.seed, self.num_rounds = int(seed), int(rounds)
         self.reward_bound = reward_bound
         self.gamma, self.baseline, self.normalize = float(gamma), baseline, normalize
+        self.reward_baseline = float(reward_baseline)
         self.optimizer = _make_optimizer(optimizer, policy.parameters(), lr, momentum)
         self.privatizer = None
         if privacy.private:
@@ -99,7 +110,7 @@ class PolicyGradient(Learner):
             return self._empty_round(round_idx)
         batch = collect_episodes(self.policy, self.env, [user_seed(self.seed, u) for u in users],
                                  reward_bound=self.reward_bound, generator=self.generator)
-        G = returns_to_go(batch.rewards, batch.mask, self.gamma)
+        G = returns_to_go(shifted_rewards(batch, self.reward_baseline), batch.mask, self.gamma)
         A = advantages(G, batch.mask, self.baseline, self.normalize)
         direction, stats = self.update_direction(batch, A, round_idx, len(users))
         self.apply(direction)
