@@ -61,7 +61,8 @@ class CallbackList(Callback):
 
 
 class LoggingCallback(Callback):
-    """Sends each round's metrics plus ``privacy/epsilon`` and ``perf/users_per_s`` to the logger."""
+    """Sends each round's metrics plus ``privacy/epsilon`` and ``perf/users_per_s`` to the logger (which
+    drops ``diag/*`` keys when ``logger.diagnostics=false``)."""
 
     def on_round_start(self, trainer, round_idx):
         self._t0 = time.perf_counter()
@@ -69,7 +70,8 @@ class LoggingCallback(Callback):
     def on_round_end(self, trainer, round_idx, metrics):
         dt = max(time.perf_counter() - getattr(self, "_t0", time.perf_counter()), 1e-9)
         users = metrics.get("rollout/users", None)
-        if users is not None and "perf/users_per_s" not in metrics:
+        # timing depends on this round's episode lengths: a diagnostic, logged only with diagnostics on
+        if users is not None and "perf/users_per_s" not in metrics and getattr(trainer.logger, "diagnostics", True):
             metrics["perf/users_per_s"] = users / dt
         trainer.logger.record_many(metrics)
         trainer.logger.dump(round_idx)
