@@ -20,7 +20,7 @@ class PrivacyConfig:
     accountant: Optional[str] = None  # null = the learner's default (parallel one-pass; rdp if multi_pass)
     multi_pass: bool = False  # users resampled (Poisson) across rounds; needs population_size
     population_size: Optional[int] = None  # finite user population for multi-pass
-    secure_rng: bool = False  # draw noise from the OS CSPRNG instead of a seeded generator
+    secure_rng: bool = True  # noise from the OS CSPRNG; false = seeded, reproducible, not private against the seed
     max_epsilon: Optional[float] = None  # stop cleanly before a release would exceed this total
     composition: str = "advanced"  # GFA only: advanced | zcdp
 
@@ -33,7 +33,8 @@ class LoggerConfig:
     csv: bool = True
     console: bool = False
     console_every: int = 10
-    diagnostics: bool = True  # false: drop diag/* keys and log against cumulative episodes, not env steps
+    diagnostics: bool = True  # log raw statistics of users' data under diag/ (switch off in deployment); false
+    # also logs against cumulative episodes instead of env steps (which reveal episode lengths)
     wandb: bool = False  # also log to Weights & Biases (logger=wandb; needs the wandb package)
     wandb_project: str = "dppo"
     wandb_mode: Optional[str] = None  # online | offline | disabled (null: W&B's own default)

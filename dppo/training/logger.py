@@ -21,6 +21,7 @@ import sys
 from dppo.errors import ConfigError
 
 STEP_COLUMN = "global_step"
+DIAG_PREFIX = "diag/"
 
 
 def hparam_value(v):
@@ -181,9 +182,13 @@ class WandbOutput(Output):
 class Logger:
     """Collects values with ``record`` and writes them all at ``dump(step)``; algorithms never create writers.
 
+    Keys under ``diag/`` are raw statistics of this round's users (not covered by the privacy guarantee);
+    with ``diagnostics=False`` they are dropped here, before any output (TensorBoard, CSV, console, the
+    progress bar) sees them.
+
     Args:
         outputs: the sinks.
-        diagnostics: keep ``diag/*`` keys (raw statistics of the round's users); false drops them.
+        diagnostics: keep ``diag/*`` keys; false drops them.
     """
 
     def __init__(self, outputs: list[Output] | None = None, diagnostics: bool = True):
@@ -193,7 +198,7 @@ class Logger:
         self.last: dict[str, float] = {}
 
     def record(self, key: str, value) -> None:
-        if not self.diagnostics and key.startswith("diag/"):
+        if not self.diagnostics and key.startswith(DIAG_PREFIX):
             return
         self.values[key] = float(value)
 
