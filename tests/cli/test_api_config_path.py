@@ -55,10 +55,16 @@ def test_a_dict_with_group_choices_and_nested_values_composes_like_overrides():
 
 def test_an_api_run_has_the_cli_layout_and_resumes_from_the_cli(tmp_path, cli):
     run = tmp_path / "run"
-    dppo.train({"algo": "dp_pg", "rounds": 2, "users_per_round": 2, "eval_episodes": 1, "progress": False,
-                "env": {"horizon": 20}, "privacy": {"secure_rng": False}}, run_dir=str(run))
+    class StopAfterOne(dppo.training.callbacks.Callback):
+        def on_round_end(self, trainer, round_idx, metrics):
+            return False
+
+    dppo.train({"algo": "dp_pg", "rounds": 3, "users_per_round": 2, "eval_episodes": 1, "progress": False,
+                "env": {"horizon": 20}, "privacy": {"secure_rng": False}}, run_dir=str(run),
+               callbacks=[StopAfterOne()])
+    assert json.load(open(run / "summary.json"))["rounds_done"] == 1
     assert (run / ".hydra" / "config.yaml").is_file() and (run / ".hydra" / "overrides.yaml").is_file()
-    proc = cli([f"resume={run}", "rounds=3"])
+    proc = cli([f"resume={run}"])
     assert proc.returncode == 0, proc.stderr
     assert json.load(open(run / "summary.json"))["rounds_done"] == 3
 

@@ -89,8 +89,17 @@ def test_a_resume_that_has_nothing_to_do_writes_no_event_file(tmp_path):
     assert _rows(tmp_path) == rows_before
 
 
+class StopAfter(dppo.training.callbacks.Callback):
+    def __init__(self, rounds):
+        self.rounds = rounds
+
+    def on_round_end(self, trainer, round_idx, metrics):
+        return round_idx + 1 < self.rounds
+
+
 def test_a_resumed_run_continues_the_step_axis(tmp_path):
-    dppo.train(TINY[:1] + ["rounds=2"] + TINY[2:], run_dir=str(tmp_path))
+    dppo.train(TINY, run_dir=str(tmp_path), callbacks=[StopAfter(2)])
+    assert len(_rows(tmp_path)) == 2
     dppo.train(TINY, run_dir=str(tmp_path), resume=True)
     steps = [int(float(r["global_step"])) for r in _rows(tmp_path)]
     assert len(steps) == 4 and steps == sorted(steps) and len(set(steps)) == 4
