@@ -94,7 +94,7 @@ def report(args) -> str:
         wall = sum(s["wall_time_s"] for s in sums) / len(sums)
         lines.append(f"| {label} | {eps} | {init[0]:.1f} +- {init[1]:.1f} | {fin[0]:.1f} +- {fin[1]:.1f} | "
                      f"{spent:.3g} | {cfg.rounds} x {cfg.users_per_round} | {len(sums)} | {wall:.0f} |")
-    lines += ["", "Command: `python scripts/reproduce_pendulum.py` (runs under " + args.out + ")."]
+    lines += ["", "Command: `python scripts/reproduce_pendulum.py` (runs under " + os.path.relpath(args.out, ROOT) + ")."]
     return "\n".join(lines) + "\n"
 
 
