@@ -47,6 +47,8 @@ def trainer_for(overrides, secure: bool, rounds: int):
     cfg = dppo.make_config([*overrides, f"privacy.secure_rng={str(secure).lower()}", f"rounds={rounds}",
                             "progress=false", "eval_episodes=0"])
     t = build(cfg, None)
+    for _ in range(3):                       # warm-up: first calls pay torch / OS start-up costs
+        t.privacy.noise.gaussian((4096,), 1.0)
     t.privacy.noise = TimedNoise(t.privacy.noise)
     return t
 
