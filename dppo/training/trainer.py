@@ -133,6 +133,7 @@ class Trainer:
         if state is None:
             return False
         self.load_state_dict(state)
+        self._resumed = True
         return True
 
     # ---- loop ------------------------------------------------------------------------------
@@ -148,6 +149,10 @@ class Trainer:
             if self.privacy.private and not self.privacy.noise.secure:
                 print(SEEDED_WARNING, file=sys.stderr, flush=True)
             if self.journal is not None:
+                if not getattr(self, "_resumed", False):
+                    # a fresh start in a directory whose earlier attempt crashed before its first checkpoint:
+                    # everything that attempt journalled is lost, and the same rule applies
+                    self.recover_journal(0)
                 self.journal.open(self.start_round)
                 self.privacy.journal = self.journal
                 if self.sampler is not None:

@@ -133,6 +133,17 @@ def test_seeded_resume_replays_the_same_users_and_refuses_a_diverging_replay(tmp
         dppo.train(args, run_dir=str(tmp_path / "b"), resume=True)
 
 
+def test_a_fresh_start_in_a_crashed_directory_burns_what_the_crash_journalled(tmp_path):
+    """A crash before the first checkpoint cannot be resumed; starting again in the same directory must
+    still not hand the crashed attempt's users to a second release."""
+    os.makedirs(tmp_path, exist_ok=True)
+    _crashed_attempt(str(tmp_path), 0, [0, 1, 2], None, incarnation=0)
+    s = dppo.train(["algo=dp_pg", *SECURE], run_dir=str(tmp_path))
+    takes = [e["users"] for e in UserJournal.read(str(tmp_path / JOURNAL_NAME)) if e["event"] == "take"]
+    assert takes[0] == [0, 1, 2] and all(not set(t) & {0, 1, 2} for t in takes[1:])
+    assert s["users_burned"] == 3 and s["users_seen"] == 12
+
+
 @pytest.mark.parametrize("change", ["rounds=5", "eps=3", "users_per_round=4", "max_grad_norm=0.5",
                                     "privacy.secure_rng=false", "privacy.max_epsilon=9", "algo.lr=0.5",
                                     "reward_bound=2", "seed=3"])
