@@ -64,6 +64,8 @@ class Trainer:
         return None if self.run_dir is None else os.path.join(self.run_dir, "checkpoints")
 
     def state_dict(self) -> dict:
+        if self.journal is not None:
+            self.journal.sync()
         return {"format": "dppo-ckpt-1", "round": self.round, "fingerprint": self.fingerprint,
                 "learner": self.learner.state_dict(), "privacy": self.privacy.state_dict(),
                 "sampler": None if self.sampler is None else self.sampler.state_dict(),
@@ -153,6 +155,7 @@ class Trainer:
                     # a fresh start in a directory whose earlier attempt crashed before its first checkpoint:
                     # everything that attempt journalled is lost, and the same rule applies
                     self.recover_journal(0)
+                self.journal.durable = self.privacy.private
                 self.journal.open(self.start_round)
                 self.privacy.journal = self.journal
                 if self.sampler is not None:
