@@ -232,3 +232,28 @@ def test_every_release_speaks_the_one_ledger_vocabulary(tmp_path, overrides):
             assert e["noise_multiplier"] == pytest.approx(e["sigma"] / e["sensitivity"], rel=1e-12)
         else:
             assert "beta" in e or "scale" in e, e          # pure DP: its scale / inverse temperature
+
+
+def test_progress_bar_shows_a_raw_return_only_with_diagnostics_and_prefers_the_public_one():
+    from types import SimpleNamespace
+
+    from dppo.training.callbacks import ProgressBarCallback
+    from dppo.training.logger import Logger
+
+    class Bar:
+        def set_postfix(self, post, refresh=False):
+            self.post = dict(post)
+
+        def update(self, n):
+            pass
+
+    def shown(diagnostics, metrics):
+        cb = ProgressBarCallback(True)
+        cb.bar = Bar()
+        cb.on_round_end(SimpleNamespace(logger=Logger(diagnostics=diagnostics)), 0, metrics)
+        return cb.bar.post
+
+    raw = {"diag/return": 17.0, "privacy/epsilon": 5.0}
+    assert shown(True, raw) == {"diag_return": "17.0", "eps": "5"}
+    assert shown(False, raw) == {"eps": "5"}
+    assert shown(False, {**raw, "eval/return": 30.0}) == {"eval_return": "30.0", "eps": "5"}
