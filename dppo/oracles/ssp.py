@@ -104,7 +104,9 @@ class SSPOracle(LeastSquaresOracle):
         self.last_release = privacy.release("ssp", round=round, users=data.users, eps=eps, delta=delta,
                                             sigma=sigma_s, sigma_moment=sigma_b, sensitivity=self.sensitivities()[0],
                                             sensitivity_moment=self.sensitivities()[1],
-                                            joint_sensitivity_sq=self.joint_sensitivity_sq(), dim=d)
+                                            noise_multiplier=sigma_s / self.sensitivities()[0],
+                                            joint_sensitivity_sq=self.joint_sensitivity_sq(), dim=d,
+                                            adjacency="replace_one")
         noise = privacy.noise.gaussian((d, d), sigma_s)  # (..., d, d): a stacked source gives many releases
         upper = torch.triu(noise, diagonal=1) / math.sqrt(2.0)
         S_noisy = S + torch.diag_embed(torch.diagonal(noise, dim1=-2, dim2=-1)) + upper + upper.mT
@@ -123,8 +125,9 @@ class SSPOracle(LeastSquaresOracle):
         sens = self.sensitivities()[1]
         sigma_b = analytic_gaussian_sigma(eps, delta, sens)
         self.last_release = privacy.release("ssp", round=round, users=data.users, eps=eps, delta=delta,
-                                            sigma_moment=sigma_b, sensitivity_moment=sens, dim=data.dim,
-                                            gram="public")
+                                            sigma=sigma_b, sigma_moment=sigma_b, sensitivity=sens,
+                                            sensitivity_moment=sens, noise_multiplier=sigma_b / sens,
+                                            dim=data.dim, gram="public", adjacency="replace_one")
         b_noisy = self._clipped_moments(data).sum(0) + privacy.noise.gaussian((data.dim,), sigma_b)
         return psd_ridge_solve(self.public_gram, b_noisy, self.ridge, self.psd_floor)
 

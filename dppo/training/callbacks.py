@@ -79,8 +79,9 @@ class ProgressBarCallback(Callback):
     def on_round_end(self, trainer, round_idx, metrics):
         if self.bar is not None:
             post = {}
-            if "rollout/return" in metrics:
-                post["return"] = f"{metrics['rollout/return']:.1f}"
+            ret = metrics.get("diag/return", metrics.get("rollout/return"))
+            if ret is not None:
+                post["return"] = f"{ret:.1f}"
             if "regret/cumulative" in metrics:
                 post["regret"] = f"{metrics['regret/cumulative']:.4g}"
             post["eps"] = f"{metrics.get('privacy/epsilon', 0.0):.3g}"
@@ -100,4 +101,4 @@ class StopAtReturn(Callback):
         self.threshold = float(threshold)
 
     def on_round_end(self, trainer, round_idx, metrics):
-        return metrics.get("rollout/return", float("-inf")) < self.threshold
+        return metrics.get("diag/return", metrics.get("rollout/return", float("-inf"))) < self.threshold

@@ -125,8 +125,9 @@ class Trainer:
                 raise
             self.round = r + 1
             metrics.setdefault("privacy/epsilon", self.privacy.spent()[0])
-            if "rollout/return" in metrics:
-                self.best_round_return = max(self.best_round_return, metrics["rollout/return"])
+            ret = metrics.get("diag/return", metrics.get("rollout/return"))
+            if ret is not None:
+                self.best_round_return = max(self.best_round_return, ret)
             if not self.callbacks.on_round_end(self, r, metrics):
                 self.stop_reason = f"stopped by a callback after round {r}"
                 break

@@ -33,8 +33,9 @@ def test_tensorboard_has_the_documented_keys(tiny, tmp_path):
     dppo.train(["algo=dp_pg", *tiny], run_dir=str(tmp_path))
     acc = EventAccumulator(str(tmp_path)).Reload()
     keys = set(acc.Tags()["scalars"])
-    assert {"rollout/return", "rollout/episode_length", "privacy/epsilon", "privacy/noise_multiplier",
-            "privacy/clip_fraction", "losses/grad_norm", "perf/users_per_s"} <= keys
+    assert {"diag/return", "diag/episode_length", "diag/env_steps", "diag/zero_spread_fraction", "rollout/episodes",
+            "privacy/epsilon", "privacy/noise_multiplier", "diag/clip_fraction", "losses/grad_norm",
+            "perf/users_per_s"} <= keys
     assert acc.Tags()["tensors"]  # the hyper-parameter text table
 
 
