@@ -25,7 +25,9 @@ class GaussianSumPrivatizer:
     """Releases the mean of m clipped per-user vectors with Gaussian noise: (eps, delta)-DP per call.
 
     Replace-one sensitivity of the *sum*: two users' clipped vectors u, u' differ by at most
-    ||u - u'|| <= 2 C, so sigma = analytic_gaussian_sigma(eps, delta, 2 C) (Balle & Wang 2018).
+    ||u - u'|| <= 2 C, so sigma = analytic_gaussian_sigma(eps, delta, 2 C) (Balle & Wang 2018). The
+    ledger's ``noise_multiplier`` is sigma / sensitivity = sigma / (2 C), the standard multiplier of
+    a Gaussian mechanism; ``clip`` records C.
     """
 
     mechanism = "gaussian_sum"
@@ -47,6 +49,7 @@ class GaussianSumPrivatizer:
         clipped, norms = clip_per_user(per_user.double(), self.max_grad_norm)
         sigma = self.sigma() if sigma is None else sigma
         noise = self.privacy.noise.gaussian(clipped.shape[1:], sigma)
+        sens = self.sensitivity()
         self.privacy.release(self.mechanism, round=round_idx, users=m, eps=self.privacy.eps,
                              delta=self.privacy.delta, sigma=sigma, sensitivity=self.sensitivity(),
                              noise_multiplier=sigma / self.sensitivity(), adjacency="replace_one",
