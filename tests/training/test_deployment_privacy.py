@@ -42,8 +42,8 @@ def test_secure_runs_with_the_same_seed_release_different_policies_seeded_ones_i
     for name, mode in [("s1", "true"), ("s2", "true"), ("p1", "false"), ("p2", "false")]:
         dppo.train(["algo=dp_pg", *SECURE, f"privacy.secure_rng={mode}"], run_dir=str(tmp_path / name))
         runs[name] = _policy_weights(tmp_path / name)
-    key = next(iter(runs["s1"]))
-    assert not torch.equal(runs["s1"][key], runs["s2"][key])     # the seed does not determine the noise
+    # the seed does not determine the noise (DP-PG's default update moves the head subspace only)
+    assert any(not torch.equal(runs["s1"][k], runs["s2"][k]) for k in runs["s1"])
     assert all(torch.equal(runs["p1"][k], runs["p2"][k]) for k in runs["p1"])   # seeded: reproducible
 
 
