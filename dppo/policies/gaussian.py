@@ -129,6 +129,16 @@ class GaussianMLPPolicy(PredictMixin, nn.Module):
         u = mu if greedy else mu + torch.exp(log_std) * torch.randn(mu.shape, generator=generator)
         return u, self.log_prob(obs, u)
 
+    @torch.no_grad()
+    def sample_from_uniforms(self, obs: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Tensor:
+        """u = mu + sigma Phi^{-1}(uniforms) (exact Gaussian sampling from the caller's stream); mu if None.
+        ``uniforms`` is (N, d), or (N,) for d = 1."""
+        mu, log_std = self.mean_and_log_std(obs)
+        if uniforms is None:
+            return mu
+        q = uniforms.double().reshape(mu.shape[0], -1).clamp(1e-12, 1 - 1e-12)
+        return (mu.double() + torch.exp(log_std).double() * torch.special.ndtri(q)).float()
+
     def env_action(self, u: torch.Tensor) -> torch.Tensor:
         """The action the environment receives: tanh-squashed into, or clipped to, the Box."""
         u = u.float()

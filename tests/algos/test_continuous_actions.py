@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dppo
-from dppo.algos.rollout import collect_episodes
+from dppo.algos.rollout import RolloutEngine
 from dppo.envs.gym_env import GymEnvFactory
 from dppo.errors import ConfigError
 from dppo.policies.gaussian import GaussianMLPPolicy
@@ -39,9 +39,13 @@ def test_rollout_stores_the_gaussian_sample_and_steps_the_env_with_the_squashed_
     env = GymEnvFactory("Pendulum-v1", horizon=15)
     torch.manual_seed(0)
     pi = GaussianMLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,), log_std_init=1.0)
-    batch = collect_episodes(pi, env, [1, 2], reward_bound=16.3, generator=torch.Generator().manual_seed(0))
+    uniforms = torch.rand(2, 15, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    batch = RolloutEngine(env).run(pi, [1, 2], uniforms, reward_bound=16.3)
     assert batch.actions.shape == (2, 15, 1) and batch.actions.dtype == torch.float32
     assert batch.actions.abs().max() > 2.0  # pre-squash samples, sigma = e
+    # the samples are the inverse-CDF Gaussian of the caller's uniforms (the users' own streams)
+    obs0 = batch.obs[:, 0]
+    assert torch.allclose(batch.actions[:, 0], pi.sample_from_uniforms(obs0, uniforms[:, 0]), atol=1e-5)
     # replaying the squashed actions in a fresh env reproduces the stored (clipped) rewards
     e = env.make()
     e.reset(seed=1)
@@ -52,7 +56,8 @@ def test_rollout_stores_the_gaussian_sample_and_steps_the_env_with_the_squashed_
 def test_reward_clipping_is_enforced_for_pendulum_rewards():
     env = GymEnvFactory("Pendulum-v1", horizon=30)
     pi = GaussianMLPPolicy(env.observation_space, env.action_space, hidden_sizes=(), log_std_init=1.0)
-    batch = collect_episodes(pi, env, [3, 4], reward_bound=1.0, generator=torch.Generator().manual_seed(0))
+    uniforms = torch.rand(2, 30, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    batch = RolloutEngine(env).run(pi, [3, 4], uniforms, reward_bound=1.0)
     assert batch.rewards.min() >= -1.0 and batch.reward_clip_fraction > 0.5  # Pendulum rewards reach -16.3
 
 
@@ -71,7 +76,11 @@ def test_unsupported_action_spaces_stay_one_line_errors():
         MLPPolicy(gym.spaces.Box(-1, 1, (3,)), gym.spaces.MultiBinary(2))
 
 
-def test_public_fisher_states_need_a_discrete_policy():
-    with pytest.raises(ConfigError, match="fisher_states"):
-        dppo.train(["+experiment=pendulum_dp_npg", "algo.fisher_states={low:[-1,-1,-8],high:[1,1,8],n:10}",
-                    *SMOKE])
+def test_the_fisher_of_a_gaussian_policy_is_a_monte_carlo_psd_matrix():
+    from dppo.algos.subspace import PolicySubspace
+
+    env = GymEnvFactory("Pendulum-v1", horizon=10)
+    pi = GaussianMLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
+    space = PolicySubspace(pi, [p for p in pi.parameters()], subspace="auto", dim=6)
+    F = space.fisher(torch.randn(20, 3))
+    assert F.shape == (6, 6) and torch.allclose(F, F.T) and torch.linalg.eigvalsh(F).min() >= -1e-9

@@ -49,7 +49,8 @@ def test_scalars_are_logged_against_cumulative_env_steps_with_the_round_as_a_sca
 def test_without_diagnostics_the_axis_is_cumulative_episodes_and_diag_keys_are_dropped(tmp_path):
     dppo.train(TINY + ["logger.diagnostics=false"], run_dir=str(tmp_path))
     rows = _rows(tmp_path)
-    assert [int(float(r["global_step"])) for r in rows] == [3, 6, 9, 12]  # users x 1 episode, public
+    episodes = [int(float(r["rollout/episodes"])) for r in rows]  # users x group size: public
+    assert [int(float(r["global_step"])) for r in rows] == [sum(episodes[:i + 1]) for i in range(4)]
     assert not any(k.startswith("diag/") for k in rows[0])
 
 
