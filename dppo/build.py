@@ -67,11 +67,21 @@ def build_policy(cfg, env):
     return policy
 
 
+def _default_accountant(cls, cfg) -> str:
+    """The learner's own accountant choice (``accountant_name(privacy_cfg[, algo_cfg])``), else rdp/parallel."""
+    fn = getattr(cls, "accountant_name", None)
+    if fn is None:
+        return "rdp" if cfg.privacy.multi_pass else "parallel"
+    if len(inspect.signature(fn).parameters) >= 2:
+        return fn(cfg.privacy, to_container(cfg.algo))
+    return fn(cfg.privacy)
+
+
 def build_privacy(cfg, cls) -> PrivacyContext:
     p = cfg.privacy
     name = p.accountant
     if name is None:
-        name = cls.accountant_name(p) if hasattr(cls, "accountant_name") else ("rdp" if p.multi_pass else "parallel")
+        name = _default_accountant(cls, cfg)
     if p.multi_pass and name not in ("rdp", "prv"):
         raise ConfigError("privacy.multi_pass=true needs privacy.accountant=rdp or prv (users are reused)")
     return PrivacyContext(cfg.eps, cfg.delta, accountant=make_accountant(name),
