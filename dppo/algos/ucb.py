@@ -89,8 +89,7 @@ class TabularUCB(torch.nn.Module, Learner):
         self.layout = TabularLayout(S, A, H, pooled=pool_steps, pool_cap=pool_cap)
         self.counter_kind = resolve_counter(counter)
         streams = self.layout.num_streams
-        private = counter_eps is not None or (self.counter_kind != "laplace_tree" and privacy is not None
-                                              and privacy.private)
+        private = counter_eps is not None or (privacy is not None and privacy.private)
         levels = tree_levels(self.T) if self.counter_kind != "gaussian_sqrt" else 64   # noise state rows
         arrays = 2 + (0 if not private else 3 + levels)   # buffers + planning temporaries
         need_gb = streams * arrays * 8 / 2 ** 30
@@ -98,11 +97,12 @@ class TabularUCB(torch.nn.Module, Learner):
             raise ConfigError(f"{self.name} on {getattr(self.mdp, 'name', 'this env')} (S={S}, A={A}, H={H}) needs "
                               f"~{need_gb:.1f} GB for its S^2 A H statistics; lower env.horizon (or raise "
                               f"algo.max_memory_gb={max_memory_gb})")
-        if self.counter_kind == "laplace_tree" and not pool_steps:
+        if counter_eps is not None or (not private and self.counter_kind == "laplace_tree" and not pool_steps):
+            # PUCB's per-stream Laplace trees (or UBEV's exact counts), as in the reference runs
             self.stats = TreeCounter(streams, self.T, counter_eps, sensitivity=1.0,
                                      noise=privacy.noise if counter_eps is not None else None)
         else:
-            self.stats = build_counter(self.counter_kind, self.layout, self.T, privacy)
+            self.stats = build_counter(self.counter_kind, self.layout, self.T, privacy if private else None)
         self.register_buffer("episode_regret", torch.full((self.T,), float("nan"), dtype=torch.float64))
         self.register_buffer("episode_return", torch.full((self.T,), float("nan"), dtype=torch.float64))
         self.episodes_done = 0
