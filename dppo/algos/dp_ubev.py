@@ -165,6 +165,7 @@ class _PlanArrays:
         self.va = np.zeros(S + 3)
         self.y = np.empty(S * A)
         self.h_left = [float(H - 1 - h) for h in range(H)]
+        self.cols = [[self.Q[h][:, a] for a in range(A)] for h in range(H)]
 
     def plan(self, log_term: float, E: float, a_norm: float, a_span: float, E_m: float, private: bool) -> np.ndarray:
         Hc, S, A, H = self.Hc, self.S, self.A, self.H
@@ -195,19 +196,25 @@ class _PlanArrays:
         va, y, Q = self.va, self.y, self.Q
         va[:] = 0.0
         Q2 = Q.reshape(H, S * A)
+        W = va[:S]
+        cols = self.cols
+        matmul, minimum, maximum, add = np.matmul, np.minimum, np.maximum, np.add
+        vmax_r, vmin_r, sqrt, dot = np.maximum.reduce, np.minimum.reduce, math.sqrt, np.dot
         c = vmax = 0.0
         for h in range(H - 1, -1, -1):
             hc = 0 if Hc == 1 else h
             va[S] = self.h_left[h]
-            np.matmul(aug[hc], va, out=y)               # m~.W / M~ + (H - h) phi + noise slack
+            matmul(aug[hc], va, out=y)                  # m~.W / M~ + (H - h) phi + noise slack
             y += c
-            np.minimum(y, vmax, out=y)
-            np.add(r[hc], y, out=Q2[h])
-            W = va[:S]
-            np.max(Q[h], axis=1, out=W)                 # V_h, then W = V_h - min V_h
-            vmax = W.max()
-            c = W.min()
+            minimum(y, vmax, out=y)
+            add(r[hc], y, out=Q2[h])
+            qa = cols[h]                                # V_h = max_a Q_h (columns), then W = V_h - min V_h
+            maximum(qa[0], qa[-1], out=W)
+            for col in qa[1:-1]:
+                maximum(W, col, out=W)
+            vmax = float(vmax_r(W))
+            c = float(vmin_r(W))
             W -= c
-            va[S + 1] = math.sqrt(float(W @ W))
+            va[S + 1] = sqrt(float(dot(W, W)))
             va[S + 2] = vmax - c
         return Q

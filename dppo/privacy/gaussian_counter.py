@@ -191,7 +191,7 @@ class _GaussianCounter(torch.nn.Module):
         """Exact standard deviation of the release error after t steps (default: now); 0 without noise."""
         if not self.private:
             return 0.0
-        t = int(self.t) if t is None else int(t)
+        t = int(self._views()["t"]) if t is None else int(t)
         return self.sigma * math.sqrt(self.var_factor(t)) if t > 0 else 0.0
 
     def max_release_std(self) -> float:
@@ -239,8 +239,25 @@ class _GaussianCounter(torch.nn.Module):
         self._pos += 1
         return z
 
-    def clip_increment(self, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
-        """Enforce the sensitivity premise: values on the grid, in ``[0, mass]``, group sums <= mass."""
+    def clip_increment(self, idx, vals):
+        """Enforce the sensitivity premise: values on the grid, in ``[0, min(mass, stream_max)]``, each
+        group's sum <= its mass (scaled down if larger). Lists in, lists out for short steps (cheap)."""
+        if isinstance(idx, list) and len(idx) <= 256:
+            lists = self.__dict__.get("_lists")
+            if lists is None:
+                lists = self._lists = (self.groups.tolist(), self.group_mass.tolist())
+            groups, mass = lists
+            cap, floor, grid = self.stream_max, math.floor, GRID
+            out, sums = [], {}
+            for i, v in zip(idx, vals):
+                g = groups[i]
+                v = min(max(float(v), 0.0), cap, mass[g])
+                out.append(v)
+                sums[g] = sums.get(g, 0.0) + v
+            if any(sm > mass[g] for g, sm in sums.items()):
+                out = [v * min(1.0, mass[groups[i]] / sums[groups[i]]) for i, v in zip(idx, out)]
+            return [floor(v / grid) * grid for v in out]
+        idx, vals = np.asarray(idx, np.int64), np.asarray(vals, np.float64)
         mass = self.group_mass
         g = self.groups[idx]
         vals = np.minimum(np.maximum(vals, 0.0), np.minimum(mass[g], self.stream_max))
@@ -256,14 +273,14 @@ class _GaussianCounter(torch.nn.Module):
         if t > self.capacity:
             raise PrivacyError(f"the counter was built for {self.capacity} steps; step {t} would break its "
                                f"privacy calibration")
-        idx = np.asarray(index.tolist() if isinstance(index, torch.Tensor) else index, dtype=np.int64)
-        if np.unique(idx).size != idx.size:
+        idx = index.tolist() if isinstance(index, (torch.Tensor, np.ndarray)) else list(index)
+        if len(set(idx)) != len(idx):
             raise PrivacyError("a stream received two increments in one step; aggregate them first")
         if values is None:
-            vals = np.ones(idx.size)
+            vals = [1.0] * len(idx)
         else:
-            vals = np.asarray(values.tolist() if isinstance(values, torch.Tensor) else values, dtype=np.float64)
-        v["counts"][idx] += self.clip_increment(idx, vals)
+            vals = values.tolist() if isinstance(values, (torch.Tensor, np.ndarray)) else list(values)
+        v["counts"][idx] += np.asarray(self.clip_increment(idx, vals), dtype=np.float64)
         v["t"][()] = t
         if self.private:
             self._advance_noise(v, t, self._next_noise())

@@ -26,6 +26,7 @@ def _all_increments(layout, S, A, H):
                 idx, vals = layout.increments(list(states), list(actions), list(rewards))
                 x = np.zeros(layout.num_streams)
                 clipped = counter.clip_increment(np.asarray(idx), np.asarray(vals))
+                assert np.array_equal(clipped, counter.clip_increment(list(idx), list(vals)))   # both paths
                 assert np.allclose(clipped, vals)          # the learner's increments already meet the premise
                 x[idx] = clipped
                 rows.append(x)
