@@ -108,7 +108,8 @@ def check_accountant(cfg, cls, name: str) -> None:
     if p.multi_pass and pure:
         raise ConfigError(f"privacy.multi_pass=true: Opacus' RDP/PRV accounting composes Poisson-subsampled "
                           f"Gaussian releases, and {cls.__name__} makes pure-DP releases; use one-pass training")
-    if name in ("advanced", "zcdp") and not pure:
+    carries_rho = bool(getattr(cls, "releases_carry_rho", lambda c: False)(cfg))   # Gaussian releases with their zCDP rho
+    if name in ("advanced", "zcdp") and not pure and not (name == "zcdp" and carries_rho):
         raise ConfigError(f"privacy.accountant={name} composes pure-DP (delta=0) releases only, and "
                           f"{cls.__name__} makes (eps, delta) Gaussian releases; use privacy.accountant=parallel "
                           f"(one-pass default) or basic")

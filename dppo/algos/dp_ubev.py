@@ -86,6 +86,24 @@ class DPUBEV(TabularUCB):
     def accountant_name(cls, privacy_cfg, algo_cfg=None) -> str:
         return "zcdp"
 
+    @classmethod
+    def releases_pure_dp(cls, cfg) -> bool:
+        return (cfg.algo.get("counter") or "gaussian") == "laplace_tree"
+
+    @classmethod
+    def releases_carry_rho(cls, cfg) -> bool:
+        return not cls.releases_pure_dp(cfg)
+
+    def lost_attempt_charges(self, lost_rounds: list[int]) -> list[dict]:
+        """Charges for a crashed attempt (secure noise, on resume): the noise drawn after the checkpoint
+        is drawn again and the redrawn releases also cover earlier users, so those users enter a second
+        copy of the continual release: charged as a second copy of the counters' entries (an upper
+        bound), as for PUCB."""
+        if not self.private:
+            return []
+        return [dict(e) for e in self.privacy.ledger.entries
+                if e["mechanism"].endswith("counter") and not e.get("replay") and not e.get("lost")]
+
     def _log_term(self) -> float:
         return math.log(18 * self.S * self.A * self.H / self.delta_ubev)
 

@@ -368,7 +368,11 @@ class PUCB(TabularUCB):
 
     @classmethod
     def releases_pure_dp(cls, cfg) -> bool:
-        return True                # Laplace tree counters only
+        return (cfg.algo.get("counter") or "laplace_tree") == "laplace_tree"     # Laplace tree counters
+
+    @classmethod
+    def releases_carry_rho(cls, cfg) -> bool:
+        return not cls.releases_pure_dp(cfg)          # Gaussian counters: ledger entries carry their zCDP rho
 
     def lost_attempt_charges(self, lost_rounds: list[int]) -> list[dict]:
         """Charges for a crashed attempt (secure noise, on resume): the tree counters' nodes that close
@@ -378,7 +382,7 @@ class PUCB(TabularUCB):
         if self.eps is None:
             return []
         return [dict(e) for e in self.privacy.ledger.entries
-                if e["mechanism"] == "tree_counter" and not e.get("replay") and not e.get("lost")]
+                if e["mechanism"].endswith("counter") and not e.get("replay") and not e.get("lost")]
 
     def _error_bound(self) -> float:
         if self.eps is None:
