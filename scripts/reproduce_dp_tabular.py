@@ -93,6 +93,39 @@ def run_grid(args) -> None:
                       f"E {res['final_E']:.4g} {res['episodes_per_s']:.0f} ep/s", flush=True)
 
 
+def bound_check(H: int, T: int, eps: float, seed: int = 0) -> list[str]:
+    """Count-error bound E at episode T for every counter / layout, and the empirical fraction of the
+    default counter's releases (every stream, every episode) outside its per-episode E, on the
+    statistics of uniformly random RiverSwim episodes."""
+    import numpy as np
+
+    mdp = riverswim(horizon=H)
+    rows = ["| learner | counter | statistics | E at T | releases checked | fraction outside E |", "|---|---|---|---|---|---|"]
+    ctx = lambda: PrivacyContext(eps, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(seed, secure=False))
+    pucb = PUCB(mdp, privacy=PrivacyContext(eps, accountant=make_accountant("basic"), noise=NoiseSource(seed)),
+                episodes=T)
+    rows.append(f"| pucb | laplace_tree | per step | {pucb.count_error_bound():.4g} (reference E_eps) | - | - |")
+    for counter in ("laplace_tree", "gaussian_tree", "gaussian_sqrt"):
+        for pool in (False, True):
+            L = DPUBEV(mdp, privacy=ctx(), seed=seed, episodes=T, counter=counter, pool_steps=pool)
+            rows.append(f"| dp_ubev | {counter} | {'pooled, cap 1' if pool else 'per step'} | "
+                        f"{L.final_count_error_bound():.4g} | - | - |")
+    L = DPUBEV(mdp, privacy=ctx(), seed=seed, episodes=T)
+    g = torch.Generator().manual_seed(seed)
+    pi = torch.randint(mdp.A, (T, H, mdp.S), generator=g)
+    L.stats.reserve(T)
+    outside = checked = 0
+    for t in range(T):
+        states, actions, rewards = mdp.episode_from_uniforms(pi[t].tolist(), mdp.uniforms(1, g)[0].tolist())
+        L._feed(states, actions, rewards)
+        err = np.abs(L.stats.released.numpy() - L.stats.counts.numpy())
+        outside += int((err > L.count_error_bound()).sum())
+        checked += err.size
+    rows.append(f"| dp_ubev (default) | {L.counter_kind} | pooled, cap 1 | {L.count_error_bound():.4g} | "
+                f"{checked:,} | {outside / checked:.2g} (beta = {L.beta:g}) |")
+    return rows
+
+
 def _mean_std(xs):
     m = sum(xs) / len(xs)
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
@@ -112,6 +145,9 @@ def report(args) -> None:
              "uses at the last episode (exact release std x union quantile over the 4 S A T released quantities its "
              "plans read; PUCB: the reference's E_eps). Ratio = regret / UBEV's regret at the same T and seeds "
              "(UBEV per step, the paper's).", ""]
+    bounds = os.path.join(args.out, "bounds.md")
+    if os.path.exists(bounds):
+        lines += ["### Count-error bounds (`--bound-check`)", "", open(bounds).read().strip(), ""]
     groups = sorted({(r["H"], r["T"]) for r in runs})
     for H, T in groups:
         sel = [r for r in runs if r["H"] == H and r["T"] == T]
@@ -219,7 +255,16 @@ def main() -> None:
     p.add_argument("--md", default="runs/reference/tabular.md")
     p.add_argument("--png", default="runs/reference/tabular_dp.png")
     p.add_argument("--report", action="store_true", help="only write the section and plot from existing runs")
+    p.add_argument("--bound-check", action="store_true", help="E of every counter at --H, --T[0], eps=--eps[0], "
+                   "and the empirical fraction of releases outside it (written to --out/bounds.md)")
     args = p.parse_args()
+    if args.bound_check:
+        rows = bound_check(args.H, args.T[0], args.eps[0])
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "bounds.md"), "w") as f:
+            f.write(f"RiverSwim H = {args.H}, T = {args.T[0]:,}, eps = {args.eps[0]:g}, delta = 1e-5\n\n" + "\n".join(rows) + "\n")
+        print("\n".join(rows))
+        return
     if not args.report:
         run_grid(args)
     else:
