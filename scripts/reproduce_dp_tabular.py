@@ -180,7 +180,7 @@ def report(args) -> None:
         points = [t for t in (1000, 2000, 5000, 10 ** 4, 2 * 10 ** 4, 5 * 10 ** 4, 10 ** 5, 2 * 10 ** 5, 5 * 10 ** 5, 10 ** 6)
                   if t <= T]
         lines += [f"### Regret ratio to UBEV against t (runs of T = {T:,}, RiverSwim H = {H})", "",
-                  "| algo | seeds | " + " | ".join(f"t={t:,}" for t in points) + " | first t with ratio <= 1.5 |",
+                  "| algo | seeds | " + " | ".join(f"t={t:,}" for t in points) + " | crossover t (ratio <= 1.5 from t on) |",
                   "|---|---|" + "---|" * (len(points) + 1)]
         for tag in sorted({_tag(r) for r in sel if r["algo"] != "ubev"}):
             rs = [r for r in sel if _tag(r) == tag]
@@ -189,7 +189,9 @@ def report(args) -> None:
             if len(b) != len(rs):
                 continue
             ratio = lambda t: sum(_at(r, t) for r in rs) / max(1e-12, sum(_at(r, t) for r in b))
-            cross = next((t for t in rs[0]["rounds"] if ratio(t) <= 1.5), None)
+            ts = rs[0]["rounds"]                        # crossover: the ratio stays <= 1.5 from there on
+            above = [t for t in ts if ratio(t) > 1.5]
+            cross = ts[0] if not above else next((t for t in ts if t > above[-1]), None)
             cells = [f"{ratio(t):.2f}" for t in points]
             lines.append(f"| {tag} | {','.join(map(str, seeds))} | " + " | ".join(cells) + " | "
                          + (f"{cross:,}" if cross else f"> {T:,}") + " |")
