@@ -42,9 +42,11 @@ def _dense_decoder(counter) -> np.ndarray:
 
 def audit_gaussian_counter(eps: float, trials: int = 200_000, *, kind: str = "gaussian_sqrt", levels: int = 6,
                            sensitivity: float = 1.0, seed: int = 0, counter_cls=None, float_bits: bool = False,
-                           sigma_scale: float = 1.0) -> MechanismAudit:
+                           sigma_scale: float = 1.0, first_release_only: bool = False) -> MechanismAudit:
     """``trials`` streams (half with the canary), capacity ``2^levels - 1``; ``counter_cls`` or
-    ``sigma_scale`` for broken variants (the claim stays the correct one)."""
+    ``sigma_scale`` for broken variants (the claim stays the correct one). ``first_release_only``
+    scores the release at t = 1 alone (a valid, weaker test for the correct counter; the one that
+    exposes a noise-free leaf level of the tree)."""
     from dppo.privacy.accountants.zcdp import rho_for_target, zcdp_to_dp
     from dppo.privacy.gaussian_counter import COUNTERS, sigma_for_rho
     from dppo.privacy.tabular_counters import counter_kappa
@@ -72,7 +74,9 @@ def audit_gaussian_counter(eps: float, trials: int = 200_000, *, kind: str = "ga
             running += 0.0 if t == 1 else value
             out = counter.released if float_bits else counter.counts + counter.noise_now
             Y[t - 1] = out.numpy() - running
-        if kind == "gaussian_tree":
+        if first_release_only:
+            score = Y[0]
+        elif kind == "gaussian_tree":
             rows = [(1 << j) - 1 for j in range(counter.levels)]     # t = 2^j: the nodes holding step 1
             score = Y[rows].sum(0)
         else:
