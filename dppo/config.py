@@ -20,7 +20,7 @@ class PrivacyConfig:
     accountant: Optional[str] = None  # null = the learner's default (parallel one-pass; rdp if multi_pass)
     multi_pass: bool = False  # users resampled (Poisson) across rounds; needs population_size
     population_size: Optional[int] = None  # finite user population for multi-pass
-    secure_rng: bool = False  # draw noise from the OS CSPRNG instead of a seeded generator
+    secure_rng: bool = True  # noise from the OS CSPRNG; false = seeded, reproducible, not private against the seed
     max_epsilon: Optional[float] = None  # stop cleanly before a release would exceed this total
     composition: str = "advanced"  # GFA only: advanced | zcdp
 
@@ -33,6 +33,7 @@ class LoggerConfig:
     csv: bool = True
     console: bool = False
     console_every: int = 10
+    diagnostics: bool = True  # log raw statistics of users' data under diag/ (switch off in deployment)
 
 
 @dataclass

@@ -270,9 +270,9 @@ class NaturalPolicyGradient(Learner):
         if cap is not None and update.norm() > cap:
             update = update * (cap / update.norm())
         self.space.step(update)
-        return {"rollout/return": float(returns.mean()),
-                "rollout/episode_length": float(lengths.double().mean()),
-                "rollout/users": len(users), "privacy/reward_clip_fraction": batch.reward_clip_fraction,
+        return {"diag/return": float(returns.mean()),
+                "diag/episode_length": float(lengths.double().mean()),
+                "rollout/users": len(users), "diag/reward_clip_fraction": batch.reward_clip_fraction,
                 "losses/w_norm": float(w.norm()), "losses/step_norm": float(update.norm())}
 
     def paired_rows(self, first, second) -> tuple[torch.Tensor, list]:

@@ -103,8 +103,8 @@ class PolicyGradient(Learner):
         A = advantages(G, batch.mask, self.baseline, self.normalize)
         direction, stats = self.update_direction(batch, A, round_idx, len(users))
         self.apply(direction)
-        return {"rollout/return": float(batch.returns.mean()), "rollout/episode_length": float(batch.lengths.double().mean()),
-                "rollout/users": len(users), "privacy/reward_clip_fraction": batch.reward_clip_fraction,
+        return {"diag/return": float(batch.returns.mean()), "diag/episode_length": float(batch.lengths.double().mean()),
+                "rollout/users": len(users), "diag/reward_clip_fraction": batch.reward_clip_fraction,
                 "losses/grad_norm": float(direction.norm()), **stats}
 
     def update_direction(self, batch, A, round_idx: int, m: int) -> tuple[torch.Tensor, dict]:

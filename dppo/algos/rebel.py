@@ -79,10 +79,10 @@ class REBEL(NaturalPolicyGradient):
         self.space.step(update)
         returns = torch.cat([first.returns, second.returns])
         lengths = torch.cat([first.lengths, second.lengths]).double()
-        return {"rollout/return": float(returns.mean()), "rollout/episode_length": float(lengths.mean()),
+        return {"diag/return": float(returns.mean()), "diag/episode_length": float(lengths.mean()),
                 "rollout/users": len(users),
-                "privacy/reward_clip_fraction": (first.reward_clip_fraction + second.reward_clip_fraction) / 2,
-                "losses/reward_gap": float((first.returns - second.returns).abs().mean()),
+                "diag/reward_clip_fraction": (first.reward_clip_fraction + second.reward_clip_fraction) / 2,
+                "diag/reward_gap": float((first.returns - second.returns).abs().mean()),
                 "losses/w_norm": float(w.norm()), "losses/step_norm": float(update.norm())}
 
     def trajectory_features(self, batch) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,7 +25,9 @@ class GymEnvFactory:
         except Exception:  # noqa: BLE001 - gymnasium raises several error types for unknown ids
             raise ConfigError(f"unknown env.id '{self.id}': not a registered gymnasium environment "
                               f"(e.g. CartPole-v1, Acrobot-v1, FrozenLake-v1)") from None
-        self.horizon = int(horizon) if horizon else (spec.max_episode_steps or 1000)
+        if horizon is not None and int(horizon) < 1:
+            raise ConfigError(f"env.horizon must be >= 1 (or null for the env's own limit), got {horizon}")
+        self.horizon = int(horizon) if horizon is not None else (spec.max_episode_steps or 1000)
         probe = self.make()
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         probe.close()

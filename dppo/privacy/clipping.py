@@ -23,7 +23,9 @@ class GaussianSumPrivatizer:
     """Releases the mean of m clipped per-user vectors with Gaussian noise: (eps, delta)-DP per call.
 
     Replace-one sensitivity of the *sum*: two users' clipped vectors u, u' differ by at most
-    ||u - u'|| <= 2 C, so sigma = analytic_gaussian_sigma(eps, delta, 2 C) (Balle & Wang 2018).
+    ||u - u'|| <= 2 C, so sigma = analytic_gaussian_sigma(eps, delta, 2 C) (Balle & Wang 2018). The
+    ledger's ``noise_multiplier`` is sigma / sensitivity = sigma / (2 C), the standard multiplier of
+    a Gaussian mechanism; ``clip`` records C.
     """
 
     mechanism = "gaussian_sum"
@@ -45,12 +47,13 @@ class GaussianSumPrivatizer:
         clipped, norms = clip_per_user(per_user.double(), self.max_grad_norm)
         sigma = self.sigma() if sigma is None else sigma
         noise = self.privacy.noise.gaussian(clipped.shape[1:], sigma)
+        sens = self.sensitivity()
         self.privacy.release(self.mechanism, round=round_idx, users=m, eps=self.privacy.eps,
-                             delta=self.privacy.delta, sigma=sigma, sensitivity=self.sensitivity(),
-                             noise_multiplier=sigma / self.max_grad_norm, **(extra or {}))
-        stats = {"privacy/noise_multiplier": sigma / self.max_grad_norm,
-                 "privacy/clip_fraction": float((norms > self.max_grad_norm).double().mean()),
-                 "privacy/noise_std": sigma / m}
+                             delta=self.privacy.delta, sigma=sigma, sensitivity=sens,
+                             noise_multiplier=sigma / sens, adjacency="replace_one", clip=self.max_grad_norm,
+                             **(extra or {}))
+        stats = {"privacy/noise_multiplier": sigma / sens, "privacy/noise_std": sigma / m,
+                 "diag/clip_fraction": float((norms > self.max_grad_norm).double().mean())}
         return (clipped.sum(0) + noise) / m, stats
 
 
@@ -82,7 +85,8 @@ class PoissonGaussianSumPrivatizer:
         sigma = self.noise_multiplier * C
         noise = self.privacy.noise.gaussian(clipped.shape[1:], sigma)
         self.privacy.release(self.mechanism, round=round_idx, users=per_user.shape[0], eps=None, delta=None,
-                             noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, sensitivity=C)
+                             sigma=sigma, sensitivity=C, noise_multiplier=self.noise_multiplier,
+                             sample_rate=self.sample_rate, adjacency="add_remove", clip=C)
         stats = {"privacy/noise_multiplier": self.noise_multiplier,
-                 "privacy/clip_fraction": float((norms > C).double().mean()) if len(norms) else 0.0}
+                 "diag/clip_fraction": float((norms > C).double().mean()) if len(norms) else 0.0}
         return (clipped.sum(0) + noise) / self.expected_users, stats

@@ -53,8 +53,8 @@ def test_rewards_outside_the_bound_are_clipped_and_counted(tmp_path):
 
     _run(tmp_path, "big")
     rows = list(csv.DictReader(open(tmp_path / "progress.csv")))
-    assert all(float(r["privacy/reward_clip_fraction"]) == 1.0 for r in rows)
-    assert all(float(r["rollout/return"]) <= 20.0 for r in rows)  # 20 steps x reward_bound 1
+    assert all(float(r["diag/reward_clip_fraction"]) == 1.0 for r in rows)
+    assert all(float(r["diag/return"]) <= 20.0 for r in rows)  # 20 steps x reward_bound 1
 
 
 @pytest.mark.parametrize("mode", ["nan_reward", "inf_obs", "raise"])

@@ -32,7 +32,9 @@ def test_privatizer_uses_replace_one_sensitivity_and_records_release():
     assert entry["sensitivity"] == 1.0 and entry["round"] == 7 and entry["users"] == 4
     assert entry["sigma"] == analytic_gaussian_sigma(3.0, 1e-5, 1.0)
     assert priv.spent() == (3.0, 1e-5)
-    assert stats["privacy/clip_fraction"] == 1.0
+    assert stats["diag/clip_fraction"] == 1.0       # raw: how many of this round's users were clipped
+    assert entry["noise_multiplier"] == entry["sigma"] / entry["sensitivity"] == stats["privacy/noise_multiplier"]
+    assert entry["adjacency"] == "replace_one" and entry["clip"] == 0.5
 
 
 def test_noise_has_the_calibrated_scale():
