@@ -1,6 +1,7 @@
 """CLI glue: pre-flight validation (one-line errors, exit 2) before Hydra creates a run directory."""
 from __future__ import annotations
 
+import os
 import sys
 
 from dppo.errors import DPPOError
@@ -71,6 +72,8 @@ def resume_run(run_dir: str, overrides: list[str]) -> None:
 
 
 def _report(summary: dict, run_dir: str) -> None:
+    if int(os.environ.get("RANK", "0")) > 0:  # torchrun: rank 0 reports for the run
+        return
     if summary.get("stop_reason"):
         print(f"dppo: {summary['stop_reason']}", file=sys.stderr)
     eps = summary["epsilon_spent"]
