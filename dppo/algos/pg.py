@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.func import functional_call, grad, vmap
 
 from dppo.algos.base import Learner
+from dppo.algos.per_user_grads import per_user_gradients as hook_per_user_gradients
 from dppo.algos.rollout import collect_episodes, returns_to_go
 from dppo.envs.gym_env import user_seed
 from dppo.errors import ConfigError, DataError
@@ -23,14 +23,9 @@ NORMALIZE = ("none", "batch", "user")
 
 
 def per_user_gradients(policy, obs, actions, weights) -> torch.Tensor:
-    """Row i = grad_theta sum_t weights[i, t] log pi(actions[i, t] | obs[i, t]) (flattened), via torch.func."""
-    params = {k: v.detach() for k, v in policy.named_parameters()}
-
-    def user_objective(p, o, a, w):
-        return (functional_call(policy, p, (o, a)) * w).sum()
-
-    grads = vmap(grad(user_objective), in_dims=(None, 0, 0, 0))(params, obs, actions, weights.float())
-    return torch.cat([g.reshape(obs.shape[0], -1) for g in grads.values()], dim=1)
+    """Row i = grad_theta sum_t weights[i, t] log pi(actions[i, t] | obs[i, t]) (flattened), from one
+    backward pass (``dppo.algos.per_user_grads``; torch.func for layers without a rule)."""
+    return hook_per_user_gradients(policy, obs, actions, weights)
 
 
 def advantages(G: torch.Tensor, mask: torch.Tensor, baseline: str, normalize: str) -> torch.Tensor:
