@@ -96,11 +96,17 @@ def check_accountant(cfg, cls, name: str) -> None:
                           f"privacy.multi_pass=true with privacy.population_size; one-pass runs use parallel "
                           f"(the default) or basic")
     pure = _releases_pure_dp(cfg, cls)
+    if p.multi_pass and pure:
+        raise ConfigError(f"privacy.multi_pass=true: Opacus' RDP/PRV accounting composes Poisson-subsampled "
+                          f"Gaussian releases, and {cls.__name__} makes pure-DP releases; use one-pass training")
     if name in ("advanced", "zcdp") and not pure:
         raise ConfigError(f"privacy.accountant={name} composes pure-DP (delta=0) releases only, and "
                           f"{cls.__name__} makes (eps, delta) Gaussian releases; use privacy.accountant=parallel "
                           f"(one-pass default) or basic")
     uses_composition = getattr(cls, "uses_composition", False)
+    if uses_composition and p.accountant is not None and p.composition != "advanced" and p.accountant != p.composition:
+        raise ConfigError(f"privacy.accountant={p.accountant} contradicts privacy.composition={p.composition}; "
+                          f"set privacy.accountant=null and choose privacy.composition")
     if p.composition != "advanced" and not uses_composition:
         raise ConfigError(f"privacy.composition={p.composition} applies to the GFA learners only; "
                           f"{cls.__name__} is accounted by privacy.accountant")

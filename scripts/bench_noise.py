@@ -47,6 +47,8 @@ def trainer_for(overrides, secure: bool, rounds: int):
     cfg = dppo.make_config([*overrides, f"privacy.secure_rng={str(secure).lower()}", f"rounds={rounds}",
                             "progress=false", "eval_episodes=0"])
     t = build(cfg, None)
+    for _ in range(3):                       # warm-up: first calls pay torch / OS start-up costs
+        t.privacy.noise.gaussian((4096,), 1.0)
     t.privacy.noise = TimedNoise(t.privacy.noise)
     return t
 
@@ -71,6 +73,25 @@ def main() -> None:
         extra = (runs["secure"].privacy.noise.seconds - runs["seeded"].privacy.noise.seconds) / args.rounds
         print(f"{name:38s} secure noise costs {1e3 * extra:.3f} ms more per round "
               f"({100 * extra / (wall['seeded'] / args.rounds):.2f}% of a seeded round)")
+    journal_cost()
+
+
+def journal_cost(n: int = 200) -> None:
+    """The other per-round cost of a private run: one fsynced journal line (the round's take)."""
+    import tempfile
+
+    from dppo.training.journal import UserJournal
+
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) as d:
+        j = UserJournal(os.path.join(d, "users.journal"))
+        j.open(0)
+        t0 = time.perf_counter()
+        for r in range(n):
+            j.round = r
+            j.take(range(10 * r, 10 * r + 10))
+        dt = (time.perf_counter() - t0) / n
+        j.close()
+    print(f"user journal: {1e3 * dt:.2f} ms per round (one fsynced take of 10 users, disk of the checkout)")
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ class ProgressBarCallback(Callback):
             if "eval/return" in metrics:
                 post["eval_return"] = f"{metrics['eval/return']:.1f}"
             elif "diag/return" in metrics and getattr(trainer.logger, "diagnostics", True):
-                post["return"] = f"{metrics['diag/return']:.1f}"
+                post["diag_return"] = f"{metrics['diag/return']:.1f}"   # raw, labelled
             if "regret/cumulative" in metrics:
                 post["regret"] = f"{metrics['regret/cumulative']:.4g}"
             post["eps"] = f"{metrics.get('privacy/epsilon', 0.0):.3g}"

@@ -109,7 +109,9 @@ def check_fingerprint(saved, current) -> None:
     """
     if isinstance(saved, dict) and isinstance(current, dict):
         keys = sorted((set(saved) | set(current)) - {"_hash"})
-        changed = [k for k in keys if saved.get(k, _MISSING) != current.get(k, _MISSING)]
+        # a key added to the schema later (absent from an older checkpoint) is unchanged if it is null now
+        changed = [k for k in keys if saved.get(k) != current.get(k) or (k in saved) != (k in current)
+                   and (saved.get(k, _MISSING) is not None and current.get(k, _MISSING) is not None)]
         if changed:
             k = changed[0]
             more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""

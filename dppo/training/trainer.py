@@ -67,6 +67,8 @@ class Trainer:
         return None if self.run_dir is None else os.path.join(self.run_dir, "checkpoints")
 
     def state_dict(self) -> dict:
+        if self.journal is not None:
+            self.journal.sync()
         return {"format": "dppo-ckpt-1", "round": self.round, "fingerprint": self.fingerprint,
                 "learner": self.learner.state_dict(), "privacy": self.privacy.state_dict(),
                 "sampler": None if self.sampler is None else self.sampler.state_dict(),
@@ -136,6 +138,7 @@ class Trainer:
         if state is None:
             return False
         self.load_state_dict(state)
+        self._resumed = True
         return True
 
     # ---- loop ------------------------------------------------------------------------------
@@ -151,6 +154,11 @@ class Trainer:
             if self.privacy.private and not self.privacy.noise.secure and self.dist.is_main:
                 print(SEEDED_WARNING, file=sys.stderr, flush=True)
             if self.journal is not None:
+                if not getattr(self, "_resumed", False):
+                    # a fresh start in a directory whose earlier attempt crashed before its first checkpoint:
+                    # everything that attempt journalled is lost, and the same rule applies
+                    self.recover_journal(0)
+                self.journal.durable = self.privacy.private
                 self.journal.open(self.start_round)
                 self.privacy.journal = self.journal
                 if self.sampler is not None:

@@ -133,6 +133,17 @@ def test_seeded_resume_replays_the_same_users_and_refuses_a_diverging_replay(tmp
         dppo.train(args, run_dir=str(tmp_path / "b"), resume=True)
 
 
+def test_a_fresh_start_in_a_crashed_directory_burns_what_the_crash_journalled(tmp_path):
+    """A crash before the first checkpoint cannot be resumed; starting again in the same directory must
+    still not hand the crashed attempt's users to a second release."""
+    os.makedirs(tmp_path, exist_ok=True)
+    _crashed_attempt(str(tmp_path), 0, [0, 1, 2], None, incarnation=0)
+    s = dppo.train(["algo=dp_pg", *SECURE], run_dir=str(tmp_path))
+    takes = [e["users"] for e in UserJournal.read(str(tmp_path / JOURNAL_NAME)) if e["event"] == "take"]
+    assert takes[0] == [0, 1, 2] and all(not set(t) & {0, 1, 2} for t in takes[1:])
+    assert s["users_burned"] == 3 and s["users_seen"] == 12
+
+
 @pytest.mark.parametrize("change", ["rounds=5", "eps=3", "users_per_round=4", "max_grad_norm=0.5",
                                     "privacy.secure_rng=false", "privacy.max_epsilon=9", "algo.lr=0.5",
                                     "reward_bound=2", "seed=3"])
@@ -221,3 +232,28 @@ def test_every_release_speaks_the_one_ledger_vocabulary(tmp_path, overrides):
             assert e["noise_multiplier"] == pytest.approx(e["sigma"] / e["sensitivity"], rel=1e-12)
         else:
             assert "beta" in e or "scale" in e, e          # pure DP: its scale / inverse temperature
+
+
+def test_progress_bar_shows_a_raw_return_only_with_diagnostics_and_prefers_the_public_one():
+    from types import SimpleNamespace
+
+    from dppo.training.callbacks import ProgressBarCallback
+    from dppo.training.logger import Logger
+
+    class Bar:
+        def set_postfix(self, post, refresh=False):
+            self.post = dict(post)
+
+        def update(self, n):
+            pass
+
+    def shown(diagnostics, metrics):
+        cb = ProgressBarCallback(True)
+        cb.bar = Bar()
+        cb.on_round_end(SimpleNamespace(logger=Logger(diagnostics=diagnostics)), 0, metrics)
+        return cb.bar.post
+
+    raw = {"diag/return": 17.0, "privacy/epsilon": 5.0}
+    assert shown(True, raw) == {"diag_return": "17.0", "eps": "5"}
+    assert shown(False, raw) == {"eps": "5"}
+    assert shown(False, {**raw, "eval/return": 30.0}) == {"eval_return": "30.0", "eps": "5"}
