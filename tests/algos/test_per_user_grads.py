@@ -49,7 +49,7 @@ class Scale(nn.Module):
 
 
 class TokenPolicy(Policy):
-    """Embedding + LayerNorm + Linear over a window of tokens (a toy language-model policy)."""
+    """Embedding + LayerNorm + Linear (+ RMSNorm) over a window of tokens (a toy language-model policy)."""
 
     def __init__(self, vocab=11, dim=8, n_actions=5):
         super().__init__()
@@ -57,12 +57,13 @@ class TokenPolicy(Policy):
         self.norm = nn.LayerNorm(dim)
         self.scale = Scale(dim)
         self.proj = nn.Linear(dim, dim)
+        self.rms = nn.RMSNorm(dim)
         self.out = nn.Linear(dim, n_actions)
 
     def logits(self, tokens):
         h = self.scale(self.norm(self.embed(tokens)))
         h = torch.tanh(self.proj(h)) + h
-        return self.out(h.mean(1))
+        return self.out(self.rms(h).mean(1))
 
 
 def _batch(m, T, obs_fn, n_actions=None, act_shape=None, seed=0):
