@@ -106,7 +106,7 @@ class Groups:
         src = rows[src] if N else np.zeros(self.num_slots, dtype=np.int64)
         self.slot_user, self.src, self.weight_src = (torch.from_numpy(a) for a in (slot_user, src, weight_src))
         self.buckets = []  # runs of consecutive users with equal padded length: (first slot, users, length)
-        active = np.flatnonzero(lens)
+        active = np.flatnonzero(lens[:m])  # the phantom user's slots are computed but never summed
         if len(active):
             change = np.flatnonzero(np.diff(lens[active])) + 1
             for lo, hi in zip(np.r_[0, change], np.r_[change, len(active)]):
@@ -122,13 +122,15 @@ class Groups:
         return w if self.identity else torch.cat([w, w.new_zeros(1)])[self.weight_src]
 
     def per_user(self, fn, *tensors) -> torch.Tensor:
-        """(users + 1, ...) from ``fn(*bucket views)``, each view (users of the bucket, L * ..., ...)."""
+        """(users, ...) from ``fn(*bucket views)``, each view (users of the bucket, L * ..., ...)."""
         out = None
         for s0, users, L in self.buckets:
             n = len(users)
             r = fn(*[t[s0:s0 + n * L].reshape(n, L, *t.shape[1:]) for t in tensors])
+            if n == self.num_users:  # one bucket holds every user, in order
+                return r
             if out is None:
-                out = r.new_zeros((self.num_users + 1,) + tuple(r.shape[1:]))
+                out = r.new_zeros((self.num_users,) + tuple(r.shape[1:]))
             out[users] = r
         return out
 
@@ -143,7 +145,7 @@ class Groups:
         return self.per_user(mm, g, x)
 
     def sum(self, t: torch.Tensor, inner: int = 1) -> torch.Tensor:
-        """Per-user sum over slots (and ``inner`` dims after the first) of (slots, *inner, ...) -> (users + 1, ...)."""
+        """Per-user sum over slots (and ``inner`` dims after the first) of (slots, *inner, ...) -> (users, ...)."""
         return self.per_user(lambda tb: tb.reshape(tb.shape[0], -1, *tb.shape[1 + inner:]).sum(1), t)
 
 
@@ -184,8 +186,8 @@ def _embedding(module, inputs, output, g, groups: Groups, names) -> dict:
     gf = g.reshape(-1, D)
     if module.padding_idx is not None:  # the padding row gets no gradient (nn.Embedding's semantics)
         gf = gf * (idx.reshape(-1) != module.padding_idx).to(gf.dtype)[:, None]
-    w = gf.new_zeros((groups.num_users + 1) * V, D).index_add_(0, flat, gf)
-    return {"weight": w.reshape(groups.num_users + 1, V, D)}
+    w = gf.new_zeros((groups.num_users + 1) * V, D).index_add_(0, flat, gf)  # row block m: the phantom user
+    return {"weight": w.reshape(groups.num_users + 1, V, D)[: groups.num_users]}
 
 
 def _norm_rule(xhat, g, groups: Groups, names, shape) -> dict:
@@ -338,7 +340,7 @@ def per_user_gradients(policy, obs, actions, weights, user_index: torch.Tensor |
                                 groups.layout_weights(weights), groups)
     except Unsupported:
         return _func_over_users(policy, obs, actions, weights, user_index, keep, m)
-    return torch.cat([grads[k].detach()[:m].reshape(m, -1) for k in params], dim=1)
+    return torch.cat([grads[k].detach().reshape(m, -1) for k in params], dim=1)
 
 
 def _func_over_users(policy, obs, actions, weights, user_index, keep, m):
@@ -402,7 +404,7 @@ def _hook_gradients(policy, params: dict, obs, actions, weights, groups: Groups)
                 by_param[key] = v if key not in by_param else by_param[key] + v
     finally:
         cap.remove()
-    return {k: by_param.get(id(p), torch.zeros((groups.num_users + 1,) + tuple(p.shape), dtype=p.dtype))
+    return {k: by_param.get(id(p), torch.zeros((groups.num_users,) + tuple(p.shape), dtype=p.dtype))
             for k, p in params.items()}
 
 
