@@ -84,6 +84,8 @@ def _report(summary: dict, run_dir: str) -> None:
 
 def entry(hydra_main, args: list[str]) -> None:
     """What ``python train.py ARGS`` does: pre-flight (or resume), then Hydra's run for ``args``."""
+    if int(os.environ.get("RANK", "0")) > 0:  # torchrun rank > 0: Hydra must not write into rank 0's run dir
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=disabled"]
     try:
         resume = precheck(args)
         if resume:
