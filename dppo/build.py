@@ -181,6 +181,9 @@ def build_learner(cfg, cls, objects: dict):
     params.pop("_target_")
     params.pop("name", None)
     private = params.pop("private", True)
+    if not private and cfg.eps is not None:
+        raise ConfigError(f"algo={_algo_name(cfg)} has no private mode, but eps={cfg.eps} was given; run it with "
+                          f"eps=null, or pick a private algorithm (dp_pg, dp_npg, dp_rebel, pucb)")
     oracle_name = params.pop("oracle", None)
     oracle_kwargs = params.pop("oracle_kwargs", None) or {}
     sig = inspect.signature(cls.__init__).parameters
@@ -189,8 +192,11 @@ def build_learner(cfg, cls, objects: dict):
     if unknown:
         raise ConfigError(f"unknown key(s) {unknown} for algo {cls.__name__}; valid: "
                           f"{sorted(k for k in sig if k not in INJECTABLE and k != 'self')}")
-    if not private:
-        objects["privacy"].eps = None
+    if cfg.group_size is not None:
+        if "group_size" not in sig:
+            raise ConfigError(f"group_size applies to the group learners (pg, npg, rebel and their private twins), "
+                              f"not to algo={_algo_name(cfg)}")
+        params["group_size"] = int(cfg.group_size)
     available = {"seed": cfg.seed, "rounds": cfg.rounds, "users_per_round": cfg.users_per_round,
                  "episodes": cfg.episodes, "batch_size": cfg.batch_size, "max_grad_norm": cfg.max_grad_norm,
                  "reward_bound": cfg.reward_bound, "eps": objects["privacy"].eps, "delta": cfg.delta, **objects}

@@ -56,6 +56,7 @@ class TrainConfig:
     seed: int = 0
     rounds: int = 100
     users_per_round: int = 10
+    group_size: Optional[int] = None  # rollouts per user (one privacy unit); null = the algorithm's default
     max_grad_norm: float = 1.0
     reward_bound: Optional[float] = 1.0
     resume: Optional[str] = None
@@ -93,6 +94,8 @@ def validate(cfg) -> None:
         raise ConfigError(f"eps must be > 0 (or null for a non-private run), got {cfg.eps}")
     if not (0 < cfg.delta < 1):
         raise ConfigError(f"delta must lie strictly between 0 and 1, got {cfg.delta}")
+    if cfg.group_size is not None and cfg.group_size < 1:
+        raise ConfigError(f"group_size must be >= 1 (or null for the algorithm's default), got {cfg.group_size}")
     if cfg.users_per_round < 1:
         raise ConfigError(f"users_per_round must be >= 1, got {cfg.users_per_round}")
     if not (cfg.max_grad_norm > 0):

@@ -13,9 +13,18 @@ class GymEnvFactory:
         id: gymnasium env id (e.g. ``CartPole-v1``).
         horizon: maximum episode length; ``None`` uses the env's own ``max_episode_steps``.
         kwargs: extra keyword arguments for ``gym.make``.
+        vectorization: how batches of episodes run (``dppo.algos.rollout``): ``auto`` (the env's native
+            vectorized implementation if it has one, e.g. CartPole, else ``sync``), ``native``, ``sync``,
+            ``async`` (gymnasium's vector envs) or ``none`` (a list of single envs).
     """
 
-    def __init__(self, id: str = "CartPole-v1", horizon: int | None = None, kwargs: dict | None = None):
+    def __init__(self, id: str = "CartPole-v1", horizon: int | None = None, kwargs: dict | None = None,
+                 vectorization: str = "auto"):
+        from dppo.algos.rollout import VECTORIZATION
+
+        if vectorization not in VECTORIZATION:
+            raise ConfigError(f"env.vectorization must be one of {VECTORIZATION}, got '{vectorization}'")
+        self.vectorization = vectorization
         self.id = str(id)
         self.kwargs = dict(kwargs or {})
         try:
@@ -39,7 +48,3 @@ class GymEnvFactory:
     def __repr__(self) -> str:
         return f"GymEnvFactory(id={self.id!r}, horizon={self.horizon})"
 
-
-def user_seed(seed: int, user_id: int) -> int:
-    """Deterministic, distinct reset seed for user ``user_id`` of run ``seed``."""
-    return (int(seed) * 1_000_003 + int(user_id) * 7_919 + 12_345) % (2**31 - 1)

@@ -37,7 +37,8 @@ def test_tensorboard_has_the_documented_keys(tiny, tmp_path):
     acc = EventAccumulator(str(tmp_path)).Reload()
     keys = set(acc.Tags()["scalars"])
     assert {"diag/return", "diag/episode_length", "privacy/epsilon", "privacy/noise_multiplier",
-            "diag/clip_fraction", "diag/reward_clip_fraction", "losses/grad_norm", "perf/users_per_s"} <= keys
+            "diag/clip_fraction", "diag/reward_clip_fraction", "diag/env_steps",
+            "diag/zero_spread_fraction", "rollout/episodes", "losses/grad_norm", "perf/users_per_s"} <= keys
     assert not {"rollout/return", "privacy/clip_fraction", "privacy/reward_clip_fraction"} & keys
     assert acc.Tags()["tensors"]  # the hyper-parameter text table
 
