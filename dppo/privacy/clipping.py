@@ -114,14 +114,20 @@ class MeanRelease:
     private release (the twins differ by the noise only); no noise, nothing recorded."""
 
     mechanism = "none"
+    shards = None  # as GaussianSumPrivatizer.shards
 
     def __init__(self, max_grad_norm: float):
         self.max_grad_norm = float(max_grad_norm)
 
     def release_mean(self, per_user: torch.Tensor, round_idx: int) -> tuple[torch.Tensor, dict]:
         clipped, norms = clip_per_user(per_user.double(), self.max_grad_norm)
+        if self.shards is not None:
+            return self.shards.release(clipped, norms, self._mean)
+        return self._mean(clipped, norms)
+
+    def _mean(self, clipped, norms) -> tuple[torch.Tensor, dict]:
         frac = float((norms > self.max_grad_norm).double().mean()) if len(norms) else 0.0
-        return clipped.sum(0) / max(per_user.shape[0], 1), {"diag/clip_fraction": frac}
+        return clipped.sum(0) / max(clipped.shape[0], 1), {"diag/clip_fraction": frac}
 
 
 def sum_mechanism(privacy, max_grad_norm: float, sampler=None, rounds: int = 1):

@@ -232,14 +232,14 @@ class ShardedSampler:
 
 def attach(learner, info: DistInfo) -> None:
     """Make a built learner multi-process: its sampler hands out this rank's shard of each round and its
-    privatizer releases through rank 0. Refuses learners whose release is not a sum of clipped per-user
-    vectors (the oracle learners, the tabular and GFA learners, non-private runs)."""
-    privatizer = getattr(learner, "privatizer", None)
+    release (``learner.release``, or ``learner.privatizer``) goes through rank 0. Refuses learners whose
+    release is not a mean of clipped per-user vectors (the oracle learners, tabular and GFA learners)."""
+    privatizer = getattr(learner, "release", None) or getattr(learner, "privatizer", None)
     if privatizer is None or not hasattr(type(privatizer), "shards") or not hasattr(learner, "sampler"):
         raise errors.ConfigError(
-            f"multi-process training (torchrun, WORLD_SIZE={info.world_size}) supports private learners that "
-            f"release a noisy sum of clipped per-user gradients (algo=dp_pg, eps set); {type(learner).__name__}"
-            f"{'' if privatizer is not None else ' without a privatizer (non-private run?)'} runs in one process")
+            f"multi-process training (torchrun, WORLD_SIZE={info.world_size}) supports learners whose update is "
+            f"a (noisy) mean of clipped per-user gradients (algo=pg|dp_pg); {type(learner).__name__} runs in one "
+            f"process")
     release = ShardedRelease(info)
     privatizer.shards = release
     learner.sampler = ShardedSampler(learner.sampler, info, release)
