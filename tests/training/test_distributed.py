@@ -58,8 +58,8 @@ def test_a_rank_that_dies_before_the_gather_ends_the_round_without_a_release(tmp
     _ = r
 
 
-def _train(args, run_dir, n=None):
-    base = ["train.py", "algo=dp_pg", "privacy.secure_rng=false", "users_per_round=5", "eval_episodes=2",
+def _train(args, run_dir, n=None, algo="dp_pg"):
+    base = ["train.py", f"algo={algo}", "privacy.secure_rng=false", "users_per_round=5", "eval_episodes=2",
             "progress=false", "env.horizon=40", "checkpoint_every=1", f"hydra.run.dir={run_dir}", *args]
     if n is None:
         r = subprocess.run([sys.executable, *base], cwd=ROOT, capture_output=True, text=True, timeout=240,
@@ -79,6 +79,22 @@ def test_two_process_run_equals_the_single_process_run_bit_for_bit(tmp_path):
     assert two["policy_sha256"] == one["policy_sha256"] and one["policy_sha256"]
     assert two["users_seen"] == one["users_seen"] == 10
     assert not os.path.exists(tmp_path / "two" / "rank1")  # only rank 0 writes the run directory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [["algo.subspace=full", "algo.dim=null"], ["group_size=1", "algo.advantage=to_go"]])
+def test_two_process_dp_pg_variants_equal_the_single_process_run(tmp_path, extra):
+    """Every parameter (per-user gradients from one backward), and one rollout per user (tiny batches)."""
+    one = _train(["rounds=2", *extra], str(tmp_path / "one"))
+    two = _train(["rounds=2", *extra], str(tmp_path / "two"), n=2)
+    assert two["ledger"] == one["ledger"] and two["policy_sha256"] == one["policy_sha256"]
+
+
+@pytest.mark.slow
+def test_non_private_two_process_run_equals_the_single_process_run(tmp_path):
+    one = _train(["rounds=2"], str(tmp_path / "one"), algo="pg")
+    two = _train(["rounds=2"], str(tmp_path / "two"), n=2, algo="pg")
+    assert one["ledger"] == two["ledger"] == [] and two["policy_sha256"] == one["policy_sha256"]
 
 
 @pytest.mark.slow
