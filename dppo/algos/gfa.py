@@ -34,6 +34,7 @@ from scipy.optimize import brentq
 from dppo.algos.base import Learner
 from dppo.errors import ConfigError, DataError
 from dppo.privacy.calibration import exp_mech_beta
+from dppo.privacy.mechanisms import exponential_mechanism
 
 COMPOSITION_ACCOUNTANTS = {"advanced": "advanced", "zcdp": "zcdp"}
 
@@ -146,10 +147,9 @@ class _GFABase(Learner):
             users = self.episodes_done
             eps, beta = self.release_budget(round_idx)
             self.round_eps, self.round_beta = (eps if users > 0 else 0.0), beta
-            self.privacy.release("exponential", round=round_idx, users=users, eps=self.round_eps, delta=0.0,
-                                 beta=beta, sensitivity=self.sensitivity, class_size=self.size,
-                                 adjacency="replace_one")
-            idx = gumbel_max(beta * score, self.privacy.noise.gumbel(score.shape))
+            idx, _ = exponential_mechanism(self.privacy, score, beta=beta, round=round_idx, users=users,
+                                           eps=self.round_eps, sensitivity=self.sensitivity, class_size=self.size)
+            idx = int(idx)
         else:
             best = score.max()
             ties = torch.nonzero(score >= best - 1e-9 * max(1.0, float(best.abs()))).squeeze(1)
