@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from dppo.policies.base import MIN_ROWS, pad_rows
+from dppo.policies.base import MIN_ROWS
 
 METHODS = ("hooks", "func")
 

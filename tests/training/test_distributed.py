@@ -51,11 +51,10 @@ def test_two_processes_gather_in_user_order_and_release_exactly_the_single_proce
 
 @pytest.mark.slow
 def test_a_rank_that_dies_before_the_gather_ends_the_round_without_a_release(tmp_path):
-    r = torchrun([CHECKS, "dead_rank", str(tmp_path)], env={"DPPO_DIST_TIMEOUT_S": "20"})
-    out = json.load(open(tmp_path / "rank0.json"))
+    torchrun([CHECKS, "dead_rank", str(tmp_path)], env={"DPPO_DIST_TIMEOUT_S": "20"})
+    out = json.load(open(tmp_path / "rank0.json"))  # rank 0 got an error from the gather, recorded nothing
     assert out["released"] is False and out["ledger"] == [] and out["seconds"] < 60
     assert not (tmp_path / "rank1.json").exists()
-    _ = r
 
 
 def _train(args, run_dir, n=None, algo="dp_pg"):
