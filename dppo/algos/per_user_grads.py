@@ -67,10 +67,12 @@ class Groups:
     Each user's rows, in their order, are padded with zero-weight copies of the user's first row to a
     multiple ``L_u`` of ``pad_multiple``; users follow in id order, and runs of consecutive users with
     equal ``L_u`` form buckets. A per-user sum of row products is one batched matmul per bucket with
-    inner length ``L_u``, a per-user sum a reduction over the bucket's (L_u, ...) blocks: every float operation a user's result sees depends only on that
-    user's own rows, never on which other users share the batch or how much data they have (so a user's
-    gradient is bit-identical whichever process or batch computes it; CPU kernels are invariant to the
-    batch count at fixed shapes). A phantom user ``num_users`` (dropped) pads tiny batches to ``MIN_ROWS``.
+    inner length ``L_u``, a per-user sum a reduction over the bucket's (L_u, ...) blocks: every float
+    operation a user's result sees depends only on that user's own rows, never on which other users
+    share the batch or how much data they have (so a user's gradient is bit-identical whichever process
+    or batch computes it; CPU kernels are invariant to the batch count at fixed shapes, checked in
+    tests/algos/test_per_user_grads.py). A phantom user ``num_users`` (never summed) pads tiny batches
+    to ``MIN_ROWS`` rows.
     """
 
     def __init__(self, user: torch.Tensor, num_users: int, pad_multiple: int = PAD_MULTIPLE,
@@ -257,7 +259,7 @@ def _block_func(fn, params: dict, slot_args: list, groups: Groups) -> dict:
 
 
 def _module_vjp(module, names, args, kwargs, g, groups: Groups) -> dict:
-    """Fallback for one module without a rule: vmap over blocks of users' rows of the VJP of that module
+    """Fallback for one module without a rule: per bucket, a vmap over users of the VJP of that module
     alone, at its captured inputs and backpropagated errors."""
     R = g.shape[0]
     batched = [isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == R for a in args]
@@ -409,7 +411,7 @@ def _hook_gradients(policy, params: dict, obs, actions, weights, groups: Groups)
 
 
 def _root_func(policy, direct: dict, obs, actions, weights, groups: Groups) -> dict:
-    """Parameters the policy module uses directly: vmap over blocks of the objective for those only."""
+    """Parameters the policy module uses directly: per bucket, a vmap over users of the objective for those only."""
     detached = {n: p.detach() for n, p in direct.items()}
 
     def objective(p, o, a, w):
