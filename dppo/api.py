@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from dppo.build import build
 from dppo.config import TrainConfig, compose
 from dppo.errors import ConfigError, DPPOError
+from dppo.training import distributed
 from dppo.training.rundir import check_fresh, write_layout
 
 GROUPS = ("algo", "env", "policy", "privacy", "logger", "callbacks")
@@ -143,14 +144,21 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
 def _train(cfg, run_dir, *, resume: bool = False, callbacks=(), write_config: bool = True, **objects) -> dict:
     overrides = as_overrides(cfg)
     cfg = make_config(cfg)
-    if run_dir is not None and not resume:
-        check_fresh(run_dir)
-    trainer = build(cfg, run_dir, callbacks=callbacks, **objects)
-    if resume and not trainer.try_resume():
-        raise ConfigError(f"no usable checkpoint in {run_dir}/checkpoints; start a new run instead")
-    if run_dir is not None and write_config and not resume:
-        write_layout(run_dir, cfg, overrides)
-    return trainer.fit()
+    dist = distributed.init()  # a torchrun launch: join the process group (dppo/training/distributed.py)
+    try:
+        if run_dir is not None and not resume and dist.is_main:
+            check_fresh(run_dir)
+        trainer = build(cfg, run_dir, callbacks=callbacks, **objects)
+        if resume:
+            def load():
+                if not trainer.try_resume():
+                    raise ConfigError(f"no usable checkpoint in {run_dir}/checkpoints; start a new run instead")
+            distributed.on_main(load, dist)  # rank 0 loads; fit() hands the state to the other ranks
+        if run_dir is not None and write_config and not resume and dist.is_main:
+            write_layout(run_dir, cfg, overrides)
+        return trainer.fit()
+    finally:
+        distributed.shutdown(dist)
 
 
 def load_run_config(run_dir: str, overrides: list[str] | None = None) -> DictConfig:
