@@ -2,7 +2,7 @@
 
 Layout (the same from the CLI and the Python API): ``.hydra/config.yaml`` (the composed config),
 ``.hydra/overrides.yaml``, ``checkpoints/``, ``users.journal``, ``summary.json``, ``progress.csv``, TensorBoard
-event files, ``policy.pt``. A directory that already holds a run (checkpoints, journal, summary, progress.csv or
+event files, ``policy.pt``. A directory that already holds a run (checkpoints, summary, progress.csv or
 event files) is refused for a new run: continue it with
 ``resume=<dir>`` (or ``dppo.train(cfg, dir, resume=True)``), or choose another directory. Nothing is reused
 silently: a new run in an old directory would overwrite its checkpoints and mix two runs' event files.
@@ -19,9 +19,9 @@ from dppo.errors import ConfigError
 
 
 def holds_run(run_dir: str) -> bool:
-    """True if ``run_dir`` has a summary, a checkpoint, a user journal, a progress.csv or an event file."""
+    """True if ``run_dir`` has a summary, a checkpoint, a progress.csv or an event file. A user journal alone
+    (a crash before the first checkpoint) does not count: a fresh start there burns what it journalled."""
     return (os.path.isfile(os.path.join(run_dir, "summary.json"))
-            or os.path.isfile(os.path.join(run_dir, "users.journal"))
             or os.path.isfile(os.path.join(run_dir, "progress.csv"))
             or bool(glob.glob(os.path.join(run_dir, "checkpoints", "ckpt_*.pt")))
             or bool(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))))
