@@ -15,6 +15,7 @@ from dppo.data import OnePassUserSampler, PoissonUserSampler
 from dppo.errors import ConfigError
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
+from dppo.training import distributed
 from dppo.training.logger import make_logger
 from dppo.training.trainer import Trainer
 
@@ -109,6 +110,16 @@ def build_policy(cfg, env, init_state: dict | None = None):
     return policy
 
 
+def _default_accountant(cls, cfg) -> str:
+    """The learner's own accountant choice (``accountant_name(privacy_cfg[, algo_cfg])``), else rdp/parallel."""
+    fn = getattr(cls, "accountant_name", None)
+    if fn is None:
+        return "rdp" if cfg.privacy.multi_pass else "parallel"
+    if len(inspect.signature(fn).parameters) >= 2:
+        return fn(cfg.privacy, to_container(cfg.algo))
+    return fn(cfg.privacy)
+
+
 def exclude_pretraining_users(sampler, used: list[int] | None) -> None:
     """Private fine-tuning never reuses a user of the pretraining run: its ids are skipped for ever (a
     finite population: burned; a user stream: it starts after the largest one)."""
@@ -127,7 +138,7 @@ def build_privacy(cfg, cls) -> PrivacyContext:
     p = cfg.privacy
     name = p.accountant
     if name is None:
-        name = cls.accountant_name(p) if hasattr(cls, "accountant_name") else ("rdp" if p.multi_pass else "parallel")
+        name = _default_accountant(cls, cfg)
     if p.multi_pass and name not in ("rdp", "prv"):
         raise ConfigError("privacy.multi_pass=true needs privacy.accountant=rdp or prv (users are reused)")
     check_accountant(cfg, cls, name)
@@ -149,7 +160,8 @@ def check_accountant(cfg, cls, name: str) -> None:
     if p.multi_pass and pure:
         raise ConfigError(f"privacy.multi_pass=true: Opacus' RDP/PRV accounting composes Poisson-subsampled "
                           f"Gaussian releases, and {cls.__name__} makes pure-DP releases; use one-pass training")
-    if name in ("advanced", "zcdp") and not pure:
+    carries_rho = bool(getattr(cls, "releases_carry_rho", lambda c: False)(cfg))   # Gaussian releases with their zCDP rho
+    if name in ("advanced", "zcdp") and not pure and not (name == "zcdp" and carries_rho):
         raise ConfigError(f"privacy.accountant={name} composes pure-DP (delta=0) releases only, and "
                           f"{cls.__name__} makes (eps, delta) Gaussian releases; use privacy.accountant=parallel "
                           f"(one-pass default) or basic")
@@ -292,6 +304,9 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
           sampler=None, learner=None) -> Trainer:
     """Build every object of a run from ``cfg``; any object passed in is used instead of being built."""
     validate(cfg)
+    dist = distributed.from_env()
+    if not dist.is_main:  # torchrun rank > 0: computes its shard of each round, writes nothing
+        run_dir = None
     if run_dir is not None:
         check_writable(run_dir)
     seed_everything(cfg.seed)
@@ -307,7 +322,7 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         n_rounds = cfg.rounds if cfg.episodes is None else 1
         sampler.check_capacity(n_rounds)
     if logger is None:
-        logger = make_logger(run_dir, **to_container(cfg.logger))
+        logger = make_logger(run_dir, **{**to_container(cfg.logger), **({} if dist.is_main else {"console": False})})
     if learner is None:
         sig = inspect.signature(cls.__init__).parameters
         objects = {"env": env, "privacy": privacy, "sampler": sampler, "logger": logger}
@@ -315,11 +330,15 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
             objects["policy"] = policy if policy is not None else build_policy(cfg, env, init_state)
         check_memory(cfg, env, objects.get("policy"))
         learner = build_learner(cfg, cls, objects)
+    if dist.enabled:
+        distributed.attach(learner, dist)
     cb = [instantiate(spec) for spec in (to_container(cfg.callbacks) or {}).values()] + list(callbacks)
     meta = {"algo": _algo_name(cfg), "env_id": getattr(env, "id", type(env).__name__), "seed": cfg.seed}
     trainer = Trainer(learner, privacy, logger, sampler=sampler, callbacks=cb, run_dir=run_dir,
-                      checkpoint_every=cfg.checkpoint_every, eval_episodes=cfg.eval_episodes,
-                      eval_greedy=cfg.eval.greedy, progress=cfg.progress, meta=meta, fingerprint=fingerprint(cfg))
+                      checkpoint_every=cfg.checkpoint_every, eval_episodes=cfg.eval_episodes if dist.is_main else 0,
+                      eval_greedy=cfg.eval.greedy, progress=cfg.progress and dist.is_main, meta=meta,
+                      fingerprint=fingerprint(cfg))
+    trainer.dist = dist
     logger.log_hparams(_flat(to_container(cfg)))
     return trainer
 

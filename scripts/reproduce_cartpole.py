@@ -4,8 +4,9 @@
     python scripts/reproduce_cartpole.py --report                # table + plot from the runs on disk
 
 Each cell is ``python train.py +experiment=cartpole_<algo> eps=<eps> seed=<seed>`` (CartPole-v1,
-2x64 MLP, 100 rounds x 10 users, delta=1e-5), run in a subprocess with one torch thread, two at a
-time. Runs whose ``summary.json`` is complete are skipped. The report writes
+2x64 MLP, 100 rounds x 10 users, delta=1e-5), run by a pool of ``--workers`` processes (one torch
+thread each) through the Python API, longest cells first (``--subprocess``: one ``train.py`` process
+per cell, as before). Runs whose ``summary.json`` is complete are skipped. The report writes
 ``runs/reference/cartpole.md`` (mean final return, std over seeds, best-round mean; the paper's numbers
 side by side) and ``runs/reference/cartpole.png`` (mean +- std return per round, one panel per family).
 """
@@ -19,7 +20,8 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
@@ -36,6 +38,7 @@ ROWS = [
     ("REBEL", "cartpole_dp_rebel", 5.0, None, None, None),
     ("REBEL", "cartpole_dp_rebel", 3.0, None, None, None),
 ]
+COST = {"cartpole_npg": 3.0, "cartpole_dp_npg": 3.0, "cartpole_rebel": 2.0, "cartpole_dp_rebel": 2.0}  # rough
 # paper-protocol rows (G <= 2: one episode per user, or REBEL's pair), run with --paper-protocol
 PAPER_ROWS = [
     ("PG", "cartpole_pg@G1", None, None, None, None),
@@ -67,12 +70,55 @@ def complete(path: str) -> bool:
         return False
 
 
-def launch(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
+def overrides(exp: str, eps, seed: int) -> list[str]:
     base, _, proto = exp.partition("@")
-    args = [sys.executable, os.path.join(ROOT, "train.py"), f"+experiment={base}", *PROTOCOL.get(proto, []), f"seed={seed}",
-            f"eps={'null' if eps is None else eps}", "progress=false", "logger.tensorboard=false",
-            "privacy.secure_rng=false",      # seeded noise: the reference table must be reproducible
-            f"hydra.run.dir={path}"]
+    return [f"+experiment={base}", *PROTOCOL.get(proto, []), f"seed={seed}", f"eps={'null' if eps is None else eps}",
+            "progress=false",
+            "logger.tensorboard=false",
+            "privacy.secure_rng=false"]      # seeded noise: the reference table must be reproducible
+
+
+def _worker_init() -> None:
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    import warnings
+
+    import torch
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+
+
+def run_in_process(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
+    """One cell in this (pool worker) process through the Python API: the same config and outputs as
+    ``train.py`` (``.hydra/config.yaml`` included, so ``train.py resume=`` works), without paying
+    Python/torch start-up and a second config build per run."""
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    import dppo
+
+    t0 = time.perf_counter()
+    if os.path.isdir(path):
+        shutil.rmtree(path)  # an incomplete earlier attempt: start the cell afresh
+    try:
+        cfg = dppo.make_config(overrides(exp, eps, seed))
+        os.makedirs(os.path.join(path, ".hydra"), exist_ok=True)
+        OmegaConf.save(cfg, os.path.join(path, ".hydra", "config.yaml"))
+        with open(os.devnull, "w") as devnull:
+            import contextlib
+
+            with contextlib.redirect_stderr(devnull):
+                dppo.train(cfg, run_dir=path)
+        rc = 0
+    except Exception as err:  # noqa: BLE001 - one failed cell is reported, the grid goes on
+        print(f"FAILED {os.path.basename(path)}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        rc = 1
+    return path, rc, time.perf_counter() - t0
+
+
+def launch(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
+    args = [sys.executable, os.path.join(ROOT, "train.py"), *overrides(exp, eps, seed), f"hydra.run.dir={path}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     t0 = time.perf_counter()
     res = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -86,10 +132,13 @@ def run_grid(args) -> float:
     jobs = [(exp, eps, s, run_dir(args.out, exp, eps, s)) for _, exp, eps, *_ in rows(args) for s in args.seeds
             if not args.only or exp in args.only]
     todo = [j for j in jobs if not complete(j[3])]
+    # longest first, so the pool drains evenly (the G <= 2 rows collect ~8x fewer episodes)
+    todo.sort(key=lambda j: -COST.get(j[0].partition("@")[0], 1.0) * (0.2 if "@" in j[0] else 1.0))
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(args.workers) as pool, tqdm(total=len(jobs), initial=len(jobs) - len(todo),
-                                                         desc="cartpole runs", unit="run") as bar:
-        futures = [pool.submit(launch, *j) for j in todo]
+    pool = (ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"),
+                                initializer=_worker_init) if not args.subprocess else ThreadPoolExecutor(args.workers))
+    with pool, tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc="cartpole runs", unit="run") as bar:
+        futures = [pool.submit(launch if args.subprocess else run_in_process, *j) for j in todo]
         for fut in as_completed(futures):
             path, rc, wall = fut.result()
             bar.set_postfix_str(f"{os.path.basename(path)} {wall:.0f}s rc={rc}")
@@ -199,6 +248,9 @@ def main() -> None:
     ap.add_argument("--png", default=os.path.join(ROOT, "runs", "reference", "cartpole.png"))
     ap.add_argument("--only", nargs="+", help="run only these experiments (e.g. cartpole_dp_npg)")
     ap.add_argument("--report", action="store_true", help="only write the table and plot from runs on disk")
+    ap.add_argument("--subprocess", action="store_true",
+                    help="one `python train.py` subprocess per cell (default: a pool of worker processes, one thread "
+                         "each, running cells through the Python API)")
     ap.add_argument("--paper-protocol", action="store_true", help="also the G <= 2 rows (one episode per user)")
     args = ap.parse_args()
     wall = None if args.report else run_grid(args)

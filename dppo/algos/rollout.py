@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from dppo.errors import ConfigError, DataError
+from dppo.policies.base import pad_rows
 
 VECTORIZATION = ("auto", "native", "sync", "async", "none")
 
@@ -214,7 +215,7 @@ class RolloutEngine:
                     break
                 if not np.isfinite(cur).reshape(n, -1).all(1)[active].all():
                     raise DataError("the environment returned a NaN/inf observation; this round's data is discarded")
-                logits = policy.logits(torch.from_numpy(cur))
+                logits = policy.logits(pad_rows(torch.from_numpy(cur)))[:n]  # batch-invariant rows (MIN_ROWS)
                 actions = inverse_cdf_actions(logits, None if uniforms is None else uniforms[:, t]).numpy()
                 obs_buf[:, t] = cur  # rows of finished episodes are masked out below
                 act_buf[:, t] = actions
