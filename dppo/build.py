@@ -19,9 +19,9 @@ from dppo.training.logger import make_logger
 from dppo.training.trainer import Trainer
 
 INJECTABLE = ("policy", "env", "privacy", "sampler", "logger", "seed", "rounds", "users_per_round", "episodes",
-              "batch_size", "max_grad_norm", "reward_bound", "eps", "delta", "oracle")
+              "batch_size", "max_grad_norm", "reward_bound", "eps", "delta", "oracle", "group_size")
 FINGERPRINT_KEYS = ("algo", "env", "policy", "eps", "delta", "seed", "users_per_round", "max_grad_norm",
-                    "reward_bound", "episodes", "batch_size", "oracle")
+                    "reward_bound", "episodes", "batch_size", "oracle", "group_size")
 
 
 def seed_everything(seed: int) -> None:
@@ -105,7 +105,8 @@ def build_learner(cfg, cls, objects: dict):
         objects["privacy"].eps = None
     available = {"seed": cfg.seed, "rounds": cfg.rounds, "users_per_round": cfg.users_per_round,
                  "episodes": cfg.episodes, "batch_size": cfg.batch_size, "max_grad_norm": cfg.max_grad_norm,
-                 "reward_bound": cfg.reward_bound, "eps": objects["privacy"].eps, "delta": cfg.delta, **objects}
+                 "reward_bound": cfg.reward_bound, "eps": objects["privacy"].eps, "delta": cfg.delta,
+                 "group_size": cfg.group_size, **objects}
     if "oracle" in sig and "oracle" not in objects:
         from dppo.oracles import make_oracle
 
@@ -146,6 +147,10 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     seed_everything(cfg.seed)
     cls = learner_class(cfg)
     env = env if env is not None else build_env(cfg)
+    if getattr(env, "kind", None) == "prompts":  # language-model prompts: the algorithm family's LM learner
+        from dppo.algos.prompt_po import prompt_twin
+
+        cls = prompt_twin(cls)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
     sampler = sampler if sampler is not None else build_sampler(cfg)
     if not getattr(sampler, "multi_pass", False):

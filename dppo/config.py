@@ -65,6 +65,8 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint_every: int = 10
     progress: bool = True
+    group_size: Optional[int] = None  # completions / rollouts per user (null = the algorithm's default)
+    device: str = "cpu"  # cpu | cuda | auto (policies that support it, e.g. policy=lm)
 
 
 def register_schema() -> None:
@@ -107,6 +109,10 @@ def validate(cfg) -> None:
     if cfg.eval_episodes < 0 or cfg.checkpoint_every < 1:
         raise ConfigError("eval_episodes must be >= 0 and checkpoint_every >= 1")
     p = cfg.privacy
+    if cfg.group_size is not None and cfg.group_size < 1:
+        raise ConfigError(f"group_size must be >= 1 (or null for the algorithm's default), got {cfg.group_size}")
+    if cfg.device not in ("cpu", "cuda", "auto") and not str(cfg.device).startswith("cuda:"):
+        raise ConfigError(f"device must be cpu, cuda or auto, got '{cfg.device}'")
     if p.max_epsilon is not None and not p.max_epsilon > 0:
         raise ConfigError(f"privacy.max_epsilon must be > 0, got {p.max_epsilon}")
     if p.multi_pass and not (p.population_size and p.population_size >= cfg.users_per_round):
