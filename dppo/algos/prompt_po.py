@@ -188,22 +188,23 @@ class PromptLearner(Learner):
         return {("diag/clip_fraction" if k == "privacy/clip_fraction" else k): v for k, v in stats.items()}
 
     # ---- evaluation (public prompts only) ---------------------------------------------------------
-    def public_completions(self, rows: list[dict], greedy: bool, stream_round: int = 0):
+    def public_completions(self, rows: list[dict], greedy: bool, stream_round: int = 0, group: int = 1):
         pid, pmask = self.policy.encode(self.env.prompts(rows))
         u = None
         if not greedy:
-            u = torch.rand(len(rows), self.policy.max_new_tokens, generator=public_generator(0, "eval", stream_round),
-                           dtype=torch.float64)
-        return self.policy.sample(pid, pmask, u)
+            u = torch.rand(len(rows) * group, self.policy.max_new_tokens,
+                           generator=public_generator(0, "eval", stream_round), dtype=torch.float64)
+        return self.policy.sample(pid, pmask, u, group=group)
 
     def evaluate(self, episodes: int, greedy: bool = False) -> float:
-        """Mean reward (unclipped) of one completion per held-out public prompt (the first ``episodes``),
-        sampled from a fixed public stream (the same for every run) or greedy."""
+        """Mean reward (unclipped) on the first ``episodes`` held-out public prompts: ``env.eval_samples``
+        completions each from a fixed public stream (the same for every run and round), or one greedy one."""
         rows = self.env.eval_rows(episodes)
         if not rows:
             return float("nan")
-        comp = self.public_completions(rows, greedy)
-        rewards, _ = self.env.rewards(rows, comp.texts, 1, None)
+        k = 1 if greedy else self.env.eval_samples
+        comp = self.public_completions(rows, greedy, group=k)
+        rewards, _ = self.env.rewards(rows, comp.texts, k, None)
         return float(rewards.mean())
 
     def log_completions(self, round_idx: int) -> None:
@@ -230,7 +231,12 @@ class PromptLearner(Learner):
         self.policy.save_adapter(os.path.join(run_dir, "adapter"))
 
     def summary(self) -> dict:
-        return {"trainable_parameters": self.policy.num_trainable(), "group_size": self.group_size}
+        try:  # public prompts; a reward that fails here has already failed the run (DataError)
+            greedy = self.evaluate(self.env.eval_size, greedy=True)
+        except DataError:
+            greedy = None
+        return {"trainable_parameters": self.policy.num_trainable(), "group_size": self.group_size,
+                "final_greedy_return": greedy}
 
 
 class GroupPolicyGradient(PromptLearner):
@@ -348,6 +354,10 @@ class PromptNPG(PromptLearner):
             raise ConfigError(f"oracle '{oracle.name}' is not private; with eps set choose oracle=dp_gd|ssp|exp_mech")
         if not 0.0 <= momentum < 1.0 or step_decay < 0:
             raise ConfigError("algo.momentum must lie in [0, 1) and algo.step_decay be >= 0")
+        d = policy.num_trainable()
+        if oracle.name in ("ssp", "exp_mech") and d > 2048:
+            raise ConfigError(f"oracle={oracle.name} works with d x d statistics or a cover of R^d, unusable for "
+                              f"d = {d} adapter parameters; use oracle=dp_gd (noisy gradient steps) on env=prompts")
         self.oracle, self.step_rule, self.lr, self.max_kl = oracle, step, float(lr), float(max_kl)
         self.max_step_norm, self.momentum, self.step_decay = max_step_norm, float(momentum), float(step_decay)
         self.fisher_prompts = int(fisher_prompts)

@@ -50,10 +50,27 @@ def load_rows(path: str) -> list[dict]:
     return rows
 
 
+def locate(target: str):
+    """The object at a dotted path ``package.module.name`` (the working directory is importable)."""
+    import importlib
+    import sys
+
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    parts = target.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(target)
+
+
 def resolve_reward(spec):
     """The reward callable named by a dotted path or a ``{_target_: path, **kwargs}`` mapping."""
-    from hydra.utils import get_object
-
     kwargs = {}
     if isinstance(spec, dict):
         spec = dict(spec)
@@ -64,7 +81,7 @@ def resolve_reward(spec):
     if not isinstance(target, str) or not target:
         raise ConfigError("env.reward must name a callable, e.g. env.reward=my_module.my_reward")
     try:
-        fn = get_object(target)
+        fn = locate(target)
     except Exception:  # noqa: BLE001 - import errors of any kind are the user's config
         raise ConfigError(f"env.reward '{target}' cannot be imported; give a dotted path module.function "
                           f"importable from the working directory") from None
@@ -84,6 +101,7 @@ class PromptsEnv:
         public_size: without a split column, the number of rows (after a seeded shuffle) that are public.
         eval_size: held-out public prompts used for ``eval/return`` (the first ``eval_size`` public rows).
         eval_every: rounds between ``eval/return`` evaluations (0: only the final one).
+        eval_samples: sampled completions per evaluation prompt (the mean reward over all of them).
         show_completions: public prompts whose completions are logged as TensorBoard text.
         show_every: rounds between those text logs (0: never).
         seed: seed of the private order and of the shuffle.
@@ -95,7 +113,7 @@ class PromptsEnv:
     action_space = None
 
     def __init__(self, path: str, reward, *, prompt_key: str = "prompt", split_key: str = "split",
-                 public_size: int | None = None, eval_size: int = 256, eval_every: int = 10,
+                 public_size: int | None = None, eval_size: int = 256, eval_every: int = 10, eval_samples: int = 4,
                  show_completions: int = 4, show_every: int = 10, seed: int = 0):
         rows = load_rows(path)
         if not rows:
@@ -124,6 +142,9 @@ class PromptsEnv:
         self.population = len(private)
         self.eval_size = min(int(eval_size), len(public))
         self.eval_every, self.show_every = int(eval_every), int(show_every)
+        if eval_samples < 1:
+            raise ConfigError(f"env.eval_samples must be >= 1, got {eval_samples}")
+        self.eval_samples = int(eval_samples)
         self.show_completions = min(int(show_completions), self.eval_size)
         self.order = np.random.default_rng([self.seed, 11]).permutation(self.population)
         self.id = f"prompts:{os.path.basename(path)}"
