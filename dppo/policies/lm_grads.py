@@ -81,17 +81,18 @@ def _chunk_gradients(policy, objective, owners, order, start, n, G):
             h.remove()
     grads: list[torch.Tensor | None] = [None] * len(order)
     for module, w_train, b_train in owners:
-        pairs = [(x.reshape(n, -1, x.shape[-1]).double(), g.reshape(n, -1, g.shape[-1]).double())
+        # in the layer's dtype (a sum over one user's G*T tokens), then float64 for the clipping and the sum
+        pairs = [(x.reshape(n, -1, x.shape[-1]), g.reshape(n, -1, g.shape[-1]).to(x.dtype))
                  for x, g in saved.get(id(module), []) if g is not None]  # no backprop: not on the path
         if w_train:
             gw = torch.zeros(n, *module.weight.shape, dtype=torch.float64, device=module.weight.device)
             for x, g in pairs:
-                gw += torch.einsum("uko,uki->uoi", g, x)
+                gw += torch.bmm(g.transpose(1, 2), x).double()
             grads[order[id(module.weight)]] = gw
         if b_train:
             gb = torch.zeros(n, *module.bias.shape, dtype=torch.float64, device=module.bias.device)
             for _, g in pairs:
-                gb += g.sum(1)
+                gb += g.sum(1).double()
             grads[order[id(module.bias)]] = gb
     return torch.cat([gr.reshape(n, -1).cpu() for gr in grads], dim=1)
 
