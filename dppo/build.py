@@ -19,9 +19,14 @@ from dppo.training.logger import make_logger
 from dppo.training.trainer import Trainer
 
 INJECTABLE = ("policy", "env", "privacy", "sampler", "logger", "seed", "rounds", "users_per_round", "episodes",
-              "batch_size", "max_grad_norm", "reward_bound", "eps", "delta", "oracle", "group_size")
-FINGERPRINT_KEYS = ("algo", "env", "policy", "eps", "delta", "seed", "users_per_round", "max_grad_norm",
-                    "reward_bound", "episodes", "batch_size", "oracle", "group_size")
+              "batch_size", "max_grad_norm", "reward_bound", "eps", "delta", "oracle")
+# The only settings a resumed run may change: where and how often it logs, checkpoints, evaluates, stops on
+# a public evaluation. Every other key (eps, delta, rounds, users_per_round, group_size, clip norms, the
+# algo's and oracle's parameters, accountant, population, secure_rng, max_epsilon, env, policy, seed) can
+# change what a release spends or on whom, and a change to it refuses the resume, naming the key.
+RESUME_MAY_CHANGE = ("logger", "progress", "checkpoint_every", "eval_episodes", "eval", "resume", "callbacks",
+                     "hydra")
+ROUND_MEMORY_FRACTION = 0.5   # refuse a round (or population) whose arrays would need more than this share of RAM
 
 
 def seed_everything(seed: int) -> None:
@@ -74,17 +79,99 @@ def build_privacy(cfg, cls) -> PrivacyContext:
         name = cls.accountant_name(p) if hasattr(cls, "accountant_name") else ("rdp" if p.multi_pass else "parallel")
     if p.multi_pass and name not in ("rdp", "prv"):
         raise ConfigError("privacy.multi_pass=true needs privacy.accountant=rdp or prv (users are reused)")
+    check_accountant(cfg, cls, name)
     return PrivacyContext(cfg.eps, cfg.delta, accountant=make_accountant(name),
                           noise=NoiseSource(cfg.seed, secure=p.secure_rng), max_epsilon=p.max_epsilon,
                           multi_pass=p.multi_pass, population_size=p.population_size)
 
 
-def build_sampler(cfg):
+def check_accountant(cfg, cls, name: str) -> None:
+    """Refuse, before round 0, an accountant or composition that cannot account this learner's releases."""
+    if cfg.eps is None:
+        return
+    p = cfg.privacy
+    if name in ("rdp", "prv") and not p.multi_pass:
+        raise ConfigError(f"privacy.accountant={name} composes Poisson-subsampled rounds and needs "
+                          f"privacy.multi_pass=true with privacy.population_size; one-pass runs use parallel "
+                          f"(the default) or basic")
+    pure = _releases_pure_dp(cfg, cls)
+    if p.multi_pass and pure:
+        raise ConfigError(f"privacy.multi_pass=true: Opacus' RDP/PRV accounting composes Poisson-subsampled "
+                          f"Gaussian releases, and {cls.__name__} makes pure-DP releases; use one-pass training")
+    if name in ("advanced", "zcdp") and not pure:
+        raise ConfigError(f"privacy.accountant={name} composes pure-DP (delta=0) releases only, and "
+                          f"{cls.__name__} makes (eps, delta) Gaussian releases; use privacy.accountant=parallel "
+                          f"(one-pass default) or basic")
+    uses_composition = getattr(cls, "uses_composition", False)
+    if uses_composition and p.accountant is not None and p.composition != "advanced" and p.accountant != p.composition:
+        raise ConfigError(f"privacy.accountant={p.accountant} contradicts privacy.composition={p.composition}; "
+                          f"set privacy.accountant=null and choose privacy.composition")
+    if p.composition != "advanced" and not uses_composition:
+        raise ConfigError(f"privacy.composition={p.composition} applies to the GFA learners only; "
+                          f"{cls.__name__} is accounted by privacy.accountant")
+    # one-pass rounds (and PUCB's counters) each spend the whole eps at once; multi-pass rounds and GFA's
+    # composed releases spend a share of it, so a lower cap there just stops the run early
+    if p.max_epsilon is not None and p.max_epsilon < cfg.eps and not p.multi_pass and not uses_composition:
+        raise ConfigError(f"privacy.max_epsilon={p.max_epsilon} is below eps={cfg.eps}: the run would stop "
+                          f"before its first full round; raise privacy.max_epsilon or lower eps")
+
+
+def _releases_pure_dp(cfg, cls) -> bool:
+    """Whether every release of the learner is pure eps-DP (delta = 0): a learner says so itself
+    (``releases_pure_dp``); an oracle-based learner is pure with the exponential-mechanism oracle."""
+    if hasattr(cls, "releases_pure_dp"):
+        return bool(cls.releases_pure_dp(cfg))
+    if "oracle" in inspect.signature(cls.__init__).parameters:
+        return (cfg.oracle or cfg.algo.get("oracle")) == "exp_mech"
+    return False
+
+
+def build_sampler(cfg, noise=None):
     p = cfg.privacy
     if p.multi_pass:
-        return PoissonUserSampler(cfg.users_per_round, p.population_size, seed=cfg.seed)
+        return PoissonUserSampler(cfg.users_per_round, p.population_size, seed=cfg.seed, noise=noise)
     sampler = OnePassUserSampler(cfg.users_per_round, p.population_size, seed=cfg.seed)
     return sampler
+
+
+def physical_memory_bytes() -> int | None:
+    try:
+        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_memory(cfg, env=None, policy=None) -> None:
+    """Refuse, before anything is allocated, a population or a round whose arrays cannot fit in memory.
+
+    Estimates (float64 / int64 entries): a finite population's visiting order (one-pass) or per-round
+    coins (multi-pass), 8 bytes per user; a round's padded episodes, users x horizon x (obs + 3) entries,
+    and, with a policy, users x parameters x 3 (per-user gradients, clipped copy, workspace).
+    """
+    limit = physical_memory_bytes()
+    if limit is None:
+        return
+    limit = int(limit * ROUND_MEMORY_FRACTION)
+    pop = cfg.privacy.population_size
+    if pop is not None and 8 * int(pop) > limit:
+        raise ConfigError(f"privacy.population_size={pop} needs ~{8 * int(pop) / 2**30:.3g} GiB for its user "
+                          f"order, more than {ROUND_MEMORY_FRACTION:.0%} of this machine's memory; lower it")
+    horizon = getattr(env, "horizon", None)
+    space = getattr(env, "observation_space", None)
+    if not horizon or space is None or getattr(space, "shape", None) is None:
+        return
+    import math as _math
+
+    obs = _math.prod(space.shape) if space.shape else 1
+    group = OmegaConf.select(cfg, "group_size", default=None) or 1
+    m = int(cfg.users_per_round) * int(group)
+    need = 8 * m * int(horizon) * (obs + 3)
+    if policy is not None and hasattr(policy, "parameters"):
+        need += 8 * 3 * int(cfg.users_per_round) * sum(p.numel() for p in policy.parameters())
+    if need > limit:
+        raise ConfigError(f"one round (users_per_round={cfg.users_per_round}, horizon {horizon}) needs "
+                          f"~{need / 2**30:.3g} GiB, more than {ROUND_MEMORY_FRACTION:.0%} of this machine's "
+                          f"memory; lower users_per_round or env.horizon")
 
 
 def build_learner(cfg, cls, objects: dict):
@@ -93,6 +180,9 @@ def build_learner(cfg, cls, objects: dict):
     params.pop("_target_")
     params.pop("name", None)
     private = params.pop("private", True)
+    if not private and cfg.eps is not None:
+        raise ConfigError(f"algo={_algo_name(cfg)} has no private mode, but eps={cfg.eps} was given; run it with "
+                          f"eps=null, or pick a private algorithm (dp_pg, dp_npg, dp_rebel, pucb)")
     oracle_name = params.pop("oracle", None)
     oracle_kwargs = params.pop("oracle_kwargs", None) or {}
     sig = inspect.signature(cls.__init__).parameters
@@ -101,12 +191,14 @@ def build_learner(cfg, cls, objects: dict):
     if unknown:
         raise ConfigError(f"unknown key(s) {unknown} for algo {cls.__name__}; valid: "
                           f"{sorted(k for k in sig if k not in INJECTABLE and k != 'self')}")
-    if not private:
-        objects["privacy"].eps = None
+    if cfg.group_size is not None:
+        if "group_size" not in sig:
+            raise ConfigError(f"group_size applies to the group learners (pg, npg, rebel and their private twins), "
+                              f"not to algo={_algo_name(cfg)}")
+        params["group_size"] = int(cfg.group_size)
     available = {"seed": cfg.seed, "rounds": cfg.rounds, "users_per_round": cfg.users_per_round,
                  "episodes": cfg.episodes, "batch_size": cfg.batch_size, "max_grad_norm": cfg.max_grad_norm,
-                 "reward_bound": cfg.reward_bound, "eps": objects["privacy"].eps, "delta": cfg.delta,
-                 "group_size": cfg.group_size, **objects}
+                 "reward_bound": cfg.reward_bound, "eps": objects["privacy"].eps, "delta": cfg.delta, **objects}
     if "oracle" in sig and "oracle" not in objects:
         from dppo.oracles import make_oracle
 
@@ -130,12 +222,19 @@ def check_writable(run_dir: str) -> None:
                           f"choose another hydra.run.dir or free space") from None
 
 
-def fingerprint(cfg) -> str:
-    """Hash of everything a resumed run must share with the original (rounds and logging may change)."""
-    c = to_container(cfg)
-    keep = {k: c.get(k) for k in FINGERPRINT_KEYS}
-    keep["privacy"] = {k: v for k, v in (c.get("privacy") or {}).items() if k != "max_epsilon"}
-    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def fingerprint(cfg) -> dict:
+    """Every setting a resumed run must share with the original, flattened (``algo.oracle_kwargs.x_bound``);
+    the checkpoint stores it and resume compares it key by key (``check_fingerprint``)."""
+    flat = _flat(to_container(cfg))
+    keep = {k: _plain(v) for k, v in flat.items() if k.split(".", 1)[0] not in RESUME_MAY_CHANGE}
+    keep["_hash"] = hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return keep
+
+
+def _plain(v):
+    if isinstance(v, (list, tuple)):
+        return json.dumps(v, default=str)
+    return v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
 
 
 def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=None, privacy=None, logger=None,
@@ -146,13 +245,14 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         check_writable(run_dir)
     seed_everything(cfg.seed)
     cls = learner_class(cfg)
+    check_memory(cfg)
     env = env if env is not None else build_env(cfg)
     if getattr(env, "kind", None) == "prompts":  # language-model prompts: the algorithm family's LM learner
         from dppo.algos.prompt_po import prompt_twin
 
         cls = prompt_twin(cls)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
-    sampler = sampler if sampler is not None else build_sampler(cfg)
+    sampler = sampler if sampler is not None else build_sampler(cfg, privacy.noise)
     if not getattr(sampler, "multi_pass", False):
         n_rounds = cfg.rounds if cfg.episodes is None else 1
         sampler.check_capacity(n_rounds)
@@ -163,6 +263,7 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         objects = {"env": env, "privacy": privacy, "sampler": sampler, "logger": logger}
         if "policy" in sig:
             objects["policy"] = policy if policy is not None else build_policy(cfg, env)
+        check_memory(cfg, env, objects.get("policy"))
         learner = build_learner(cfg, cls, objects)
     cb = [instantiate(spec) for spec in (to_container(cfg.callbacks) or {}).values()] + list(callbacks)
     meta = {"algo": _algo_name(cfg), "env_id": getattr(env, "id", type(env).__name__), "seed": cfg.seed}
@@ -195,10 +296,17 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def _unwrap(err: Exception, group: str) -> Exception:
-    """Hydra wraps constructor errors; surface our own ConfigError, or say which group failed."""
-    e = err
+    """Hydra wraps constructor errors; surface our own ConfigError, or say which group failed and why
+    (the innermost error's type and message: the real reason, not Hydra's wrapper line)."""
+    e, root = err, err
     while e is not None:
         if isinstance(e, ConfigError):
             return e
+        root = e
         e = e.__cause__ or e.__context__
-    return ConfigError(f"cannot build the '{group}' group: {str(err).splitlines()[0]}")
+    if root is not err:
+        reason = f"{type(root).__name__}: {' '.join(str(root).split())}".rstrip(": ")
+    else:   # Hydra folds the cause into its text: "Error in call to target 'X':\nValueError('...')"
+        lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+        reason = " ".join(lines[1:]) if len(lines) > 1 else (lines[0] if lines else type(err).__name__)
+    return ConfigError(f"cannot build the '{group}' group: {reason}")

@@ -20,7 +20,7 @@ class PrivacyConfig:
     accountant: Optional[str] = None  # null = the learner's default (parallel one-pass; rdp if multi_pass)
     multi_pass: bool = False  # users resampled (Poisson) across rounds; needs population_size
     population_size: Optional[int] = None  # finite user population for multi-pass
-    secure_rng: bool = False  # draw noise from the OS CSPRNG instead of a seeded generator
+    secure_rng: bool = True  # noise from the OS CSPRNG; false = seeded, reproducible, not private against the seed
     max_epsilon: Optional[float] = None  # stop cleanly before a release would exceed this total
     composition: str = "advanced"  # GFA only: advanced | zcdp
 
@@ -33,6 +33,7 @@ class LoggerConfig:
     csv: bool = True
     console: bool = False
     console_every: int = 10
+    diagnostics: bool = True  # log raw statistics of users' data under diag/ (switch off in deployment)
 
 
 @dataclass
@@ -55,6 +56,7 @@ class TrainConfig:
     seed: int = 0
     rounds: int = 100
     users_per_round: int = 10
+    group_size: Optional[int] = None  # rollouts per user (one privacy unit); null = the algorithm's default
     max_grad_norm: float = 1.0
     reward_bound: Optional[float] = 1.0
     resume: Optional[str] = None
@@ -65,7 +67,6 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint_every: int = 10
     progress: bool = True
-    group_size: Optional[int] = None  # completions / rollouts per user (null = the algorithm's default)
     device: str = "cpu"  # cpu | cuda | auto (policies that support it, e.g. policy=lm)
 
 
@@ -94,6 +95,8 @@ def validate(cfg) -> None:
         raise ConfigError(f"eps must be > 0 (or null for a non-private run), got {cfg.eps}")
     if not (0 < cfg.delta < 1):
         raise ConfigError(f"delta must lie strictly between 0 and 1, got {cfg.delta}")
+    if cfg.group_size is not None and cfg.group_size < 1:
+        raise ConfigError(f"group_size must be >= 1 (or null for the algorithm's default), got {cfg.group_size}")
     if cfg.users_per_round < 1:
         raise ConfigError(f"users_per_round must be >= 1, got {cfg.users_per_round}")
     if not (cfg.max_grad_norm > 0):
@@ -109,8 +112,6 @@ def validate(cfg) -> None:
     if cfg.eval_episodes < 0 or cfg.checkpoint_every < 1:
         raise ConfigError("eval_episodes must be >= 0 and checkpoint_every >= 1")
     p = cfg.privacy
-    if cfg.group_size is not None and cfg.group_size < 1:
-        raise ConfigError(f"group_size must be >= 1 (or null for the algorithm's default), got {cfg.group_size}")
     if cfg.device not in ("cpu", "cuda", "auto") and not str(cfg.device).startswith("cuda:"):
         raise ConfigError(f"device must be cpu, cuda or auto, got '{cfg.device}'")
     if p.max_epsilon is not None and not p.max_epsilon > 0:

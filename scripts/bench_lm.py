@@ -85,7 +85,7 @@ def bench(path: str, device: str, users: int, group: int, repeats: int, label: s
     comp = policy.sample(pid, pm, u, group=group)
     gen_s = time.perf_counter() - t
     rewards, _ = env.rewards(rows, comp.texts, group, 1.0)
-    A = (group_advantages(torch.as_tensor(rewards), "none", "user").reshape(-1) / group).float()
+    A = (group_advantages(torch.as_tensor(rewards)).reshape(-1) / group).float()
 
     def objective(us):
         sl = slice(us.start * group, us.stop * group)

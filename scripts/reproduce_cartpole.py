@@ -55,6 +55,7 @@ def complete(path: str) -> bool:
 def launch(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
     args = [sys.executable, os.path.join(ROOT, "train.py"), f"+experiment={exp}", f"seed={seed}",
             f"eps={'null' if eps is None else eps}", "progress=false", "logger.tensorboard=false",
+            "privacy.secure_rng=false",      # seeded noise: the reference table must be reproducible
             f"hydra.run.dir={path}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     t0 = time.perf_counter()
@@ -84,7 +85,7 @@ def load(path: str):
     with open(os.path.join(path, "summary.json")) as f:
         summary = json.load(f)
     with open(os.path.join(path, "progress.csv")) as f:
-        curve = [float(r["rollout/return"]) for r in csv.DictReader(f)]
+        curve = [float(r["diag/return"] if "diag/return" in r else r["rollout/return"]) for r in csv.DictReader(f)]
     return summary, curve
 
 

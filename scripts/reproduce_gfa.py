@@ -65,7 +65,7 @@ def plateau_episode(regret: torch.Tensor, frac: float = 0.95) -> int:
 def make_learner(variant, eps, batch_size, composition, seed, args, **over):
     """The learner as the table runs it: the script's config, then the row's overrides."""
     env = ContextBitsMDP(variant)
-    privacy = PrivacyContext(eps, args.delta, accountant=make_accountant(composition), noise=NoiseSource(seed))
+    privacy = PrivacyContext(eps, args.delta, accountant=make_accountant(composition), noise=NoiseSource(seed))  # seeded (= privacy.secure_rng=false): reproducible table
     kw = {"batch_const": args.batch_const, "eta": args.eta, "class_size": args.class_size,
           "class_scales": tuple(args.scales), "budget_decay": 0.0, "sensitivity": "class", **over}
     learner = GFAOutcomeLearner(env, privacy, OnePassUserSampler(1), seed=seed, episodes=args.episodes,

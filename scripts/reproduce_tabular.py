@@ -35,7 +35,7 @@ ENV_LABEL = {"riverswim": "RiverSwim (S=6, A=2, H=20)", "random_mdp": "random MD
 def run_one(env_name: str, algo: str, eps: float | None, seed: int, T: int, bound: str) -> dict:
     """One run; returns the curve of cumulative regret at log-spaced episodes and the run's facts."""
     mdp = ENVS[env_name]()
-    privacy = PrivacyContext(eps, accountant=make_accountant("basic"), noise=NoiseSource(seed))
+    privacy = PrivacyContext(eps, accountant=make_accountant("basic"), noise=NoiseSource(seed))  # seeded (= privacy.secure_rng=false): reproducible table
     sampler = OnePassUserSampler(1000, seed=seed)
     common = dict(privacy=privacy, sampler=sampler, seed=seed, episodes=T, episodes_per_round=min(1000, T))
     learner = UBEV(mdp, **common) if algo == "ubev" else PUCB(mdp, count_error_bound=bound, **common)

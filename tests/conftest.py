@@ -9,7 +9,7 @@ from cli_helpers import run_cli  # noqa: E402
 
 torch.set_num_threads(1)
 
-TINY = ["rounds=3", "users_per_round=3", "eval_episodes=2", "progress=false", "env.horizon=50"]
+TINY = ["privacy.secure_rng=false", "rounds=3", "users_per_round=3", "eval_episodes=2", "progress=false", "env.horizon=50"]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ class Learner:
 
     def train_round(self, round_idx: int) -> dict[str, float]:
         """Run round ``round_idx``: collect from this round's users, make the (private) update,
-        release through ``privacy.release``; return metrics keyed like ``rollout/return``."""
+        release through ``privacy.release``; return metrics: released ones (``privacy/*``, ``rollout/users``) and raw ones under ``diag/``."""
         raise NotImplementedError
 
     def evaluate(self, episodes: int, greedy: bool = False) -> float:

@@ -103,6 +103,12 @@ class _GFABase(Learner):
         self.size = size
 
     # ---- privacy -----------------------------------------------------------------------------
+    uses_composition = True        # privacy.composition picks the accountant (advanced | zcdp)
+
+    @classmethod
+    def releases_pure_dp(cls, cfg) -> bool:
+        return True                # exponential-mechanism releases only
+
     @classmethod
     def accountant_name(cls, privacy_cfg) -> str:
         """``advanced`` or ``zcdp`` from ``privacy.composition`` (the learner's accounting of M releases)."""
@@ -141,7 +147,8 @@ class _GFABase(Learner):
             eps, beta = self.release_budget(round_idx)
             self.round_eps, self.round_beta = (eps if users > 0 else 0.0), beta
             self.privacy.release("exponential", round=round_idx, users=users, eps=self.round_eps, delta=0.0,
-                                 beta=beta, sensitivity=self.sensitivity, class_size=self.size)
+                                 beta=beta, sensitivity=self.sensitivity, class_size=self.size,
+                                 adjacency="replace_one")
             idx = gumbel_max(beta * score, self.privacy.noise.gumbel(score.shape))
         else:
             best = score.max()
@@ -154,7 +161,7 @@ class _GFABase(Learner):
         """One batch: release f (policy update), play B episodes (users), add their statistics.
 
         The returned diagnostics (return, regret, score gap) are computed from raw data for the
-        experimenter's logs, like ``rollout/return`` in every dppo learner; only f is DP-released.
+        experimenter's logs, under ``diag/`` as in every dppo learner; only f is DP-released.
         """
         score = self.score()
         self.current, gap = self._select(round_idx, score)
@@ -164,7 +171,7 @@ class _GFABase(Learner):
         ret, regret = self.play_and_record(len(users))
         self.episodes_done += len(users)
         self.regret.extend([regret] * len(users) if regret is not None else [])
-        metrics = {"rollout/return": ret, "rollout/users": float(len(users)), "gfa/score_gap": gap,
+        metrics = {"diag/return": ret, "rollout/users": float(len(users)), "diag/score_gap": gap,
                    "gfa/batch": float(len(users))}
         if regret is not None:
             metrics["regret/per_episode"] = regret

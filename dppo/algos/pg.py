@@ -1,159 +1,86 @@
-"""PG (REINFORCE) and DP-PG: the same learner; DP-PG adds per-user clipping + Gaussian noise.
+"""PG (REINFORCE) and DP-PG: one learner; DP-PG is PG with the Gaussian sum release injected.
 
-One round: m fresh users each run one episode; user i's gradient is
-g_i = sum_t grad log pi(a_t|s_t) A_t (its whole trajectory); PG steps along mean_i g_i, DP-PG along
-(sum_i clip(g_i, C) + N(0, sigma^2 I)) / m with sigma from the replace-one sensitivity 2C.
+One round: m fresh users each run G rollouts (``dppo.algos.core``); user i's gradient is the mean over
+its G rollouts of sum_t grad log pi(a_t|s_t) A_t, with A from user i's own group, in the parameter
+subspace of ``dppo.algos.subspace`` (``subspace=full dim=null``: every trainable parameter, plain
+REINFORCE). PG steps along the mean of the users' gradients; DP-PG along
+(sum_i clip(g_i, C) + N(0, sigma^2 I)) / m with sigma from the replace-one sensitivity 2C of the
+clipped sum (``dppo.privacy.clipping.sum_mechanism``). The G rollouts of a user are one clipped
+contribution, so G changes neither the sensitivity nor eps. Only trainable parameters
+(``requires_grad``) get gradients and noise; the noise has the subspace's dimension.
 """
 from __future__ import annotations
 
-import numpy as np
 import torch
-from torch.func import functional_call, grad, vmap
 
-from dppo.algos.base import Learner
-from dppo.algos.rollout import collect_episodes, returns_to_go
-from dppo.envs.gym_env import user_seed
+from dppo.algos.core import GroupPolicyOptimizer
+from dppo.algos.subspace import PolicySubspace, per_user_gradients  # noqa: F401 - re-exported
 from dppo.errors import ConfigError, DataError
-from dppo.privacy.clipping import GaussianSumPrivatizer, PoissonGaussianSumPrivatizer
-
-EVAL_USER_OFFSET = 10**9  # evaluation episodes use seeds no training user has
-
-BASELINES = ("none", "batch", "user_mean")
-NORMALIZE = ("none", "batch", "user")
+from dppo.privacy.clipping import sum_mechanism
 
 
-def per_user_gradients(policy, obs, actions, weights) -> torch.Tensor:
-    """Row i = grad_theta sum_t weights[i, t] log pi(actions[i, t] | obs[i, t]) (flattened), via torch.func."""
-    params = {k: v.detach() for k, v in policy.named_parameters()}
-
-    def user_objective(p, o, a, w):
-        return (functional_call(policy, p, (o, a)) * w).sum()
-
-    grads = vmap(grad(user_objective), in_dims=(None, 0, 0, 0))(params, obs, actions, weights.float())
-    return torch.cat([g.reshape(obs.shape[0], -1) for g in grads.values()], dim=1)
-
-
-def advantages(G: torch.Tensor, mask: torch.Tensor, baseline: str, normalize: str) -> torch.Tensor:
-    """A_t from returns-to-go. ``batch`` options mix users (non-private only); ``user`` options use one
-    user's own data, so a user's clipped gradient still depends on that user alone."""
-    m = mask.double()
-    if baseline == "batch":
-        b = (G * m).sum(0) / m.sum(0).clamp_min(1)
-        A = (G - b) * m
-    elif baseline == "user_mean":
-        A = (G - ((G * m).sum(1, keepdim=True) / m.sum(1, keepdim=True).clamp_min(1))) * m
-    else:
-        A = G * m
-    if normalize == "batch":
-        vals = A[mask]
-        A = (A - vals.mean()) / (vals.std() + 1e-8) * m
-    elif normalize == "user":
-        n = m.sum(1, keepdim=True).clamp_min(1)
-        mu = (A * m).sum(1, keepdim=True) / n
-        sd = (((A - mu) * m) ** 2).sum(1, keepdim=True).div(n).sqrt()
-        A = (A - mu) / (sd + 1e-8) * m
-    return A
-
-
-class PolicyGradient(Learner):
-    """REINFORCE over users; private when ``privacy.private`` (DP-PG), each round (eps, delta)-DP.
+class PolicyGradient(GroupPolicyOptimizer):
+    """REINFORCE over users' groups; private (DP-PG, each round (eps, delta)-DP) iff ``eps`` is set.
 
     Args:
-        policy: a ``dppo.policies.base.Policy``.
-        env: a ``GymEnvFactory`` (one episode per user, reset with the user's seed).
-        privacy, sampler: injected by the builder.
+        policy, env, privacy, sampler: injected by the builder.
+        max_grad_norm: per-user clip C (top-level key).
         lr, optimizer, momentum: step on the (noisy) mean gradient (``adam`` or ``sgd``).
-        gamma: discount for returns-to-go.
-        baseline, normalize: advantage shaping (``batch`` only when non-private).
+        subspace, dim: parameter subspace of the gradient (``dppo.algos.subspace``).
+        group_size, advantage, group_std, leave_one_out, gamma: see ``dppo.algos.core``.
     """
 
     name = "pg"
 
     def __init__(self, policy, env, privacy, sampler, *, seed: int = 0, rounds: int = 100,
-                 max_grad_norm: float = 1.0, reward_bound: float | None = 1.0, lr: float = 0.01,
-                 optimizer: str = "adam", momentum: float = 0.0, gamma: float = 0.99,
-                 baseline: str = "none", normalize: str = "none"):
-        if baseline not in BASELINES or normalize not in NORMALIZE:
-            raise ConfigError(f"algo.baseline must be one of {BASELINES} and algo.normalize one of {NORMALIZE}")
-        if privacy.private and ("batch" in (baseline, normalize)):
-            raise ConfigError("a batch baseline/normalization mixes users and breaks the DP sensitivity bound; "
-                              "use algo.baseline=user_mean|none and algo.normalize=user|none for private runs")
+                 max_grad_norm: float = 1.0, reward_bound: float | None = 1.0, group_size: int = 8,
+                 advantage: str = "group", group_std: bool = True, leave_one_out: bool = False,
+                 gamma: float = 0.99, subspace: str = "auto", dim: int | None = 8, lr: float = 0.05,
+                 optimizer: str = "sgd", momentum: float = 0.9):
+        super().__init__(policy, env, privacy, sampler, seed=seed, rounds=rounds, reward_bound=reward_bound,
+                         group_size=group_size, advantage=advantage, group_std=group_std,
+                         leave_one_out=leave_one_out, gamma=gamma)
         if max_grad_norm is None or max_grad_norm <= 0:
             raise ConfigError(f"max_grad_norm must be > 0, got {max_grad_norm}")
-        self.policy, self.env, self.privacy, self.sampler = policy, env, privacy, sampler
-        self.seed, self.num_rounds = int(seed), int(rounds)
-        self.reward_bound = reward_bound
-        self.gamma, self.baseline, self.normalize = float(gamma), baseline, normalize
-        self.optimizer = _make_optimizer(optimizer, policy.parameters(), lr, momentum)
-        self.privatizer = None
-        if privacy.private:
-            self.privatizer = (PoissonGaussianSumPrivatizer(privacy, max_grad_norm, sampler.sample_rate,
-                                                            sampler.population_size, self.num_rounds)
-                               if privacy.multi_pass else GaussianSumPrivatizer(privacy, max_grad_norm))
-        self.generator = torch.Generator().manual_seed(self.seed)
+        self.space = PolicySubspace(policy, self.params, subspace, dim, seed)
+        self.optimizer = _make_optimizer(optimizer, self.params, lr, momentum)
+        self.release = sum_mechanism(privacy, max_grad_norm, sampler, self.num_rounds)
 
-    # ---- one round -----------------------------------------------------------------------
-    def train_round(self, round_idx: int) -> dict:
-        users = self.sampler.next_round()
-        if not users:  # Poisson sampling can draw nobody: the release is then noise only (as in DP-SGD)
-            return self._empty_round(round_idx)
-        batch = collect_episodes(self.policy, self.env, [user_seed(self.seed, u) for u in users],
-                                 reward_bound=self.reward_bound, generator=self.generator)
-        G = returns_to_go(batch.rewards, batch.mask, self.gamma)
-        A = advantages(G, batch.mask, self.baseline, self.normalize)
-        direction, stats = self.update_direction(batch, A, round_idx, len(users))
+    def update(self, batch, round_idx: int) -> dict:
+        """Release the mean of the users' gradients (clipped + noised when private) and step along it."""
+        if batch is None:
+            direction, stats = self.release.release_mean(torch.zeros(0, self.space.dim, dtype=torch.float64),
+                                                         round_idx)
+        else:
+            A, zero_frac = self.step_advantages(batch)
+            direction, stats = self.update_direction(batch, A, round_idx)
+            stats["diag/zero_spread_fraction"] = zero_frac
         self.apply(direction)
-        return {"rollout/return": float(batch.returns.mean()), "rollout/episode_length": float(batch.lengths.double().mean()),
-                "rollout/users": len(users), "privacy/reward_clip_fraction": batch.reward_clip_fraction,
-                "losses/grad_norm": float(direction.norm()), **stats}
+        return {"losses/grad_norm": float(direction.norm()), **stats}
 
-    def update_direction(self, batch, A, round_idx: int, m: int) -> tuple[torch.Tensor, dict]:
-        """Mean per-user gradient (PG) or its private release (DP-PG)."""
-        if self.privatizer is None:
-            self.policy.zero_grad()
-            logp = self.policy.log_prob(batch.obs[batch.mask], batch.actions[batch.mask])
-            (-(logp * A[batch.mask].float()).sum() / max(m, 1)).backward()
-            d = torch.cat([-p.grad.reshape(-1) for p in self.policy.parameters()])
-            if not torch.isfinite(d).all():
-                raise DataError("the policy-gradient loss became NaN/inf; aborting before the update")
-            return d, {}
-        per_user = per_user_gradients(self.policy, batch.obs, batch.actions, A)
-        d, stats = self.privatizer.release_mean(per_user, round_idx)
-        return d.float(), stats
+    def user_gradients(self, batch, A: torch.Tensor) -> torch.Tensor:
+        """(m, dim): user i's mean over its G rollouts of sum_t grad log pi(a_t|s_t) A_t, in the subspace."""
+        per_user = self.space.per_user_features(batch, A)
+        if not torch.isfinite(per_user).all():
+            raise DataError("the policy-gradient loss became NaN/inf; aborting before the update")
+        return per_user
 
-    def _empty_round(self, round_idx: int) -> dict:
-        """A Poisson round that sampled nobody still releases (noise only), as in DP-SGD."""
-        stats = {}
-        if self.privatizer is not None:
-            n_params = sum(p.numel() for p in self.policy.parameters())
-            d, stats = self.privatizer.release_mean(torch.zeros(0, n_params), round_idx)
-            self.apply(d.float())
-        return {"rollout/users": 0, **stats}
+    def update_direction(self, batch, A: torch.Tensor, round_idx: int) -> tuple[torch.Tensor, dict]:
+        """The released mean of the users' gradients under advantages ``A`` (N, T) (the audited function)."""
+        return self.release.release_mean(self.user_gradients(batch, A), round_idx)
 
     def apply(self, direction: torch.Tensor) -> None:
-        """Gradient ascent on J along ``direction`` with the configured optimizer."""
-        offset = 0
-        for p in self.policy.parameters():
-            n = p.numel()
-            p.grad = -direction[offset:offset + n].view_as(p).to(p.dtype)
-            offset += n
+        """Gradient ascent on J along (P) ``direction`` with the configured optimizer."""
+        for p, d in zip(self.params, self.space.to_params(direction)):
+            p.grad = -d
         self.optimizer.step()
 
-    # ---- evaluation and state ---------------------------------------------------------------
-    def evaluate(self, episodes: int, greedy: bool = False) -> float:
-        seeds = [user_seed(self.seed, EVAL_USER_OFFSET + i) for i in range(episodes)]
-        gen = torch.Generator().manual_seed(self.seed + 99991)
-        return float(collect_episodes(self.policy, self.env, seeds, reward_bound=None, generator=gen,
-                                      greedy=greedy).returns.mean())
-
     def state_dict(self) -> dict:
-        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "generator": self.generator.get_state()}
+        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.generator.set_state(state["generator"])
 
 
 def _make_optimizer(name: str, params, lr: float, momentum: float) -> torch.optim.Optimizer:
@@ -162,12 +89,3 @@ def _make_optimizer(name: str, params, lr: float, momentum: float) -> torch.opti
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum)
     raise ConfigError(f"algo.optimizer must be 'adam' or 'sgd', got '{name}'")
-
-
-def np_seed_everything(seed: int) -> None:
-    """Seed python, numpy and torch global RNGs (the learner also keeps its own generator)."""
-    import random
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)

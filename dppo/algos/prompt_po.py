@@ -6,8 +6,8 @@ the env's reward (clipped to ``reward_bound``) and makes one update of the train
 
 - ``GroupPolicyGradient`` (``algo=pg|dp_pg``; GRPO form with one on-policy step): user i's objective is
   J_i = (1/G) sum_g [A_ig log pi(y_ig|x_i) - kl_coef KL_k3(pi || pi_0)(x_i, y_ig)], with the group advantage
-  A_ig = (r_ig - mean_g r_i.) / (std_g r_i. + 1e-8) (``normalize=user``) or r_ig - mean_g r_i.
-  (``baseline=user_mean``): user i's own group only, none of TRL's batch-level normalizers. The update
+  A_ig = (r_ig - mean_g r_i.) / (std_g r_i. + 1e-8) (``advantage=group``, ``group_std``; optionally the
+  leave-one-out mean): user i's own group only, none of TRL's batch-level normalizers. The update
   direction is mean_i grad J_i (PG) or (sum_i clip_C(grad J_i) + N(0, sigma^2 I)) / m (DP-PG,
   sigma = analytic Gaussian for the replace-one sensitivity 2C, ``GaussianSumPrivatizer``); a step of
   the configured optimizer follows (post-processing). pi_0 is the initial public model (adapter off).
@@ -41,19 +41,28 @@ from dppo.errors import ConfigError, DataError
 from dppo.policies.lm_grads import per_user_gradients, summed_gradient
 from dppo.privacy.clipping import GaussianSumPrivatizer
 
-GENERIC_ONLY = ("gamma", "subspace", "head_dim", "fisher_states", "head_basis", "advantage")
+GENERIC_ONLY = ("gamma", "subspace", "dim", "head_dim", "fisher_states", "head_basis")
 
 
-def group_advantages(rewards: torch.Tensor, baseline: str, normalize: str) -> torch.Tensor:
-    """(U, G) advantages, each row from that user's own G rewards only."""
-    if baseline not in ("none", "user_mean") or normalize not in ("none", "user"):
-        raise ConfigError("on env=prompts algo.baseline must be none|user_mean and algo.normalize none|user "
-                          "(batch-level baselines/normalizers mix users)")
+def group_advantages(rewards: torch.Tensor, advantage: str = "group", group_std: bool = True,
+                     leave_one_out: bool = False) -> torch.Tensor:
+    """(U, G) advantages, each row from that user's own G rewards only.
+
+    ``group``: r_g - b (b = the group mean, or the mean of the other G - 1 with ``leave_one_out``), divided by
+    the group's std with ``group_std`` (GRPO); ``to_go``: the reward itself (a one-step env's return-to-go).
+    """
+    if advantage not in ("group", "to_go"):
+        raise ConfigError(f"algo.advantage must be 'group' or 'to_go', got '{advantage}'")
     A = rewards.double()
-    if baseline == "user_mean" or normalize == "user":
+    if advantage == "to_go":
+        return A
+    G = A.shape[1]
+    if leave_one_out and G > 1:
+        A = (A - A.mean(1, keepdim=True)) * G / (G - 1)  # r_g - mean of the others
+    else:
         A = A - A.mean(1, keepdim=True)
-    if normalize == "user":
-        A = A / (A.std(1, unbiased=False, keepdim=True) + 1e-8)
+    if group_std:
+        A = A / (rewards.double().std(1, unbiased=False, keepdim=True) + 1e-8)
     return A
 
 
@@ -99,9 +108,10 @@ class PromptLearner(Learner):
         policy: an ``LMPolicy``; env: a ``PromptsEnv``; privacy, sampler, logger: injected.
         seed, rounds, users_per_round, reward_bound: injected top-level keys.
         group_size: G completions per prompt (null: the class default).
+        advantage, group_std, leave_one_out: the advantage (``group_advantages``), from the user's group only.
         not_applicable: keys of the generic conf/algo yaml that have no meaning on prompts
-            (``gamma``: one-step env; ``subspace``, ``head_dim``, ``fisher_states``, ``head_basis``,
-            ``advantage``: gym-policy options); any other unknown key is an error.
+            (``gamma``: one-step env; ``subspace``, ``dim``, ``fisher_states``: gym-policy options; the
+            update is on all adapter parameters); any other unknown key is an error.
     """
 
     name = "prompts"
@@ -109,7 +119,7 @@ class PromptLearner(Learner):
 
     def __init__(self, policy, env, privacy, sampler, logger=None, *, seed: int = 0, rounds: int = 100,
                  users_per_round: int = 10, group_size: int | None = None, reward_bound: float | None = 1.0,
-                 baseline: str = "none", normalize: str = "user", **not_applicable):
+                 advantage: str = "group", group_std: bool = True, leave_one_out: bool = False, **not_applicable):
         unknown = sorted(set(not_applicable) - set(GENERIC_ONLY))
         if unknown:
             raise ConfigError(f"unknown key(s) {unknown} for algo {type(self).__name__} on env=prompts")
@@ -122,10 +132,13 @@ class PromptLearner(Learner):
         self.group_size = int(group_size if group_size is not None else self.default_group_size)
         if self.group_size < 1:
             raise ConfigError(f"group_size must be >= 1, got {self.group_size}")
-        self.baseline, self.normalize = baseline, normalize
-        group_advantages(torch.zeros(1, 1), baseline, normalize)  # validates the options
+        self.advantage, self.group_std, self.leave_one_out = advantage, bool(group_std), bool(leave_one_out)
+        self.advantages(torch.zeros(1, 1))  # validates the options
         env.check_capacity(self.num_rounds, int(users_per_round))
         self.check_prompt_lengths()
+
+    def advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        return group_advantages(rewards, self.advantage, self.group_std, self.leave_one_out)
 
     def check_prompt_lengths(self) -> None:
         """Refuse (before anything is released) prompts that do not fit the context with a completion."""
@@ -246,7 +259,7 @@ class GroupPolicyGradient(PromptLearner):
         lr, optimizer, momentum: the step on the (noisy) mean gradient (``adam`` or ``sgd``).
         max_grad_norm: C, the per-user clip of DP-PG (injected).
         kl_coef: weight of the k3 KL estimate to the initial (public) model, per completion token.
-        baseline, normalize: the group advantage (``normalize=user``: GRPO's mean/std of the user's group).
+        advantage, group_std, leave_one_out: the group advantage (GRPO: group, std, no leave-one-out).
     """
 
     name = "pg"
@@ -255,10 +268,11 @@ class GroupPolicyGradient(PromptLearner):
     def __init__(self, policy, env, privacy, sampler, logger=None, *, seed: int = 0, rounds: int = 100,
                  users_per_round: int = 10, group_size: int | None = None, reward_bound: float | None = 1.0,
                  max_grad_norm: float = 1.0, lr: float = 0.01, optimizer: str = "adam", momentum: float = 0.0,
-                 baseline: str = "none", normalize: str = "user", kl_coef: float = 0.0, **not_applicable):
+                 advantage: str = "group", group_std: bool = True, leave_one_out: bool = False,
+                 kl_coef: float = 0.0, **not_applicable):
         super().__init__(policy, env, privacy, sampler, logger, seed=seed, rounds=rounds,
                          users_per_round=users_per_round, group_size=group_size, reward_bound=reward_bound,
-                         baseline=baseline, normalize=normalize, **not_applicable)
+                         advantage=advantage, group_std=group_std, leave_one_out=leave_one_out, **not_applicable)
         if kl_coef < 0:
             raise ConfigError(f"algo.kl_coef must be >= 0, got {kl_coef}")
         self.kl_coef = float(kl_coef)
@@ -305,7 +319,7 @@ class GroupPolicyGradient(PromptLearner):
     def train_round(self, round_idx: int) -> dict:
         users = self.sampler.next_round()
         batch = self.collect(round_idx, users)
-        A = group_advantages(batch.rewards, self.baseline, self.normalize)
+        A = self.advantages(batch.rewards)
         direction, stats = self.mean_gradient(self.user_objective(batch, A), batch.users, round_idx)
         if not torch.isfinite(direction).all():
             raise DataError("the policy-gradient direction became NaN/inf; aborting before the update")
@@ -332,7 +346,7 @@ class PromptNPG(PromptLearner):
     Args:
         oracle: injected (``dp_gd`` for DP-NPG; ``exact`` non-private).
         step: ``fixed`` (eta = lr), ``norm`` (eta = lr / ||d||) or ``kl`` (eta = sqrt(2 max_kl / d^T F d),
-            F the Fisher matrix estimated on ``fisher_prompts`` held-out *public* prompts with completions
+            F the Fisher matrix estimated on ``fisher_episodes`` held-out *public* prompts with completions
             from a public stream: data-independent, so the same rule serves NPG and DP-NPG).
         lr, max_kl, max_step_norm, momentum, step_decay: as in ``dppo.algos.npg``.
     """
@@ -342,12 +356,12 @@ class PromptNPG(PromptLearner):
 
     def __init__(self, policy, env, privacy, sampler, oracle, logger=None, *, seed: int = 0, rounds: int = 100,
                  users_per_round: int = 10, group_size: int | None = None, reward_bound: float | None = 1.0,
-                 baseline: str = "none", normalize: str = "user", step: str = "norm", lr: float = 0.05,
-                 max_kl: float = 0.01, max_step_norm: float | None = None, momentum: float = 0.0,
-                 step_decay: float = 0.0, fisher_prompts: int = 32, **not_applicable):
+                 advantage: str = "group", group_std: bool = True, leave_one_out: bool = False,
+                 step: str = "norm", lr: float = 0.05, max_kl: float = 0.01, max_step_norm: float | None = None,
+                 momentum: float = 0.0, step_decay: float = 0.0, fisher_episodes: int = 32, **not_applicable):
         super().__init__(policy, env, privacy, sampler, logger, seed=seed, rounds=rounds,
                          users_per_round=users_per_round, group_size=group_size, reward_bound=reward_bound,
-                         baseline=baseline, normalize=normalize, **not_applicable)
+                         advantage=advantage, group_std=group_std, leave_one_out=leave_one_out, **not_applicable)
         if step not in ("fixed", "norm", "kl"):
             raise ConfigError(f"algo.step must be fixed|norm|kl, got '{step}'")
         if privacy.private and not oracle.private_capable:
@@ -360,7 +374,7 @@ class PromptNPG(PromptLearner):
                               f"d = {d} adapter parameters; use oracle=dp_gd (noisy gradient steps) on env=prompts")
         self.oracle, self.step_rule, self.lr, self.max_kl = oracle, step, float(lr), float(max_kl)
         self.max_step_norm, self.momentum, self.step_decay = max_step_norm, float(momentum), float(step_decay)
-        self.fisher_prompts = int(fisher_prompts)
+        self.fisher_prompts = int(fisher_episodes)
         self.direction = torch.zeros(policy.num_trainable(), dtype=torch.float64)
 
     def sequence_gradients(self, batch: GroupBatch) -> torch.Tensor:
@@ -376,7 +390,7 @@ class PromptNPG(PromptLearner):
     def regression_rows(self, batch: GroupBatch) -> list:
         """User i's block: G rows (grad log pi(y_ig|x_i), A_ig)."""
         phi = self.sequence_gradients(batch)
-        A = group_advantages(batch.rewards, self.baseline, self.normalize)
+        A = self.advantages(batch.rewards)
         G = self.group_size
         return [(phi[i * G:(i + 1) * G], A[i]) for i in range(batch.users)]
 
@@ -438,14 +452,14 @@ class PromptREBEL(PromptNPG):
 
     def __init__(self, policy, env, privacy, sampler, oracle, logger=None, *, seed: int = 0, rounds: int = 100,
                  users_per_round: int = 10, group_size: int | None = None, reward_bound: float | None = 1.0,
-                 eta: float = 1.0, normalize_rows: bool = True, baseline: str = "none", normalize: str = "none",
-                 step: str = "fixed", lr: float = 1.0, max_kl: float = 0.01, max_step_norm: float | None = None,
-                 momentum: float = 0.0, step_decay: float = 0.0, fisher_prompts: int = 32, **not_applicable):
+                 eta: float = 1.0, normalize_rows: bool = True, step: str = "fixed", lr: float = 1.0,
+                 max_kl: float = 0.01, max_step_norm: float | None = None, momentum: float = 0.0,
+                 step_decay: float = 0.0, fisher_episodes: int = 32, **not_applicable):
         super().__init__(policy, env, privacy, sampler, oracle, logger, seed=seed, rounds=rounds,
                          users_per_round=users_per_round, group_size=group_size, reward_bound=reward_bound,
-                         baseline=baseline, normalize=normalize, step=step, lr=lr, max_kl=max_kl,
-                         max_step_norm=max_step_norm, momentum=momentum, step_decay=step_decay,
-                         fisher_prompts=fisher_prompts, **not_applicable)
+                         advantage="to_go", step=step, lr=lr, max_kl=max_kl, max_step_norm=max_step_norm,
+                         momentum=momentum, step_decay=step_decay, fisher_episodes=fisher_episodes,
+                         **not_applicable)
         if self.group_size % 2:
             raise ConfigError(f"REBEL pairs a user's completions: group_size must be even, got {self.group_size}")
         self.eta, self.normalize_rows = float(eta), bool(normalize_rows)

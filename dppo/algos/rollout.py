@@ -1,19 +1,36 @@
-"""Per-user episode collection (one user = one episode with its own reset seed) and returns-to-go."""
+"""Episode collection: one engine for users' groups, public rollouts and evaluation, on gymnasium's
+vector API, plus the former lockstep collector (kept as the reference for tests and the bench).
+
+``RolloutEngine.run(policy, seeds, uniforms)`` runs one episode per reset seed, all in lockstep with
+one batched policy call per step. Episode i's actions come from the inverse CDF of the policy at
+``uniforms[i, t]``: the caller draws those from the episode owner's own stream
+(``dppo.data.streams``), so an episode depends only on its seed, its uniforms and the policy, never
+on the other episodes of the batch or on how they are packed into the vector env.
+
+Backends (``env.vectorization``): ``native`` (the env's own vectorized implementation, CartPole's
+``CartPoleVectorEnv``; its reset draws every sub-env from one seed, so each sub-env's start state is
+overwritten with the state a single env reset with that episode's seed reaches), ``sync`` /
+``async`` (``gymnasium.vector.SyncVectorEnv`` / ``AsyncVectorEnv``, reset with one seed per
+sub-env), ``none`` (a list of single envs, stepping only the running ones). Vector envs are built
+once per batch size and reused for the whole run.
+"""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from dppo.errors import DataError
+from dppo.errors import ConfigError, DataError
+
+VECTORIZATION = ("auto", "native", "sync", "async", "none")
 
 
 @dataclass
-class UserEpisodes:
-    """Padded episodes of m users: ``obs[m, T, ...]``, ``actions[m, T]``, ``rewards[m, T]`` (clipped),
-    ``mask[m, T]`` (True on real steps), ``returns[m]`` (sum of clipped rewards), ``reward_clip_fraction``."""
+class Episodes:
+    """Padded episodes: ``obs[N, T, ...]``, ``actions[N, T]``, ``rewards[N, T]`` (clipped, float64),
+    ``mask[N, T]`` (True on real steps), ``returns[N]`` (sum of clipped rewards). For a round, the N
+    episodes are m users x G rollouts, user-major (episode i belongs to user i // G)."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -21,10 +38,26 @@ class UserEpisodes:
     mask: torch.Tensor
     returns: torch.Tensor
     reward_clip_fraction: float
+    group_size: int = 1
 
     @property
     def lengths(self) -> torch.Tensor:
         return self.mask.sum(1)
+
+    @property
+    def users(self) -> int:
+        return self.mask.shape[0] // self.group_size
+
+    @property
+    def env_steps(self) -> int:
+        return int(self.mask.sum())
+
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """Reshape a per-episode tensor (N, ...) to (users, G, ...)."""
+        return x.reshape(self.users, self.group_size, *x.shape[1:])
+
+
+UserEpisodes = Episodes  # the former name
 
 
 def clip_rewards(rewards: np.ndarray, bound: float | None) -> tuple[np.ndarray, int]:
@@ -37,12 +70,171 @@ def clip_rewards(rewards: np.ndarray, bound: float | None) -> tuple[np.ndarray, 
     return clipped, int(np.count_nonzero(clipped != rewards))
 
 
-def collect_episodes(policy, env_factory, reset_seeds: list[int], *, reward_bound: float | None,
-                     generator: torch.Generator | None = None, greedy: bool = False, envs=None) -> UserEpisodes:
-    """Run one episode per reset seed, stepping all users in lockstep with batched policy calls.
+def inverse_cdf_actions(logits: torch.Tensor, uniforms: torch.Tensor | None) -> torch.Tensor:
+    """a = min{k : sum_{j<=k} pi_j >= u} (exact sampling from softmax(logits)); argmax if ``uniforms`` is None."""
+    if uniforms is None:
+        return logits.argmax(-1)
+    cdf = torch.softmax(logits.double(), dim=-1).cumsum_(-1)
+    return (cdf < uniforms[:, None]).sum(-1).clamp_max_(logits.shape[-1] - 1)
 
-    Rewards are clipped to [-reward_bound, reward_bound] as they arrive, before anything else sees them.
-    Raises ``DataError`` on NaN/inf observations or rewards, or if the env raises mid-episode.
+
+class _ListBackend:
+    """n single envs; only the running ones are stepped."""
+
+    def __init__(self, factory, n: int):
+        self.envs = [factory.make() for _ in range(n)]
+
+    def reset(self, seeds):
+        return np.stack([np.asarray(e.reset(seed=int(s))[0], dtype=np.float32) for e, s in zip(self.envs, seeds)])
+
+    def step(self, actions: np.ndarray, active: np.ndarray, cur: np.ndarray):
+        obs, rew = cur.copy(), np.zeros(len(self.envs))
+        done = ~active
+        for i in np.flatnonzero(active):
+            o, r, term, trunc, _ = self.envs[i].step(int(actions[i]))
+            obs[i], rew[i], done[i] = np.asarray(o, dtype=np.float32), float(r), bool(term or trunc)
+        return obs, rew, done
+
+    def close(self):
+        for e in self.envs:
+            e.close()
+
+
+class _VectorBackend:
+    """A gymnasium vector env of n sub-envs (``native``: the env's own; ``sync``/``async``)."""
+
+    def __init__(self, factory, n: int, mode: str):
+        import gymnasium as gym
+
+        self.mode = mode
+        vmode = "vector_entry_point" if mode == "native" else mode
+        if mode == "native" and not gym.spec(factory.id).vector_entry_point:
+            raise ConfigError(f"env.vectorization=native: {factory.id} has no native vectorized implementation; "
+                              f"use env.vectorization=sync (or auto)")
+        self.vec = gym.make_vec(factory.id, num_envs=n, vectorization_mode=vmode,
+                                max_episode_steps=factory.horizon, **factory.kwargs)
+        if mode == "native":
+            self.probe = factory.make()
+            self.vec.reset(seed=0)
+            state = getattr(self.vec.unwrapped, "state", None)
+            self.probe.reset(seed=0)
+            single = getattr(self.probe.unwrapped, "state", None)
+            if not (isinstance(state, np.ndarray) and isinstance(single, np.ndarray)
+                    and state.shape == (single.shape[0], n)):
+                raise ConfigError(f"env.vectorization=native: {factory.id}'s vector env has no per-sub-env state "
+                                  f"to seed each user's start from; use env.vectorization=sync")
+
+    def reset(self, seeds):
+        if self.mode != "native":
+            return np.asarray(self.vec.reset(seed=[int(s) for s in seeds])[0], dtype=np.float32)
+        self.vec.reset(seed=0)
+        obs = []
+        for i, s in enumerate(seeds):  # each start state = the single env's reset with that seed
+            o, _ = self.probe.reset(seed=int(s))
+            self.vec.unwrapped.state[:, i] = self.probe.unwrapped.state
+            obs.append(np.asarray(o, dtype=np.float32))
+        return np.stack(obs)
+
+    def step(self, actions: np.ndarray, active: np.ndarray, cur: np.ndarray):
+        obs, rew, term, trunc, _ = self.vec.step(actions)
+        return np.asarray(obs, dtype=np.float32), np.asarray(rew, dtype=np.float64), np.logical_or(term, trunc)
+
+    def close(self):
+        self.vec.close()
+        if self.mode == "native":
+            self.probe.close()
+
+
+def resolve_vectorization(factory) -> str:
+    """The backend of ``factory.vectorization``: ``auto`` = native if the env has one, else sync; factories
+    without a gymnasium id (the bandit) use ``none``."""
+    mode = getattr(factory, "vectorization", "none")
+    if mode not in VECTORIZATION:
+        raise ConfigError(f"env.vectorization must be one of {VECTORIZATION}, got '{mode}'")
+    if mode == "auto":
+        import gymnasium as gym
+
+        return "native" if gym.spec(factory.id).vector_entry_point else "sync"
+    return mode
+
+
+class RolloutEngine:
+    """Collects batches of seeded episodes with per-episode uniforms (module docstring).
+
+    Args:
+        factory: an env factory (``make()``, ``horizon``, ``observation_space``; gym factories also
+            ``id``, ``kwargs`` and ``vectorization``).
+    """
+
+    def __init__(self, factory):
+        self.factory = factory
+        self.mode = resolve_vectorization(factory)
+        self._backends: dict[int, object] = {}
+
+    def backend(self, n: int):
+        if n not in self._backends:
+            self._backends[n] = (_ListBackend(self.factory, n) if self.mode == "none"
+                                 else _VectorBackend(self.factory, n, self.mode))
+        return self._backends[n]
+
+    def close(self) -> None:
+        for b in self._backends.values():
+            b.close()
+        self._backends.clear()
+
+    @torch.no_grad()
+    def run(self, policy, seeds: list[int], uniforms: torch.Tensor | None, *, reward_bound: float | None,
+            group_size: int = 1) -> Episodes:
+        """One episode per seed; ``uniforms`` (N, horizon) drive the sampling (None: greedy).
+
+        Rewards are clipped to [-reward_bound, reward_bound] as they arrive, before anything else sees them.
+        Raises ``DataError`` on NaN/inf observations or rewards, or if the env raises mid-episode.
+        """
+        n, horizon = len(seeds), int(self.factory.horizon)
+        try:
+            backend = self.backend(n)
+            cur = backend.reset(seeds)
+            obs_buf = np.zeros((n, horizon) + cur.shape[1:], dtype=np.float32)
+            act_buf = np.zeros((n, horizon), dtype=np.int64)
+            rew_buf = np.zeros((n, horizon), dtype=np.float64)
+            lengths = np.zeros(n, dtype=np.int64)
+            active = np.ones(n, dtype=bool)
+            for t in range(horizon):
+                if not active.any():
+                    break
+                if not np.isfinite(cur).reshape(n, -1).all(1)[active].all():
+                    raise DataError("the environment returned a NaN/inf observation; this round's data is discarded")
+                logits = policy.logits(torch.from_numpy(cur))
+                actions = inverse_cdf_actions(logits, None if uniforms is None else uniforms[:, t]).numpy()
+                obs_buf[:, t] = cur  # rows of finished episodes are masked out below
+                act_buf[:, t] = actions
+                nxt, rew, done = backend.step(actions, active, cur)
+                rew_buf[:, t] = np.where(active, rew, 0.0)
+                lengths += active
+                active &= ~done
+                cur = nxt
+        except DataError:
+            raise
+        except ConfigError:
+            raise
+        except Exception as err:  # noqa: BLE001 - any env failure aborts the round without releasing it
+            self._backends.pop(n, None)
+            raise DataError(f"the environment raised {type(err).__name__} mid-episode ({err}); "
+                            f"the round is not released") from None
+        T = max(1, int(lengths.max()))
+        mask = np.arange(T)[None, :] < lengths[:, None]
+        rewards, n_clipped = clip_rewards(np.where(mask, rew_buf[:, :T], 0.0), reward_bound)
+        rewards = torch.from_numpy(np.where(mask, rewards, 0.0))
+        obs = torch.from_numpy(obs_buf[:, :T].reshape(n, T, -1))
+        return Episodes(obs, torch.from_numpy(act_buf[:, :T]), rewards, torch.from_numpy(mask), rewards.sum(1),
+                        n_clipped / max(int(lengths.sum()), 1), int(group_size))
+
+
+# ---- the former collector (reference implementation for the tests and scripts/bench_rollout.py) ----------
+def collect_episodes(policy, env_factory, reset_seeds: list[int], *, reward_bound: float | None,
+                     generator: torch.Generator | None = None, greedy: bool = False, envs=None) -> Episodes:
+    """Run one episode per reset seed, stepping all users in lockstep with batched policy calls; envs are
+    built per call and actions drawn from one shared generator (the collector before ``RolloutEngine``).
     """
     m, horizon = len(reset_seeds), env_factory.horizon
     envs = envs or [env_factory.make() for _ in range(m)]
@@ -81,7 +273,7 @@ def collect_episodes(policy, env_factory, reset_seeds: list[int], *, reward_boun
     return _pad(obs_list, act_list, rew_list, n_clipped)
 
 
-def _pad(obs_list, act_list, rew_list, n_clipped) -> UserEpisodes:
+def _pad(obs_list, act_list, rew_list, n_clipped) -> Episodes:
     m = len(obs_list)
     T = max(1, max(len(a) for a in act_list))
     obs_shape = np.asarray(obs_list[0][0]).reshape(-1).shape
@@ -97,11 +289,11 @@ def _pad(obs_list, act_list, rew_list, n_clipped) -> UserEpisodes:
             rewards[i, :n] = torch.as_tensor(rew_list[i], dtype=torch.float64)
             mask[i, :n] = True
     steps = int(mask.sum())
-    return UserEpisodes(obs, actions, rewards, mask, rewards.sum(1), n_clipped / max(steps, 1))
+    return Episodes(obs, actions, rewards, mask, rewards.sum(1), n_clipped / max(steps, 1))
 
 
 def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
-    """G_t = sum_{k>=t} gamma^(k-t) r_k per user (row), zero on padding."""
+    """G_t = sum_{k>=t} gamma^(k-t) r_k per episode (row), zero on padding."""
     out = torch.zeros_like(rewards)
     running = torch.zeros(rewards.shape[0], dtype=rewards.dtype)
     for t in range(rewards.shape[1] - 1, -1, -1):
@@ -109,13 +301,3 @@ def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> to
         out[:, t] = running * mask[:, t]
     return out
 
-
-def max_return_to_go(reward_bound: float, gamma: float, horizon: int) -> float:
-    """Largest |G_t| possible with rewards in [-R, R]: R (1 - gamma^H) / (1 - gamma)."""
-    if gamma >= 1.0:
-        return reward_bound * horizon
-    return reward_bound * (1 - gamma**horizon) / (1 - gamma)
-
-
-def is_finite(x: float) -> bool:
-    return math.isfinite(float(x))

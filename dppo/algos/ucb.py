@@ -205,7 +205,7 @@ class TabularUCB(torch.nn.Module, Learner):
         self.episodes_done += K
         native = self.mdp.to_native_return(torch.tensor(returns, dtype=torch.float64))
         self.episode_return[t0:t0 + K] = native
-        metrics = {"rollout/return": float(native.mean()), "rollout/users": float(K),
+        metrics = {"diag/return": float(native.mean()), "rollout/users": float(K),
                    "rollout/episodes": float(self.episodes_done),
                    "counters/error_bound": float(self.count_error_bound())}
         if self.optimal is not None:
@@ -349,6 +349,20 @@ class PUCB(TabularUCB):
     def accountant_name(cls, privacy_cfg) -> str:
         return "basic"
 
+    @classmethod
+    def releases_pure_dp(cls, cfg) -> bool:
+        return True                # Laplace tree counters only
+
+    def lost_attempt_charges(self, lost_rounds: list[int]) -> list[dict]:
+        """Charges for a crashed attempt (secure noise, on resume): the tree counters' nodes that close
+        after the checkpoint are drawn again with fresh noise and some of them cover earlier users, so
+        those users enter a second release of at most one full set of nodes per stream: charged as a
+        second copy of the counters' releases (an upper bound; ``dppo.training.trainer.recover_journal``)."""
+        if self.eps is None:
+            return []
+        return [dict(e) for e in self.privacy.ledger.entries
+                if e["mechanism"] == "tree_counter" and not e.get("replay") and not e.get("lost")]
+
     def _error_bound(self) -> float:
         if self.eps is None:
             return 0.0
@@ -383,7 +397,8 @@ class PUCB(TabularUCB):
             self.privacy.release("tree_counter", round=0, users=self.T, eps=self.eps / 3, delta=0.0,
                                  counter_set=name, streams=n, eps_per_stream=self.eps_stream,
                                  streams_changed_per_user=2 * self.H, noise_scale=self.stats.scale,
-                                 levels=self.stats.levels, capacity=self.T)
+                                 levels=self.stats.levels, capacity=self.T, scale=self.stats.scale,
+                                 sensitivity=self.stats.levels * self.stats.sensitivity, adjacency="replace_one")
 
     def _plan(self):
         xp = self._xp()

@@ -1,10 +1,11 @@
 """Audit of the DP-PG round update: ``PolicyGradient.update_direction`` (per-user clip, sum, Gaussian noise, / m).
 
-Neighbours: a real CartPole round of m users (a small MLP policy, rollouts by the project's own
-``collect_episodes``) in which user 0 is a canary whose advantages are scaled so that its
-REINFORCE gradient g has norm 10 C (clipping brings it to exactly C along u = g / ||g||); in D' the
-canary is replaced by a user with the same trajectory and negated advantages (gradient -g). The
-clipped sums then differ by exactly 2 C u: the replace-one worst case. The distinguisher is the
+Neighbours: a real CartPole round of m users with G rollouts each (a small MLP policy, rollouts by the
+project's own ``RolloutEngine`` from each user's own streams) in which user 0 is a canary who controls
+*all G trajectories* of its group: its advantages are scaled so that its REINFORCE gradient (the mean over
+its G rollouts) g has norm 10 C (clipping brings it to exactly C along u = g / ||g||); in D' the canary
+is replaced by a user with the same G trajectories and negated advantages (gradient -g). The clipped
+sums then differ by exactly 2 C u: the replace-one worst case, whatever G. The distinguisher is the
 projection of the released direction on u, the likelihood-ratio test of the two Gaussians.
 Trials are stacked by ``StackedNoise``: the update is affine in the noise, so one call of the
 project's code returns ``chunk`` independent releases.
@@ -22,12 +23,12 @@ from dppo.audit.trials import StackedNoise, trial_context
 ENTRY = "dppo.algos.pg.PolicyGradient.update_direction -> GaussianSumPrivatizer.release_mean"
 
 
-def build_round(eps: float, delta: float, noise, *, users: int = 4, max_grad_norm: float = 1.0, seed: int = 0):
+def build_round(eps: float, delta: float, noise, *, users: int = 4, max_grad_norm: float = 1.0, seed: int = 0,
+                group_size: int = 4):
     """A DP-PG learner and one collected round: (learner, batch, A_D, A_D', canary unit direction u)."""
-    from dppo.algos.pg import PolicyGradient, advantages, per_user_gradients
-    from dppo.algos.rollout import collect_episodes, returns_to_go
+    from dppo.algos.pg import PolicyGradient
     from dppo.data.sampler import OnePassUserSampler
-    from dppo.envs.gym_env import GymEnvFactory, user_seed
+    from dppo.envs.gym_env import GymEnvFactory
     from dppo.policies.mlp import MLPPolicy
 
     torch.manual_seed(seed)
@@ -35,15 +36,16 @@ def build_round(eps: float, delta: float, noise, *, users: int = 4, max_grad_nor
     policy = MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
     privacy = trial_context(eps, delta, noise)
     learner = PolicyGradient(policy, env, privacy, OnePassUserSampler(users, seed=seed), seed=seed,
-                             max_grad_norm=max_grad_norm, optimizer="sgd")
-    batch = collect_episodes(policy, env, [user_seed(seed, u) for u in range(users)], reward_bound=1.0,
-                             generator=torch.Generator().manual_seed(seed))
-    A = advantages(returns_to_go(batch.rewards, batch.mask, 0.99), batch.mask, "none", "none")
-    g = per_user_gradients(policy, batch.obs, batch.actions, A)[0].double()
+                             max_grad_norm=max_grad_norm, optimizer="sgd", group_size=group_size,
+                             advantage="to_go")
+    batch = learner.collect(list(range(users)), 0)
+    A, _ = learner.step_advantages(batch)
+    g = learner.user_gradients(batch, A)[0]
+    G = batch.group_size
     A_null = A.clone()
-    A_null[0] *= 10.0 * max_grad_norm / float(g.norm())
+    A_null[:G] *= 10.0 * max_grad_norm / float(g.norm())  # the canary's whole group
     A_alt = A_null.clone()
-    A_alt[0] = -A_alt[0]
+    A_alt[:G] = -A_alt[:G]
     return learner, batch, A_null, A_alt, g / g.norm()
 
 
@@ -64,10 +66,10 @@ def audit_dp_pg(eps: float, delta: float = 1e-5, trials: int = 1_000_000, *, see
     learner, batch, A_null, A_alt, u = build_round(eps, delta, noise, users=users, max_grad_norm=max_grad_norm,
                                                    seed=seed)
     if privatizer is not None:
-        learner.privatizer = privatizer(learner.privacy, max_grad_norm)
+        learner.release = privatizer(learner.privacy, max_grad_norm)
     null, alt = [], []
     for r in range(max(1, trials // (2 * chunk))):
-        null.append(learner.update_direction(batch, A_null, 2 * r, users)[0].double() @ u)
-        alt.append(learner.update_direction(batch, A_alt, 2 * r + 1, users)[0].double() @ u)
+        null.append(learner.update_direction(batch, A_null, 2 * r)[0].double() @ u)
+        alt.append(learner.update_direction(batch, A_alt, 2 * r + 1)[0].double() @ u)
     claimed = same_claim([learner.privacy.spent()])
     return conclude("dp_pg_round", ENTRY, claimed, torch.cat(null).numpy(), torch.cat(alt).numpy(), started)

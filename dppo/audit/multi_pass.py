@@ -42,9 +42,9 @@ def audit_multi_pass_dp_pg(eps: float, delta: float = 1e-5, trials: int = 1_000_
     learner, batch, A_canary, _, u = build_round(eps, delta, noise, users=users, max_grad_norm=max_grad_norm,
                                                  seed=seed)
     A_absent = A_canary.clone()
-    A_absent[0] = 0.0
+    A_absent[:batch.group_size] = 0.0  # the canary's whole group absent
     sampler = PoissonUserSampler(users, population, seed=seed + 1)
-    learner.privatizer = PoissonGaussianSumPrivatizer(
+    learner.release = PoissonGaussianSumPrivatizer(
         PrivacyContext(eps, delta, accountant=make_accountant(accountant), noise=noise, multi_pass=True,
                        population_size=population), max_grad_norm, sampler.sample_rate, population, 1)
     claims, null, alt = [], [], []
@@ -53,8 +53,8 @@ def audit_multi_pass_dp_pg(eps: float, delta: float = 1e-5, trials: int = 1_000_
         """One fresh one-release context (its claim is one step's eps), ``chunk`` stacked releases."""
         privacy = PrivacyContext(eps, delta, accountant=make_accountant(accountant), noise=noise, multi_pass=True,
                                  population_size=population)
-        learner.privacy = learner.privatizer.privacy = privacy
-        out = learner.update_direction(batch, A, 0, users)[0].double() @ u
+        learner.privacy = learner.release.privacy = privacy
+        out = learner.update_direction(batch, A, 0)[0].double() @ u
         (entry,) = privacy.ledger.entries
         if not claims or entry != claims[0][0]:  # identical releases have the identical claim (PRV is slow)
             claims.append((entry, privacy.spent()))

@@ -23,6 +23,8 @@ class OnePassUserSampler:
         self.population_size = population_size
         self.seed = int(seed)
         self.used: set[int] = set()
+        self.burned: set[int] = set()   # users a crashed attempt took (subset of used): skipped for ever
+        self.journal = None             # set by the trainer: takes are journalled before they return
         self.next_index = 0
         self._order = None if population_size is None else np.random.default_rng(seed).permutation(population_size)
 
@@ -40,14 +42,28 @@ class OnePassUserSampler:
 
     def take(self, m: int) -> list[int]:
         """``m`` fresh user ids (e.g. one per episode for tabular learners)."""
-        if self.population_size is not None and self.next_index + m > self.population_size:
-            raise PrivacyError(f"the user population ({self.population_size}) is exhausted after "
+        pop = self.population_size
+        if pop is not None and self.next_index + m > pop:
+            raise PrivacyError(f"the user population ({pop}) is exhausted after "
                                f"{len(self.used)} users; one-pass training cannot continue")
-        idx = range(self.next_index, self.next_index + m)
-        ids = [int(self._order[i]) for i in idx] if self._order is not None else list(idx)
-        self.next_index += m
+        ids, i, used, order = [], self.next_index, self.used, self._order
+        while len(ids) < m:                 # in order, skipping burned users
+            if pop is not None and i >= pop:
+                raise PrivacyError(f"the user population ({pop}) is exhausted after "
+                                   f"{len(self.used)} users; one-pass training cannot continue")
+            u = int(order[i]) if order is not None else i
+            i += 1
+            if u not in used:
+                ids.append(u)
         self.claim(ids)
+        self.next_index = i
         return ids
+
+    def burn(self, ids) -> None:
+        """Mark users of a crashed attempt as used for ever (they may have reached an output)."""
+        ids = [int(i) for i in ids]
+        self.used.update(ids)
+        self.burned.update(ids)
 
     def claim(self, ids) -> None:
         """Mark users as used; a user seen before is a privacy error in one-pass mode."""
@@ -56,14 +72,17 @@ class OnePassUserSampler:
         if reused:
             raise PrivacyError(f"user {reused[0]} was already used: one-pass training must not reuse a user "
                                f"(set privacy.multi_pass=true with an RDP/PRV accountant to allow it)")
+        if self.journal is not None:
+            self.journal.take(ids)      # fsynced before anyone touches these users
         self.used.update(ids)
 
     def state_dict(self) -> dict:
-        return {"used": sorted(self.used), "next_index": self.next_index}
+        return {"used": sorted(self.used), "next_index": self.next_index, "burned": sorted(self.burned)}
 
     def load_state_dict(self, state: dict) -> None:
         self.used = set(int(i) for i in state["used"])
         self.next_index = int(state["next_index"])
+        self.burned = set(int(i) for i in state.get("burned", ()))
 
 
 class PoissonUserSampler:
@@ -72,7 +91,7 @@ class PoissonUserSampler:
 
     multi_pass = True
 
-    def __init__(self, users_per_round: int, population_size: int, seed: int = 0):
+    def __init__(self, users_per_round: int, population_size: int, seed: int = 0, noise=None):
         if users_per_round < 1:
             raise ConfigError(f"users_per_round must be >= 1, got {users_per_round}")
         if not population_size or population_size < users_per_round:
@@ -81,18 +100,31 @@ class PoissonUserSampler:
         self.population_size = int(population_size)
         self.sample_rate = users_per_round / population_size
         self.rng = np.random.default_rng(seed)
+        # secure noise: the subsampling coins come from the OS CSPRNG too (amplification by sampling needs
+        # them secret); seeded: from ``seed`` (reproducible)
+        self.noise = noise if (noise is not None and getattr(noise, "secure", False)) else None
         self.rounds_sampled = 0
         self.used: set[int] = set()
+        self.burned: set[int] = set()   # multi-pass reuses users by design: lost rounds are charged instead
+        self.journal = None
 
     def check_capacity(self, rounds: int) -> None:
         return None
 
     def next_round(self) -> list[int]:
-        mask = self.rng.random(self.population_size) < self.sample_rate
+        if self.noise is not None:
+            mask = self.noise.uniform((self.population_size,)).numpy() < self.sample_rate
+        else:
+            mask = self.rng.random(self.population_size) < self.sample_rate
         self.rounds_sampled += 1
         ids = [int(i) for i in np.flatnonzero(mask)]
+        if self.journal is not None:
+            self.journal.take(ids)
         self.used.update(ids)
         return ids
+
+    def burn(self, ids) -> None:
+        """Multi-pass users are reused by design; a crashed attempt's releases are charged instead."""
 
     def state_dict(self) -> dict:
         return {"rng": self.rng.bit_generator.state, "rounds_sampled": self.rounds_sampled, "used": sorted(self.used)}

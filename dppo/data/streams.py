@@ -1,31 +1,61 @@
-"""Per-user random streams (contract C4): a user's sampling randomness is its own.
+"""Per-user random streams (contract C4): every random number a user's rollouts consume comes from
+that user's own stream, so one user's data never depends on who else is in its round.
 
-``user_generator(run_seed, user_id, round_idx)`` is the torch.Generator of user ``user_id``'s sampling in
-round ``round_idx``; ``public_generator(run_seed, stream, round_idx)`` a public stream (evaluation).
-Seeds come from numpy's SeedSequence over distinct domain tags, so no public stream equals a user's.
+* ``user_reset_seeds(run_seed, u, G)``: the reset seeds of user u's G rollouts, a function of
+  (run seed, user id) only. All G rollouts of a user start from the same start state (the user's one
+  "context", as in the bandit form of [PO] and in GRPO): the group then compares G responses to it.
+* ``user_generator(run_seed, u, r)``: the torch.Generator of user u's action sampling in round r.
+* ``public_reset_seeds`` / ``public_generator``: evaluation and public (e.g. Fisher-state) rollouts.
+
+Disjointness, by construction rather than by luck of a hash: every user reset seed lies in
+[0, 2^31) and every public reset seed in [2^31, 2^32) (the top bit of a 32-bit seed is the domain);
+generator seeds likewise carry the domain in bit 63. So no evaluation or public rollout can ever be
+reset like a user's, whatever the run seed, user id or round.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-_USER_SAMPLING, _PUBLIC_SAMPLING = 0x5A3B, 0x9A3B
+_USER_RESET, _USER_SAMPLING, _PUBLIC_RESET, _PUBLIC_SAMPLING = 0x5EED, 0x5A3B, 0x9B1C, 0x9A3B
+PUBLIC_SEED_BASE = 2**31  # public reset seeds are >= this, user reset seeds < this
 _STREAMS = {"eval": 1, "fisher": 2, "bench": 3}
 
 
 def _hash(*words: int) -> int:
+    """A 64-bit hash of non-negative integers (numpy's SeedSequence mixing)."""
     lo, hi = np.random.SeedSequence([int(w) for w in words]).generate_state(2, dtype=np.uint32)
     return (int(hi) << 32) | int(lo)
 
 
-def user_generator(run_seed: int, user_id: int, round_idx: int) -> torch.Generator:
-    """The generator of user ``user_id``'s sampling in round ``round_idx`` (bit 63 clear)."""
+def _check(run_seed: int, user_id: int) -> None:
     if int(run_seed) < 0 or int(user_id) < 0:
         raise ValueError(f"run seed and user id must be >= 0, got {run_seed}, {user_id}")
+
+
+def user_seed(run_seed: int, user_id: int) -> int:
+    """The reset seed of user ``user_id`` of run ``run_seed``, in [0, 2^31)."""
+    _check(run_seed, user_id)
+    return _hash(_USER_RESET, run_seed, user_id) % PUBLIC_SEED_BASE
+
+
+def user_reset_seeds(run_seed: int, user_id: int, group_size: int) -> list[int]:
+    """Reset seeds of user ``user_id``'s ``group_size`` rollouts: its one start state, G times."""
+    return [user_seed(run_seed, user_id)] * int(group_size)
+
+
+def user_generator(run_seed: int, user_id: int, round_idx: int) -> torch.Generator:
+    """The generator of user ``user_id``'s action sampling in round ``round_idx`` (bit 63 clear)."""
+    _check(run_seed, user_id)
     return torch.Generator().manual_seed(_hash(_USER_SAMPLING, run_seed, user_id, round_idx) >> 1)
 
 
+def public_reset_seeds(run_seed: int, stream: str, round_idx: int, n: int) -> list[int]:
+    """``n`` reset seeds of a public stream (``eval``, ``fisher``), in [2^31, 2^32): never a user's."""
+    tag = _STREAMS[stream]
+    return [PUBLIC_SEED_BASE + _hash(_PUBLIC_RESET, run_seed, tag, round_idx, i) % PUBLIC_SEED_BASE for i in range(n)]
+
+
 def public_generator(run_seed: int, stream: str, round_idx: int) -> torch.Generator:
-    """The generator of a public stream (bit 63 set: never a user's generator seed)."""
-    return torch.Generator().manual_seed((_hash(_PUBLIC_SAMPLING, run_seed, _STREAMS[stream], round_idx) >> 1)
-                                         | (1 << 62))
+    """The sampling generator of a public stream (bit 63 set: never a user's generator seed)."""
+    return torch.Generator().manual_seed((1 << 63) | (_hash(_PUBLIC_SAMPLING, run_seed, _STREAMS[stream], round_idx) >> 1))

@@ -79,9 +79,10 @@ class ContextualBandit:
                                f"or lower rounds * users_per_round")
         return users
 
-    def eval_seeds(self, run_seed: int, episodes: int) -> list[int]:
-        """Held-out contexts for evaluation (never training users)."""
-        return [self.population + int(run_seed) * 100_003 + i for i in range(episodes)]
+    def public_seed(self, seed: int) -> int:
+        """Map a public stream seed (``dppo.data.streams``, >= 0) to a held-out context: index >= population,
+        so evaluation and public rollouts never show a training user's context."""
+        return self.population + int(seed)
 
     def make(self) -> gym.Env:
         return BanditEpisode(self)

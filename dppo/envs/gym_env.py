@@ -13,9 +13,18 @@ class GymEnvFactory:
         id: gymnasium env id (e.g. ``CartPole-v1``).
         horizon: maximum episode length; ``None`` uses the env's own ``max_episode_steps``.
         kwargs: extra keyword arguments for ``gym.make``.
+        vectorization: how batches of episodes run (``dppo.algos.rollout``): ``auto`` (the env's native
+            vectorized implementation if it has one, e.g. CartPole, else ``sync``), ``native``, ``sync``,
+            ``async`` (gymnasium's vector envs) or ``none`` (a list of single envs).
     """
 
-    def __init__(self, id: str = "CartPole-v1", horizon: int | None = None, kwargs: dict | None = None):
+    def __init__(self, id: str = "CartPole-v1", horizon: int | None = None, kwargs: dict | None = None,
+                 vectorization: str = "auto"):
+        from dppo.algos.rollout import VECTORIZATION
+
+        if vectorization not in VECTORIZATION:
+            raise ConfigError(f"env.vectorization must be one of {VECTORIZATION}, got '{vectorization}'")
+        self.vectorization = vectorization
         self.id = str(id)
         self.kwargs = dict(kwargs or {})
         try:
@@ -25,7 +34,9 @@ class GymEnvFactory:
         except Exception:  # noqa: BLE001 - gymnasium raises several error types for unknown ids
             raise ConfigError(f"unknown env.id '{self.id}': not a registered gymnasium environment "
                               f"(e.g. CartPole-v1, Acrobot-v1, FrozenLake-v1)") from None
-        self.horizon = int(horizon) if horizon else (spec.max_episode_steps or 1000)
+        if horizon is not None and int(horizon) < 1:
+            raise ConfigError(f"env.horizon must be >= 1 (or null for the env's own limit), got {horizon}")
+        self.horizon = int(horizon) if horizon is not None else (spec.max_episode_steps or 1000)
         probe = self.make()
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         probe.close()
@@ -37,7 +48,3 @@ class GymEnvFactory:
     def __repr__(self) -> str:
         return f"GymEnvFactory(id={self.id!r}, horizon={self.horizon})"
 
-
-def user_seed(seed: int, user_id: int) -> int:
-    """Deterministic, distinct reset seed for user ``user_id`` of run ``seed``."""
-    return (int(seed) * 1_000_003 + int(user_id) * 7_919 + 12_345) % (2**31 - 1)

@@ -66,7 +66,8 @@ class DPGDOracle(LeastSquaresOracle):
         s, z = self.noise_std(eps, delta)
         self.last_release = privacy.release("dp_gd", round=round, users=data.users, eps=eps, delta=delta,
                                             steps=self.steps, noise_multiplier=z, sigma=s, clip=self.clip,
-                                            sensitivity=2.0 * self.clip, composition=self.composition)
+                                            sensitivity=2.0 * self.clip, composition=self.composition, dim=data.dim,
+                                            adjacency="replace_one")
         return self._descend(data, lambda shape: privacy.noise.gaussian(shape, s))
 
     def _descend(self, data: UserRegression, noise) -> torch.Tensor:

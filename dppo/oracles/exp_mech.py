@@ -81,7 +81,8 @@ class ExpMechOracle(LeastSquaresOracle):
         sens = self.sensitivity()
         beta = exp_mech_beta(eps, sens)
         self.last_release = privacy.release("exp_mech", round=round, users=data.users, eps=eps, delta=0.0,
-                                            beta=beta, sensitivity=sens, candidates=W.shape[0])
+                                            beta=beta, sensitivity=sens, candidates=W.shape[0], dim=data.dim,
+                                            adjacency="replace_one")
         logits = beta * self.score(data, W) + privacy.noise.gumbel((W.shape[0],))  # (..., K) if stacked
         return W[torch.argmax(logits, dim=-1)].clone()
 

@@ -94,6 +94,13 @@ class SSPOracle(LeastSquaresOracle):
         t = math.sqrt(self.joint_sensitivity_sq()) / mu
         return t * d_s / math.sqrt(self.gram_share), t * d_b / math.sqrt(1.0 - self.gram_share)
 
+    def joint_sensitivity(self, eps: float, delta: float) -> float:
+        """The l2 sensitivity, in units of the Gram noise sigma_S, of the joint release (S~, b~): the Delta
+        with sigma_S / Delta = 1 / mu, so the ledger's ``noise_multiplier`` = sigma / sensitivity is the
+        multiplier of the equivalent single Gaussian mechanism (sqrt(4.5) at gram_share = 1/3)."""
+        sigma_s, _ = self.noise_stds(eps, delta)
+        return sigma_s / analytic_gaussian_sigma(eps, delta, 1.0)
+
     def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float) -> torch.Tensor:
         if getattr(self, "public_gram", None) is not None:
             return self._solve_public_gram(data, privacy, round, eps, delta)
@@ -101,10 +108,13 @@ class SSPOracle(LeastSquaresOracle):
         sigma_s, sigma_b = self.noise_stds(eps, delta)
         S = data.gram()
         b_users = self._clipped_moments(data)
+        sens = self.joint_sensitivity(eps, delta)
         self.last_release = privacy.release("ssp", round=round, users=data.users, eps=eps, delta=delta,
-                                            sigma=sigma_s, sigma_moment=sigma_b, sensitivity=self.sensitivities()[0],
+                                            sigma=sigma_s, sensitivity=sens, noise_multiplier=sigma_s / sens,
+                                            sigma_moment=sigma_b, sensitivity_gram=self.sensitivities()[0],
                                             sensitivity_moment=self.sensitivities()[1],
-                                            joint_sensitivity_sq=self.joint_sensitivity_sq(), dim=d)
+                                            joint_sensitivity_sq=self.joint_sensitivity_sq(), dim=d,
+                                            adjacency="replace_one")
         noise = privacy.noise.gaussian((d, d), sigma_s)  # (..., d, d): a stacked source gives many releases
         upper = torch.triu(noise, diagonal=1) / math.sqrt(2.0)
         S_noisy = S + torch.diag_embed(torch.diagonal(noise, dim1=-2, dim2=-1)) + upper + upper.mT
@@ -123,8 +133,9 @@ class SSPOracle(LeastSquaresOracle):
         sens = self.sensitivities()[1]
         sigma_b = analytic_gaussian_sigma(eps, delta, sens)
         self.last_release = privacy.release("ssp", round=round, users=data.users, eps=eps, delta=delta,
+                                            sigma=sigma_b, sensitivity=sens, noise_multiplier=sigma_b / sens,
                                             sigma_moment=sigma_b, sensitivity_moment=sens, dim=data.dim,
-                                            gram="public")
+                                            gram="public", adjacency="replace_one")
         b_noisy = self._clipped_moments(data).sum(0) + privacy.noise.gaussian((data.dim,), sigma_b)
         return psd_ridge_solve(self.public_gram, b_noisy, self.ridge, self.psd_floor)
 

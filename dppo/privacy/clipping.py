@@ -1,4 +1,6 @@
-"""Per-user clipping and the Gaussian privatizer of a sum of per-user vectors (DP-PG's release)."""
+"""Per-user clipping and the releases of a mean of per-user vectors: the Gaussian sum (DP-PG), its
+multi-pass (Poisson) variant, and the plain mean of the non-private twin; ``sum_mechanism`` picks one
+from the privacy context, so the learner's update is the same code either way."""
 from __future__ import annotations
 
 import torch
@@ -23,7 +25,9 @@ class GaussianSumPrivatizer:
     """Releases the mean of m clipped per-user vectors with Gaussian noise: (eps, delta)-DP per call.
 
     Replace-one sensitivity of the *sum*: two users' clipped vectors u, u' differ by at most
-    ||u - u'|| <= 2 C, so sigma = analytic_gaussian_sigma(eps, delta, 2 C) (Balle & Wang 2018).
+    ||u - u'|| <= 2 C, so sigma = analytic_gaussian_sigma(eps, delta, 2 C) (Balle & Wang 2018). The
+    ledger's ``noise_multiplier`` is sigma / sensitivity = sigma / (2 C), the standard multiplier of
+    a Gaussian mechanism; ``clip`` records C.
     """
 
     mechanism = "gaussian_sum"
@@ -45,13 +49,15 @@ class GaussianSumPrivatizer:
         clipped, norms = clip_per_user(per_user.double(), self.max_grad_norm)
         sigma = self.sigma() if sigma is None else sigma
         noise = self.privacy.noise.gaussian(clipped.shape[1:], sigma)
+        sens = self.sensitivity()
         self.privacy.release(self.mechanism, round=round_idx, users=m, eps=self.privacy.eps,
                              delta=self.privacy.delta, sigma=sigma, sensitivity=self.sensitivity(),
-                             noise_multiplier=sigma / self.max_grad_norm, **(extra or {}))
-        stats = {"privacy/noise_multiplier": sigma / self.max_grad_norm,
-                 "privacy/clip_fraction": float((norms > self.max_grad_norm).double().mean()),
-                 "privacy/noise_std": sigma / m}
-        return (clipped.sum(0) + noise) / m, stats
+                             noise_multiplier=sigma / self.sensitivity(), adjacency="replace_one",
+                             dim=int(clipped.shape[1]), clip=self.max_grad_norm, **(extra or {}))
+        stats = {"privacy/noise_multiplier": sigma / self.sensitivity(),
+                 "diag/clip_fraction": float((norms > self.max_grad_norm).double().mean()) if m else 0.0,
+                 "privacy/noise_std": sigma / max(m, 1)}
+        return (clipped.sum(0) + noise) / max(m, 1), stats
 
 
 class PoissonGaussianSumPrivatizer:
@@ -82,7 +88,34 @@ class PoissonGaussianSumPrivatizer:
         sigma = self.noise_multiplier * C
         noise = self.privacy.noise.gaussian(clipped.shape[1:], sigma)
         self.privacy.release(self.mechanism, round=round_idx, users=per_user.shape[0], eps=None, delta=None,
-                             noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate, sensitivity=C)
+                             sigma=sigma, noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate,
+                             sensitivity=C, adjacency="add_remove", dim=int(clipped.shape[1]), clip=C)
         stats = {"privacy/noise_multiplier": self.noise_multiplier,
-                 "privacy/clip_fraction": float((norms > C).double().mean()) if len(norms) else 0.0}
+                 "diag/clip_fraction": float((norms > C).double().mean()) if len(norms) else 0.0}
         return (clipped.sum(0) + noise) / self.expected_users, stats
+
+
+class MeanRelease:
+    """The non-private twin's "release": the mean of the per-user vectors clipped to the same C as the
+    private release (the twins differ by the noise only); no noise, nothing recorded."""
+
+    mechanism = "none"
+
+    def __init__(self, max_grad_norm: float):
+        self.max_grad_norm = float(max_grad_norm)
+
+    def release_mean(self, per_user: torch.Tensor, round_idx: int) -> tuple[torch.Tensor, dict]:
+        clipped, norms = clip_per_user(per_user.double(), self.max_grad_norm)
+        frac = float((norms > self.max_grad_norm).double().mean()) if len(norms) else 0.0
+        return clipped.sum(0) / max(per_user.shape[0], 1), {"diag/clip_fraction": frac}
+
+
+def sum_mechanism(privacy, max_grad_norm: float, sampler=None, rounds: int = 1):
+    """The release of a mean of per-user vectors for this privacy context: the Gaussian sum (one pass),
+    its Poisson variant (``privacy.multi_pass``), or the plain mean when ``eps`` is null."""
+    if not privacy.private:
+        return MeanRelease(max_grad_norm)
+    if privacy.multi_pass:
+        return PoissonGaussianSumPrivatizer(privacy, max_grad_norm, sampler.sample_rate, sampler.population_size,
+                                            rounds)
+    return GaussianSumPrivatizer(privacy, max_grad_norm)

@@ -3,9 +3,23 @@ from __future__ import annotations
 
 import time
 
+from dppo.training.faults import maybe_kill
+
+DIAG_PREFIX = "diag/"
+
 
 class Callback:
-    """Hooks called by the trainer; ``on_round_end`` returning False stops the run cleanly."""
+    """Hooks called by the trainer; ``on_round_end`` returning False stops the run cleanly.
+
+    Rule for private runs: a callback decides only from *released* quantities - the released update and
+    policy, the ledger and ``privacy/*`` budget figures, the round index, and evaluations on public /
+    held-out episodes (``eval/return``, ``learner.evaluate``). Anything it decides (stopping, which
+    policy is released) is then post-processing and costs no privacy. Raw statistics of this round's
+    users (``diag/*``: return, clip fractions, ...) are not released; a decision on them would be an
+    unaccounted release. So in a private run the trainer hands user callbacks a ``metrics`` dict without
+    the ``diag/*`` keys (``ReleasedMetricsCallback``); a callback must not read the learner's raw state
+    through ``trainer`` either.
+    """
 
     def on_train_start(self, trainer) -> None: ...
 
@@ -47,7 +61,8 @@ class CallbackList(Callback):
 
 
 class LoggingCallback(Callback):
-    """Sends each round's metrics plus ``privacy/epsilon`` and ``perf/users_per_s`` to the logger."""
+    """Sends each round's metrics plus ``privacy/epsilon`` and ``perf/users_per_s`` to the logger (which
+    drops ``diag/*`` keys when ``logger.diagnostics=false``)."""
 
     def on_round_start(self, trainer, round_idx):
         self._t0 = time.perf_counter()
@@ -55,15 +70,46 @@ class LoggingCallback(Callback):
     def on_round_end(self, trainer, round_idx, metrics):
         dt = max(time.perf_counter() - getattr(self, "_t0", time.perf_counter()), 1e-9)
         users = metrics.get("rollout/users", None)
-        if users is not None and "perf/users_per_s" not in metrics:
+        # timing depends on this round's episode lengths: a diagnostic, logged only with diagnostics on
+        if users is not None and "perf/users_per_s" not in metrics and getattr(trainer.logger, "diagnostics", True):
             metrics["perf/users_per_s"] = users / dt
         trainer.logger.record_many(metrics)
         trainer.logger.dump(round_idx)
+        maybe_kill("after_dump", round_idx)
         return True
 
 
+class ReleasedMetricsCallback(Callback):
+    """Wraps a user callback of a private run: it sees the round's metrics without the ``diag/*`` keys
+    (raw statistics of this round's users), so its decisions use released quantities only."""
+
+    def __init__(self, inner: Callback):
+        self.inner = inner
+
+    def on_train_start(self, trainer):
+        self.inner.on_train_start(trainer)
+
+    def on_round_start(self, trainer, round_idx):
+        self.inner.on_round_start(trainer, round_idx)
+
+    def on_round_end(self, trainer, round_idx, metrics):
+        return self.inner.on_round_end(trainer, round_idx, released_only(metrics))
+
+    def on_checkpoint(self, trainer, path):
+        self.inner.on_checkpoint(trainer, path)
+
+    def on_train_end(self, trainer):
+        self.inner.on_train_end(trainer)
+
+
+def released_only(metrics: dict) -> dict:
+    """The metrics without raw diagnostics (``diag/*``)."""
+    return {k: v for k, v in metrics.items() if not k.startswith(DIAG_PREFIX)}
+
+
 class ProgressBarCallback(Callback):
-    """A tqdm bar with the latest return and the eps spent so far."""
+    """A tqdm bar with the eps spent so far and a return: the public ``eval/return`` when the round has
+    one, else the raw ``diag/return`` - shown only when diagnostics are on (``logger.diagnostics``)."""
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -79,8 +125,10 @@ class ProgressBarCallback(Callback):
     def on_round_end(self, trainer, round_idx, metrics):
         if self.bar is not None:
             post = {}
-            if "rollout/return" in metrics:
-                post["return"] = f"{metrics['rollout/return']:.1f}"
+            if "eval/return" in metrics:
+                post["eval_return"] = f"{metrics['eval/return']:.1f}"
+            elif "diag/return" in metrics and getattr(trainer.logger, "diagnostics", True):
+                post["diag_return"] = f"{metrics['diag/return']:.1f}"   # raw, labelled
             if "regret/cumulative" in metrics:
                 post["regret"] = f"{metrics['regret/cumulative']:.4g}"
             post["eps"] = f"{metrics.get('privacy/epsilon', 0.0):.3g}"
@@ -94,10 +142,24 @@ class ProgressBarCallback(Callback):
 
 
 class StopAtReturn(Callback):
-    """Example user callback: stop once ``rollout/return`` reaches ``threshold``."""
+    """Stop once the public evaluation return ``eval/return`` reaches ``threshold``.
 
-    def __init__(self, threshold: float):
+    The decision uses only released quantities (the Callback rule): every ``every`` rounds the current
+    (released) policy is evaluated on ``episodes`` held-out episodes (``learner.evaluate``: simulator
+    episodes with seeds no training user has), never on this round's users' returns. If the round's
+    metrics already carry ``eval/return`` that value is used.
+    """
+
+    def __init__(self, threshold: float, episodes: int = 10, every: int = 1, greedy: bool = False):
         self.threshold = float(threshold)
+        self.episodes, self.every, self.greedy = int(episodes), max(1, int(every)), bool(greedy)
+        self.last_eval = None
 
     def on_round_end(self, trainer, round_idx, metrics):
-        return metrics.get("rollout/return", float("-inf")) < self.threshold
+        value = metrics.get("eval/return")
+        if value is None:
+            if (round_idx + 1) % self.every:
+                return True
+            value = float(trainer.learner.evaluate(self.episodes, self.greedy))
+        self.last_eval = float(value)
+        return self.last_eval < self.threshold

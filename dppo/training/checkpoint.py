@@ -101,7 +101,34 @@ def _tuples_to_lists(x):
     return x
 
 
-def check_fingerprint(saved: str, current: str) -> None:
-    if saved != current:
+def check_fingerprint(saved, current) -> None:
+    """Refuse a resume whose settings differ from the checkpoint's, in one line naming the first key.
+
+    ``saved``/``current`` are the flattened settings (``dppo.build.fingerprint``); an older checkpoint's
+    hash string is compared as a whole.
+    """
+    if isinstance(saved, dict) and isinstance(current, dict):
+        keys = sorted((set(saved) | set(current)) - {"_hash"})
+        # a key added to the schema later (absent from an older checkpoint) is unchanged if it is null now
+        changed = [k for k in keys if saved.get(k) != current.get(k) or (k in saved) != (k in current)
+                   and (saved.get(k, _MISSING) is not None and current.get(k, _MISSING) is not None)]
+        if changed:
+            k = changed[0]
+            more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+            raise ConfigError(f"resume refused: '{k}' was {_show(saved.get(k, _MISSING))} in the checkpoint, now "
+                              f"{_show(current.get(k, _MISSING))}{more}; a resumed run must keep every setting that "
+                              f"affects privacy (different configuration; only logging, progress, checkpoint_every, "
+                              f"eval and callbacks may change)")
+        return
+    saved_hash = saved.get("_hash") if isinstance(saved, dict) else saved
+    current_hash = current.get("_hash") if isinstance(current, dict) else current
+    if saved_hash != current_hash:
         raise ConfigError("the checkpoint was written by a run with a different configuration; resume with "
-                          "the run's own config (only rounds and logging may change)")
+                          "the run's own config (only logging, progress, checkpoint_every and eval may change)")
+
+
+_MISSING = "<unset>"
+
+
+def _show(v) -> str:
+    return "null" if v is None else str(v)

@@ -82,15 +82,26 @@ class ConsoleOutput(Output):
             print(f"[{step}] " + " ".join(parts), file=self.stream, flush=True)
 
 
-class Logger:
-    """Collects values with ``record`` and writes them all at ``dump(step)``; algorithms never create writers."""
+DIAG_PREFIX = "diag/"
 
-    def __init__(self, outputs: list[Output] | None = None):
+
+class Logger:
+    """Collects values with ``record`` and writes them all at ``dump(step)``; algorithms never create writers.
+
+    Keys under ``diag/`` are raw statistics of this round's users (not covered by the privacy guarantee);
+    with ``diagnostics=False`` they are dropped here, before any output (TensorBoard, CSV, console, the
+    progress bar) sees them.
+    """
+
+    def __init__(self, outputs: list[Output] | None = None, diagnostics: bool = True):
         self.outputs = list(outputs or [])
+        self.diagnostics = bool(diagnostics)
         self.values: dict[str, float] = {}
         self.last: dict[str, float] = {}
 
     def record(self, key: str, value) -> None:
+        if not self.diagnostics and key.startswith(DIAG_PREFIX):
+            return
         v = float(value)
         self.values[key] = v
 
@@ -121,7 +132,7 @@ class Logger:
 
 
 def make_logger(run_dir: str | None, tensorboard: bool = True, csv: bool = True, console: bool = False,
-                console_every: int = 10, purge_step: int | None = None) -> Logger:
+                console_every: int = 10, purge_step: int | None = None, diagnostics: bool = True) -> Logger:
     """The standard logger of a run directory: TensorBoard + CSV (+ console)."""
     outputs: list[Output] = []
     if run_dir is not None:
@@ -131,4 +142,4 @@ def make_logger(run_dir: str | None, tensorboard: bool = True, csv: bool = True,
             outputs.append(CSVOutput(os.path.join(run_dir, "progress.csv")))
     if console:
         outputs.append(ConsoleOutput(console_every))
-    return Logger(outputs)
+    return Logger(outputs, diagnostics=diagnostics)

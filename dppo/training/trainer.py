@@ -5,11 +5,20 @@ import math
 import os
 import time
 
-from dppo.errors import BudgetExhausted, DataError, DPPOError
-from dppo.training.callbacks import Callback, CallbackList, LoggingCallback, ProgressBarCallback
-from dppo.training.checkpoint import (atomic_write_json, check_fingerprint, load_latest_checkpoint, rng_state,
-                                      save_checkpoint, set_rng_state)
+import sys
+
+from dppo.errors import BudgetExhausted, DataError, DPPOError, PrivacyError
+from dppo.training.callbacks import (Callback, CallbackList, LoggingCallback, ProgressBarCallback,
+                                     ReleasedMetricsCallback)
+from dppo.training.checkpoint import (atomic_write_bytes, atomic_write_json, check_fingerprint,
+                                      load_latest_checkpoint, rng_state, save_checkpoint, set_rng_state)
+from dppo.training.journal import JOURNAL_NAME, UserJournal
 from dppo.training.runlock import RunLock
+
+SEEDED_WARNING = ("dppo: warning: privacy.secure_rng=false: the noise is seeded (reproducible); the privacy "
+                  "guarantee does not hold against anyone who knows the seed")
+SEEDED_NOTE = ("seeded noise (privacy.secure_rng=false): reproducible, and the guarantee does not hold against "
+               "anyone who knows the seed")
 
 
 class CheckpointCallback(Callback):
@@ -29,16 +38,19 @@ class Trainer:
 
     def __init__(self, learner, privacy, logger, *, sampler=None, callbacks=(), run_dir: str | None = None,
                  checkpoint_every: int = 10, eval_episodes: int = 20, eval_greedy: bool = False,
-                 progress: bool = True, meta: dict | None = None, fingerprint: str = ""):
+                 progress: bool = True, meta: dict | None = None, fingerprint=""):
         self.learner, self.privacy, self.logger, self.sampler = learner, privacy, logger, sampler
         self.run_dir = run_dir
         self.eval_episodes, self.eval_greedy = int(eval_episodes), bool(eval_greedy)
         self.meta = dict(meta or {})
         self.fingerprint = fingerprint
+        self.journal = None if run_dir is None else UserJournal(os.path.join(run_dir, JOURNAL_NAME))
         builtin = [LoggingCallback(), ProgressBarCallback(progress)]
         if run_dir is not None:
             builtin.append(CheckpointCallback(checkpoint_every))
-        self.callbacks = CallbackList(builtin + list(callbacks))
+        # user callbacks of a private run see only released quantities (the Callback docstring's rule)
+        user = [ReleasedMetricsCallback(c) if privacy.private else c for c in callbacks]
+        self.callbacks = CallbackList(builtin + user)
         self.start_round = 0
         self.round = 0
         self.best_round_return = -math.inf
@@ -52,11 +64,14 @@ class Trainer:
         return None if self.run_dir is None else os.path.join(self.run_dir, "checkpoints")
 
     def state_dict(self) -> dict:
+        if self.journal is not None:
+            self.journal.sync()
         return {"format": "dppo-ckpt-1", "round": self.round, "fingerprint": self.fingerprint,
                 "learner": self.learner.state_dict(), "privacy": self.privacy.state_dict(),
                 "sampler": None if self.sampler is None else self.sampler.state_dict(),
                 "rng": rng_state(), "best_round_return": self.best_round_return,
-                "wall_time_s": self.wall_time()}
+                "wall_time_s": self.wall_time(),
+                "journal_offset": None if self.journal is None else self.journal.offset}
 
     def load_state_dict(self, state: dict) -> None:
         check_fingerprint(state["fingerprint"], self.fingerprint)
@@ -68,6 +83,37 @@ class Trainer:
         self.round = self.start_round = int(state["round"])
         self.best_round_return = float(state["best_round_return"])
         self.wall_time_prev = float(state["wall_time_s"])
+        self.recover_journal(state.get("journal_offset") or 0)
+
+    def recover_journal(self, offset: int) -> None:
+        """Apply the resume rule to what the journal holds past the checkpoint (``offset``): a crashed
+        attempt's takes and releases (``dppo/training/journal.py``).
+
+        Secure noise (private run): the attempt's users are burned (the sampler skips them for ever, the
+        rounds are redone on fresh users) and its releases are charged to the accountant, labelled
+        ``lost`` (under parallel composition in their own group: their users were burned); a learner
+        whose releases span rounds adds its own charges (``lost_attempt_charges``).
+        Seeded noise, or a non-private run: the replay from the checkpoint is bit-identical, so it may
+        take the same users; the journal checks that it does.
+        """
+        if self.journal is None:
+            return
+        events = UserJournal.read(self.journal.path, offset)
+        takes = [e for e in events if e["event"] == "take"]
+        releases = [e for e in events if e["event"] == "release"]
+        if not (takes or releases):
+            return
+        if not (self.privacy.private and self.privacy.noise.secure):
+            self.journal.expect = {int(e["round"]): list(e["users"]) for e in takes}
+            return
+        if self.sampler is not None:
+            self.sampler.burn(sorted({int(u) for e in takes for u in e["users"]}))
+        for e in releases:
+            self.privacy.charge(e["entry"], lost=True, incarnation=int(e["incarnation"]))
+        extra = getattr(self.learner, "lost_attempt_charges", None)
+        if takes and callable(extra):
+            for entry in extra(sorted({int(e["round"]) for e in takes})):
+                self.privacy.charge(entry, replay=True)
 
     def save_checkpoint(self) -> str | None:
         if self.ckpt_dir is None:
@@ -92,6 +138,7 @@ class Trainer:
         if state is None:
             return False
         self.load_state_dict(state)
+        self._resumed = True
         return True
 
     # ---- loop ------------------------------------------------------------------------------
@@ -104,10 +151,24 @@ class Trainer:
         try:
             if lock:
                 lock.acquire()
+            if self.privacy.private and not self.privacy.noise.secure:
+                print(SEEDED_WARNING, file=sys.stderr, flush=True)
+            if self.journal is not None:
+                if not getattr(self, "_resumed", False):
+                    # a fresh start in a directory whose earlier attempt crashed before its first checkpoint:
+                    # everything that attempt journalled is lost, and the same rule applies
+                    self.recover_journal(0)
+                self.journal.durable = self.privacy.private
+                self.journal.open(self.start_round)
+                self.privacy.journal = self.journal
+                if self.sampler is not None:
+                    self.sampler.journal = self.journal
             return self._fit()
         finally:
             if lock:
                 lock.release()
+            if self.journal is not None:
+                self.journal.close()
             self.logger.close()
 
     def _fit(self) -> dict:
@@ -115,6 +176,8 @@ class Trainer:
         self.callbacks.on_train_start(self)
         while self.round < self.learner.num_rounds:
             r = self.round
+            if self.journal is not None:
+                self.journal.round = r
             self.callbacks.on_round_start(self, r)
             try:
                 metrics = dict(self.learner.train_round(r))
@@ -128,32 +191,62 @@ class Trainer:
                 raise
             self.round = r + 1
             metrics.setdefault("privacy/epsilon", self.privacy.spent()[0])
-            if "rollout/return" in metrics:
-                self.best_round_return = max(self.best_round_return, metrics["rollout/return"])
+            if "diag/return" in metrics:
+                self.best_round_return = max(self.best_round_return, metrics["diag/return"])
             if not self.callbacks.on_round_end(self, r, metrics):
                 self.stop_reason = f"stopped by a callback after round {r}"
                 break
         self.save_checkpoint()
         summary = self.write_summary(final=True)
+        self.export_policy()
         self.callbacks.on_train_end(self)
         return summary
 
     def write_summary(self, final: bool = False) -> dict:
+        """``summary.json``: a file safe to share (released and public quantities only, plus the ``diag``
+        section of raw statistics, present only with ``logger.diagnostics=true``)."""
         eps_spent, delta_spent = self.privacy.spent()
+        private = self.privacy.private
+        entries = self.privacy.ledger.entries
+        adjacencies = sorted({e.get("adjacency") for e in entries if e.get("adjacency")})
         summary = {**self.meta, "eps": self.privacy.eps, "delta": self.privacy.delta,
                    "epsilon_spent": eps_spent, "delta_spent": delta_spent, "accountant": self.privacy.accountant.name,
+                   "adjacency": ("/".join(adjacencies) if adjacencies else self.privacy.adjacency) if private else None,
+                   "noise_source": self.privacy.noise.label if private else None,
                    "rounds_done": self.round,
                    "users_seen": None if self.sampler is None else len(self.sampler.used),
-                   "final_return": None, "best_round_return": _finite(self.best_round_return),
+                   "users_burned": None if self.sampler is None else len(getattr(self.sampler, "burned", ())),
+                   "releases_lost": sum(1 for e in entries if e.get("lost")),
+                   "final_return": None,
                    "wall_time_s": round(self.wall_time(), 3), "stop_reason": self.stop_reason,
                    "complete": final, **self.learner.summary(),
-                   "ledger": self.privacy.ledger.entries}
+                   "ledger": entries}
+        if private and not self.privacy.noise.secure:
+            summary["noise_note"] = SEEDED_NOTE
+        if getattr(self.logger, "diagnostics", True):
+            summary["diag"] = {"best_round_return": _finite(self.best_round_return)}
         if final and self.eval_episodes > 0:
             summary["final_return"] = float(self.learner.evaluate(self.eval_episodes, self.eval_greedy))
         if self.run_dir is not None:
             atomic_write_json(os.path.join(self.run_dir, "summary.json"), summary)
         self.summary = summary
         return summary
+
+    def export_policy(self) -> str | None:
+        """``policy.pt``: the final (released) policy's weights and nothing else - no optimizer, no RNG or
+        noise state, no ledger - so it can be shared with ``summary.json``."""
+        policy = getattr(self.learner, "policy", None)
+        if self.run_dir is None or not hasattr(policy, "state_dict"):
+            return None
+        import io
+
+        import torch
+
+        buf = io.BytesIO()
+        torch.save({k: v.detach().clone() for k, v in policy.state_dict().items()}, buf)
+        path = os.path.join(self.run_dir, "policy.pt")
+        atomic_write_bytes(path, buf.getvalue())
+        return path
 
 
 def _finite(x: float):

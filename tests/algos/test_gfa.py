@@ -216,7 +216,7 @@ def test_private_run_records_one_release_per_batch_and_spends_exactly_the_target
         assert [e["users"] for e in ledger] == list(range(0, 200, 20))
         assert privacy.spent()[0] == pytest.approx(5.0, rel=1e-9)
         assert metrics[-1]["privacy/epsilon"] == pytest.approx(5.0, rel=1e-9)
-        for key in ("regret/cumulative", "gfa/score_gap", "gfa/batch", "gfa/beta", "rollout/return"):
+        for key in ("regret/cumulative", "diag/score_gap", "gfa/batch", "gfa/beta", "diag/return"):
             assert key in metrics[-1]
 
 
@@ -225,7 +225,7 @@ def test_non_private_greedy_every_episode_reaches_zero_regret():
         learner, privacy = outcome_learner(variant, eps=None, episodes=150, batch_size=1, seed=1)
         metrics = run(learner)
         assert len(privacy.ledger) == 0
-        assert all(m["gfa/score_gap"] == 0.0 for m in metrics)        # argmax, not a sample
+        assert all(m["diag/score_gap"] == 0.0 for m in metrics)        # argmax, not a sample
         assert learner.regret[-1] == pytest.approx(0.0)
         assert metrics[-1]["regret/cumulative"] == pytest.approx(sum(learner.regret))
 
@@ -335,8 +335,8 @@ def test_python_api_run_writes_summary_ledger_and_tensorboard_keys(tmp_path):
     assert s["epsilon_spent"] == pytest.approx(8.0, rel=1e-9) and len(s["ledger"]) == s["rounds_done"]
     assert s["cumulative_regret"] >= 0 and "final_regret_per_episode" in s
     keys = set(EventAccumulator(str(tmp_path)).Reload().Tags()["scalars"])
-    assert {"regret/cumulative", "gfa/score_gap", "gfa/batch", "privacy/epsilon", "gfa/beta",
-            "rollout/return", "perf/users_per_s"} <= keys
+    assert {"regret/cumulative", "diag/score_gap", "gfa/batch", "privacy/epsilon", "gfa/beta",
+            "diag/return", "perf/users_per_s"} <= keys
 
 
 def test_python_api_runs_algorithm_1_on_a_tabular_env_object(tmp_path):
@@ -356,7 +356,7 @@ def test_stopped_and_resumed_run_ends_with_the_same_ledger_and_regret(tmp_path):
             return round_idx < 4
 
     args = ["algo=gfa_outcome", "env=context_bits", "eps=5", "episodes=120", "batch_size=10", "progress=false",
-            "eval_episodes=0", "checkpoint_every=2"]
+            "eval_episodes=0", "checkpoint_every=2", "privacy.secure_rng=false"]
     full = dppo.train(args, run_dir=str(tmp_path / "full"))
     part = dppo.train(args, run_dir=str(tmp_path / "part"), callbacks=[StopAt()])
     assert part["rounds_done"] == 5

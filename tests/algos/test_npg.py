@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from dppo.algos.npg import NaturalPolicyGradient, PolicySubspace
-from dppo.algos.pg import advantages
-from dppo.algos.rollout import collect_episodes, returns_to_go
+from dppo.algos.npg import NaturalPolicyGradient
+from dppo.algos.subspace import PolicySubspace
 from dppo.data.sampler import OnePassUserSampler
 from dppo.envs.bandit import ContextualBandit
 from dppo.envs.gym_env import GymEnvFactory
+from dppo.data.streams import public_reset_seeds
 from dppo.errors import ConfigError
 from dppo.oracles import make_oracle
 from dppo.policies.loglinear import LogLinearPolicy
@@ -36,7 +36,7 @@ def test_head_features_are_the_autograd_gradients_of_the_head_rows():
     with torch.no_grad():
         policy.head.weight.normal_()
     obs, actions = torch.randn(4, 4), torch.tensor([0, 2, 1, 2])
-    phi = PolicySubspace(policy, "head").features(obs, actions)
+    phi = PolicySubspace(policy, policy.parameters(), "head", dim=None).features(obs, actions)
     for n in range(4):
         policy.zero_grad()
         policy.log_prob(obs[n:n + 1], actions[n:n + 1]).sum().backward()
@@ -47,7 +47,7 @@ def test_head_features_are_the_autograd_gradients_of_the_head_rows():
 def test_full_features_are_per_sample_gradients():
     policy = mlp()
     obs, actions = torch.randn(3, 4), torch.tensor([1, 0, 1])
-    phi = PolicySubspace(policy, "full").features(obs, actions)
+    phi = PolicySubspace(policy, policy.parameters(), "full", dim=None).features(obs, actions)
     for n in range(3):
         policy.zero_grad()
         policy.log_prob(obs[n:n + 1], actions[n:n + 1]).sum().backward()
@@ -55,10 +55,10 @@ def test_full_features_are_per_sample_gradients():
         torch.testing.assert_close(phi[n].float(), expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("head_dim", [None, 6])
-def test_subspace_step_moves_log_probs_by_the_linearization(head_dim):
+@pytest.mark.parametrize("kind,dim", [("head", None), ("head", 6), ("full", 6)])
+def test_subspace_step_moves_log_probs_by_the_linearization(kind, dim):
     policy = mlp()
-    space = PolicySubspace(policy, "head", head_dim=head_dim, seed=1)
+    space = PolicySubspace(policy, policy.parameters(), kind, dim=dim, seed=1)
     obs, actions = torch.randn(8, 4), torch.randint(0, 2, (8,))
     w = 1e-3 * torch.randn(space.dim, dtype=torch.float64)
     before = policy.log_prob(obs, actions).detach().double()
@@ -69,29 +69,25 @@ def test_subspace_step_moves_log_probs_by_the_linearization(head_dim):
 
 
 def test_regression_rows_of_other_users_do_not_change_when_one_user_is_replaced():
-    """Replace-one isolation: user j's episode enters only user j's (X_j, y_j) (no batch baselines)."""
-    import dataclasses
+    """Replace-one isolation: user j's group enters only user j's (X_j, y_j) (no batch baselines)."""
+    def rows(users):
+        learner = cartpole_learner()
+        batch = learner.collect(users, 0)
+        return dict(zip(users, learner.regression_rows(batch)[0]))
 
+    base, changed = rows([11, 12, 13, 14]), rows([11, 99, 13, 14])
+    for u in (11, 13, 14):
+        torch.testing.assert_close(base[u][0], changed[u][0], rtol=0, atol=0)
+        torch.testing.assert_close(base[u][1], changed[u][1], rtol=0, atol=0)
+    assert not torch.equal(base[12][1][:3], changed[99][1][:3])
+
+
+def cartpole_learner(eps=None, group_size=4):
     policy = mlp()
-    space = PolicySubspace(policy, "head", head_dim=8)
-    batch = collect_episodes(policy, CARTPOLE, [11, 12, 13, 14], reward_bound=1.0,
-                             generator=torch.Generator().manual_seed(0))
-
-    def rows(b):
-        A = advantages(returns_to_go(b.rewards, b.mask, 0.99), b.mask, "none", "user")
-        phi = space.features(b.obs[b.mask], b.actions[b.mask])
-        return NaturalPolicyGradient.user_rows(phi, A[b.mask].double(), b.lengths)
-
-    obs, actions, rewards = batch.obs.clone(), batch.actions.clone(), batch.rewards.clone()
-    obs[1] = torch.randn_like(obs[1])
-    actions[1] = 1 - actions[1]
-    rewards[1] = torch.rand_like(rewards[1]) * batch.mask[1]
-    other = dataclasses.replace(batch, obs=obs, actions=actions, rewards=rewards)
-    base, changed = rows(batch), rows(other)
-    for i in (0, 2, 3):
-        torch.testing.assert_close(base[i][0], changed[i][0], rtol=0, atol=0)
-        torch.testing.assert_close(base[i][1], changed[i][1], rtol=0, atol=0)
-    assert not torch.equal(base[1][0], changed[1][0])
+    privacy = PrivacyContext(eps=eps, delta=1e-5, noise=NoiseSource(0))
+    oracle = make_oracle("exact", x_bound=None, y_bound=None, ridge=0.01)
+    return NaturalPolicyGradient(policy, CARTPOLE, privacy, OnePassUserSampler(4), oracle, seed=3, rounds=2,
+                                 group_size=group_size)
 
 
 def bandit_learner(eps=None, oracle="exact", rounds=30, seed=0, **kw):
@@ -100,17 +96,18 @@ def bandit_learner(eps=None, oracle="exact", rounds=30, seed=0, **kw):
     privacy = PrivacyContext(eps=eps, delta=1e-5, noise=NoiseSource(seed))
     sampler = OnePassUserSampler(20, population_size=2000, seed=seed)
     defaults = dict(x_bound=2.0, y_bound=2.0, ridge=0.1) if oracle != "exact" else dict(x_bound=None, y_bound=None, ridge=0.1)
-    kw.setdefault("baseline", "none")
-    kw.setdefault("normalize", "none")
+    kw.setdefault("group_size", 4)
+    kw.setdefault("momentum", 0.0)
+    kw.setdefault("max_step_norm", None)
     learner = NaturalPolicyGradient(policy, bandit, privacy, sampler, make_oracle(oracle, **defaults), seed=seed,
-                                    rounds=rounds, reward_bound=1.0, gamma=1.0, subspace="full",
+                                    rounds=rounds, reward_bound=1.0, subspace="full",
                                     step=kw.pop("step", "fixed"), lr=kw.pop("lr", 1.0), **kw)
     return learner, bandit, privacy
 
 
 def expected_reward(learner, bandit, n=500):
     """Exact E_{x ~ held-out, a ~ pi}[r(x, a)] (independent of the learner's own evaluate)."""
-    phi = np.stack([bandit.context(s) for s in bandit.eval_seeds(0, n)])
+    phi = np.stack([bandit.context(bandit.public_seed(s)) for s in public_reset_seeds(0, "eval", 0, n)])
     probs = torch.softmax(learner.policy.logits(torch.tensor(phi, dtype=torch.float32)), -1).detach().numpy()
     means = bandit.mean_reward(phi.reshape(-1, phi.shape[-1])).reshape(n, -1)
     return float((probs * means).sum(1).mean()), float(means.max(1).mean())
@@ -147,8 +144,9 @@ def test_dp_npg_learns_the_bandit_at_large_eps():
     assert end - start > 0.4 * (best - start), (start, end, best)
 
 
-@pytest.mark.parametrize("bad", [dict(baseline="batch"), dict(normalize="batch"), dict(step="kl", oracle="dp_gd")])
-def test_private_runs_refuse_cross_user_statistics(bad):
+@pytest.mark.parametrize("bad", [dict(step="kl", fisher_episodes=0), dict(advantage="group", group_size=1),
+                                 dict(advantage="batch")])
+def test_settings_that_cannot_work_are_config_errors(bad):
     with pytest.raises(ConfigError):
         bandit_learner(eps=1.0, **{"oracle": "ssp", **bad})
 
@@ -182,7 +180,7 @@ def test_cli_dp_npg_and_npg_run_and_write_the_ledger(cli, tiny, tmp_path, algo):
         if algo == "dp_npg":
             assert summary["epsilon_spent"] == pytest.approx(3.0)
             assert [e["mechanism"] for e in summary["ledger"]] == ["ssp"] * 3
-            assert all(e["gram"] == "public" for e in summary["ledger"])
+            assert all(e["gram"] == "public" and e["adjacency"] == "replace_one" for e in summary["ledger"])
         else:
             assert summary["ledger"] == []
 
@@ -191,63 +189,32 @@ def test_cli_dp_npg_and_npg_run_and_write_the_ledger(cli, tiny, tmp_path, algo):
 def test_cli_bandit_loglinear_with_each_oracle(cli, tmp_path):
     for oracle in ("ssp", "exp_mech"):
         out = tmp_path / oracle
-        res = cli(["algo=dp_npg", "env=bandit", "policy=loglinear", f"oracle={oracle}", "algo.subspace=full",
-                   "algo.head_dim=null", "algo.fisher_states=null", "algo.step=norm", "rounds=3", "users_per_round=5", "eval_episodes=5", "progress=false",
-                   "algo.oracle_kwargs.x_bound=2.0", "algo.oracle_kwargs.y_bound=2.0", f"hydra.run.dir={out}"])
+        res = cli(["algo=dp_npg", "env=bandit", "policy=loglinear", f"oracle={oracle}", "rounds=3", "users_per_round=5",
+                   "eval_episodes=5", "progress=false", f"hydra.run.dir={out}"])
         assert res.returncode == 0, res.stderr[-2000:]
         summary = json.loads((out / "summary.json").read_text())
         assert [e["mechanism"] for e in summary["ledger"]] == [oracle] * 3
 
 
 def test_public_fisher_is_the_expected_outer_product_of_score_features():
-    from dppo.algos.npg import public_states
-
-    policy = mlp()
-    space = PolicySubspace(policy, "head", head_dim=5, seed=2)
-    obs = public_states({"low": [-1, -1, -0.1, -1], "high": [1, 1, 0.1, 1], "n": 50})
-    assert obs.shape == (50, 4) and bool((obs.abs() <= torch.tensor([1, 1, 0.1, 1])).all())
-    F = space.fisher(obs)
-    probs = torch.softmax(policy.logits(obs), -1).detach().double()
-    expected = torch.zeros(5, 5, dtype=torch.float64)
-    for n in range(50):
+    learner = cartpole_learner()
+    space = learner.space
+    F = learner.public_fisher(0)
+    ep = learner.public_episodes("fisher", 0, learner.fisher_episodes)
+    obs = ep.obs[ep.mask]
+    obs = obs[torch.linspace(0, obs.shape[0] - 1, min(obs.shape[0], learner.fisher_states)).long()]
+    probs = torch.softmax(learner.policy.logits(obs), -1).detach().double()
+    expected = torch.zeros(space.dim, space.dim, dtype=torch.float64)
+    for n in range(obs.shape[0]):
         for a in range(2):
             phi = space.features(obs[n:n + 1], torch.tensor([a]))[0]
-            expected += probs[n, a] * torch.outer(phi, phi) / 50
+            expected += probs[n, a] * torch.outer(phi, phi) / obs.shape[0]
     torch.testing.assert_close(F, expected)
-    torch.testing.assert_close(public_states({"low": [0], "high": [1], "n": 3}), public_states({"low": [0], "high": [1], "n": 3}))
 
 
-def test_fisher_states_of_the_wrong_shape_are_a_config_error():
-    with pytest.raises(ConfigError):
-        bandit_learner(fisher_states={"low": [-1, -1], "high": [1, 1], "n": 10})
-
-
-def test_public_head_basis_is_orthonormal_and_spans_the_top_principal_directions():
-    from dppo.algos.npg import public_states
-
-    policy = mlp()
-    obs = public_states({"low": [-1, -1, -0.1, -1], "high": [1, 1, 0.1, 1], "n": 200})
-    space = PolicySubspace(policy, "head", head_dim=3, basis_obs=obs)
-    P = space.projection
-    torch.testing.assert_close(P.T @ P, torch.eye(3, dtype=torch.float64))
-    h1 = torch.cat([policy.body(obs).detach().double(), torch.ones(200, 1, dtype=torch.float64)], 1)
-    M = h1.T @ h1 / 200
-    captured = torch.trace(P.T @ M @ P)
-    evals = torch.linalg.eigvalsh(M)
-    torch.testing.assert_close(captured, evals[-3:].sum())
-
-
-def test_matrix_free_fisher_quadratic_equals_the_explicit_form():
-    from dppo.algos.npg import public_states
-
-    policy = mlp()
-    obs = public_states({"low": [-1, -1, -0.1, -1], "high": [1, 1, 0.1, 1], "n": 20})
-    for space in (PolicySubspace(policy, "head", head_dim=6), PolicySubspace(policy, "full")):
-        w = torch.randn(space.dim, dtype=torch.float64)
-        if space.dim <= 1024:
-            assert space.fisher_quadratic(obs, w) == pytest.approx(float(w @ space.fisher(obs) @ w), rel=1e-9)
-        else:
-            phi = [space.features(obs, torch.full((20,), a)) for a in range(2)]
-            probs = torch.softmax(policy.logits(obs), -1).detach().double()
-            direct = sum(float((probs[:, a] * (phi[a] @ w) ** 2).mean()) for a in range(2))
-            assert space.fisher_quadratic(obs, w) == pytest.approx(direct, rel=1e-9)
+def test_public_fisher_states_come_from_public_seeds_only():
+    """The Fisher's rollouts start from public seeds (>= 2^31), never from a user's reset seed."""
+    learner = cartpole_learner()
+    seeds = learner.public_seeds("fisher", 5, 50)
+    users = learner.user_reset_seeds(range(1000))
+    assert min(seeds) >= 2**31 and max(users) < 2**31

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dppo.algos.rebel import REBEL
-from dppo.algos.rollout import collect_episodes
+from dppo.data.streams import public_reset_seeds
 from dppo.data.sampler import OnePassUserSampler
 from dppo.envs.bandit import ContextualBandit
 from dppo.envs.gym_env import GymEnvFactory
@@ -25,7 +25,8 @@ def rebel_learner(eps=None, oracle="exact", rounds=30, seed=0, **kw):
     bounds = dict(x_bound=None, y_bound=None) if oracle == "exact" else dict(x_bound=2.0, y_bound=2.0)
     okw = kw.pop("oracle_kwargs", {})
     learner = REBEL(policy, bandit, privacy, sampler, make_oracle(oracle, ridge=0.1, **bounds, **okw), seed=seed,
-                    rounds=rounds, reward_bound=1.0, eta=1.0, subspace="full", **kw)
+                    rounds=rounds, reward_bound=1.0, eta=1.0, subspace="full", group_size=kw.pop("group_size", 2),
+                    momentum=kw.pop("momentum", 0.0), max_step_norm=kw.pop("max_step_norm", None), **kw)
     return learner, bandit, privacy
 
 
@@ -46,20 +47,31 @@ def test_rebel_regression_is_exact_for_log_linear_policies():
     torch.testing.assert_close(after - before, (phi_y - phi_y2) @ w, rtol=1e-4, atol=1e-4)
 
 
-def test_two_trajectories_of_a_user_share_the_start_state():
-    env = GymEnvFactory("CartPole-v1", horizon=30)
+def test_a_users_group_shares_its_start_state_and_differs_in_actions():
     from dppo.policies.mlp import MLPPolicy
 
+    env = GymEnvFactory("CartPole-v1", horizon=30)
     policy = MLPPolicy(env.observation_space, env.action_space)
-    gen = torch.Generator().manual_seed(0)
-    a = collect_episodes(policy, env, [5, 6, 7], reward_bound=1.0, generator=gen)
-    b = collect_episodes(policy, env, [5, 6, 7], reward_bound=1.0, generator=gen)
-    torch.testing.assert_close(a.obs[:, 0], b.obs[:, 0])
-    assert not torch.equal(a.actions, b.actions)
+    learner = REBEL(policy, env, PrivacyContext(), OnePassUserSampler(3), make_oracle("exact", x_bound=None,
+                    y_bound=None), group_size=4, rounds=1)
+    batch = learner.collect([5, 6, 7], 0)
+    starts = batch.grouped(batch.obs[:, 0])
+    torch.testing.assert_close(starts, starts[:, :1].expand_as(starts))
+    assert not torch.equal(batch.grouped(batch.actions)[:, 0], batch.grouped(batch.actions)[:, 1])
+
+
+def test_group_form_with_two_responses_has_the_pair_regression_minimizer():
+    """G = 2: rows +-(x - x', eta (R - R')) / 2 give the same least-squares solution as the paper's pair rows."""
+    learner, bandit, _ = rebel_learner(group_size=2)
+    batch = learner.collect(list(range(20)), 0)
+    rows, _ = learner.regression_rows(batch)
+    pairs = [(X[:1] - X[1:], y[:1] - y[1:]) for X, y in rows]
+    oracle = make_oracle("exact", x_bound=None, y_bound=None, ridge=0.0)
+    torch.testing.assert_close(oracle.solve(rows), oracle.solve(pairs) * 1.0, rtol=1e-6, atol=1e-9)
 
 
 def expected_reward(learner, bandit, n=500):
-    phi = np.stack([bandit.context(s) for s in bandit.eval_seeds(0, n)])
+    phi = np.stack([bandit.context(bandit.public_seed(s)) for s in public_reset_seeds(0, "eval", 0, n)])
     probs = torch.softmax(learner.policy.logits(torch.tensor(phi, dtype=torch.float32)), -1).detach().numpy()
     means = bandit.mean_reward(phi.reshape(-1, phi.shape[-1])).reshape(n, -1)
     return float((probs * means).sum(1).mean()), float(means.max(1).mean())

@@ -250,9 +250,10 @@ def test_each_episode_takes_one_fresh_user():
     ubev = UBEV(riverswim(5), privacy=_ctx(None), sampler=sampler, seed=0, episodes=250, episodes_per_round=100)
     _run(ubev, ubev.num_rounds)
     assert ubev.num_rounds == 3 and len(sampler.used) == 250 and ubev.episodes_done == 250
-    sampler.next_index = 0
+    sampler.next_index = 0                       # even a rewound cursor skips every used user
+    assert sampler.take(1) == [250]
     with pytest.raises(PrivacyError):
-        sampler.take(1)
+        sampler.claim([0])
 
 
 def test_counter_capacity_is_the_number_of_episodes():
@@ -330,7 +331,7 @@ def test_model_free_env_reports_regret_as_unavailable():
     pucb = PUCB(GymTabularEnv(env, horizon=4), privacy=_ctx(1.0), seed=0, episodes=30, episodes_per_round=30)
     m = pucb.train_round(0)
     assert "regret/cumulative" not in m and pucb.summary()["cumulative_regret"] is None
-    assert 0 <= m["rollout/return"] <= 4
+    assert 0 <= m["diag/return"] <= 4
 
 
 def test_config_errors_are_one_line():

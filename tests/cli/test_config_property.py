@@ -1,5 +1,7 @@
 """Property: over the config schema, every invalid combination exits 2 with one line and writes nothing;
-every valid one starts (reaches Hydra's run)."""
+every valid one starts (reaches Hydra's run). Invalid includes combinations that used to fail mid-run or
+run silently wrong: an accountant or composition that cannot account DP-PG's releases, a max_epsilon below
+eps, a horizon <= 0, a population that cannot fit in memory."""
 import math
 
 from hypothesis import HealthCheck, given, settings
@@ -15,7 +17,11 @@ FIELDS = {
     "max_grad_norm": number,
     "reward_bound": st.one_of(st.none(), number),
     "rounds": st.integers(-1, 5),
-    "privacy.population_size": st.one_of(st.none(), st.integers(0, 60)),
+    "privacy.population_size": st.one_of(st.none(), st.integers(0, 60), st.just(10**14)),
+    "privacy.accountant": st.sampled_from([None, "parallel", "basic", "rdp", "prv", "advanced", "zcdp"]),
+    "privacy.max_epsilon": st.sampled_from([None, -1.0, 0.5, 3.0, 100.0]),
+    "privacy.composition": st.sampled_from(["advanced", "advanced", "zcdp"]),
+    "env.horizon": st.sampled_from([None, -2, 0, 1, 30]),
 }
 
 
@@ -26,7 +32,12 @@ def is_valid(v):
     ok = ok and v["rounds"] >= 1
     pop = v["privacy.population_size"]
     if ok and pop is not None:
-        ok = pop >= 1 and pop >= v["rounds"] * v["users_per_round"]
+        ok = pop >= 1 and pop >= v["rounds"] * v["users_per_round"] and pop < 10**12  # 10**14 cannot fit in memory
+    cap, horizon = v["privacy.max_epsilon"], v["env.horizon"]
+    ok = ok and (cap is None or cap > 0) and (horizon is None or horizon >= 1)
+    if ok and v["eps"] is not None:   # a private DP-PG run: Gaussian one-pass releases
+        ok = v["privacy.accountant"] in (None, "parallel", "basic") and v["privacy.composition"] == "advanced"
+        ok = ok and (cap is None or cap >= v["eps"])
     return ok
 
 
@@ -34,7 +45,7 @@ def fmt(x):
     return "null" if x is None else repr(x) if isinstance(x, float) else str(x)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.fixed_dictionaries(FIELDS))
 def test_invalid_configs_exit_2_and_valid_ones_start(capsys, tmp_path_factory, values):
     run_dir = tmp_path_factory.mktemp("run")

@@ -24,6 +24,22 @@ CASES = [
     (["algo=dp_pg", "privacy.multi_pass=true", "privacy.population_size=20", "eps=0.01", "rounds=1000"],
      "cannot be met"),
     (["algo=dp_npg", "privacy.multi_pass=true", "privacy.population_size=20"], "one-pass training only"),
+    # refused before round 0 (they used to fail mid-run, or run silently wrong)
+    (["algo=dp_pg", "privacy.accountant=advanced"], "pure-DP (delta=0) releases only"),
+    (["algo=dp_npg", "privacy.accountant=zcdp"], "pure-DP (delta=0) releases only"),
+    (["algo=dp_pg", "privacy.accountant=rdp"], "needs privacy.multi_pass=true"),
+    (["algo=dp_pg", "privacy.composition=zcdp"], "applies to the GFA learners only"),
+    (["algo=gfa", "env=riverswim", "privacy.accountant=parallel"], "accounts its releases by composition"),
+    (["algo=dp_pg", "privacy.max_epsilon=1"], "is below eps=5.0"),
+    (["algo=pucb", "env=riverswim", "privacy.max_epsilon=2"], "is below eps=5.0"),
+    (["algo=pucb", "env=riverswim", "privacy.multi_pass=true", "privacy.population_size=100",
+      "privacy.accountant=rdp"], "makes pure-DP releases"),
+    (["algo=gfa", "env=riverswim", "privacy.accountant=advanced", "privacy.composition=zcdp"], "contradicts"),
+    (["algo=dp_pg", "env.horizon=0"], "env.horizon must be >= 1"),
+    (["algo=dp_pg", "env.horizon=-3"], "env.horizon must be >= 1"),
+    (["algo=dp_pg", "+env.kwargs.no_such_arg=1"], "unexpected keyword argument 'no_such_arg'"),
+    (["algo=dp_pg", "users_per_round=100000000000"], "needs ~"),
+    (["algo=dp_pg", "privacy.population_size=100000000000000", "rounds=2"], "population_size=100000000000000"),
 ]
 
 
@@ -42,7 +58,9 @@ def test_bad_input_is_one_line_exit_2(capsys, args, needle):
 
 
 @pytest.mark.parametrize("args,needle", [(["eps=0"], "eps must be > 0"), (["unknown_key=3"], "bad config"),
-                                         (["env.id=NoSuchEnv-v9"], "unknown env.id")])
+                                         (["env.id=NoSuchEnv-v9"], "unknown env.id"),
+                                         (["algo=dp_pg", "privacy.accountant=rdp"], "multi_pass"),
+                                         (["algo=dp_pg", "privacy.max_epsilon=1"], "below eps")])
 def test_subprocess_exit_code_and_no_traceback(cli, tmp_path, args, needle):
     r = cli([*args, "progress=false", f"hydra.run.dir={tmp_path}/run"], timeout=120)
     lines = [line for line in r.stderr.splitlines() if line.strip()]

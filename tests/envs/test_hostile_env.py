@@ -44,7 +44,7 @@ gym.register("DppoTest/Hostile-v0", entry_point=Hostile)
 def _run(tmp_path, mode, after=10**9):
     Hostile.calls = 0
     return dppo.train(["algo=dp_pg", "env.id=DppoTest/Hostile-v0", f"+env.kwargs.mode={mode}",
-                       f"+env.kwargs.after={after}", "rounds=4", "users_per_round=3", "checkpoint_every=1",
+                       f"+env.kwargs.after={after}", "rounds=4", "users_per_round=3", "group_size=2", "checkpoint_every=1",
                        "eval_episodes=1", "progress=false"], run_dir=str(tmp_path))
 
 
@@ -53,14 +53,14 @@ def test_rewards_outside_the_bound_are_clipped_and_counted(tmp_path):
 
     _run(tmp_path, "big")
     rows = list(csv.DictReader(open(tmp_path / "progress.csv")))
-    assert all(float(r["privacy/reward_clip_fraction"]) == 1.0 for r in rows)
-    assert all(float(r["rollout/return"]) <= 20.0 for r in rows)  # 20 steps x reward_bound 1
+    assert all(float(r["diag/reward_clip_fraction"]) == 1.0 for r in rows)
+    assert all(float(r["diag/return"]) <= 20.0 for r in rows)  # 20 steps x reward_bound 1
 
 
 @pytest.mark.parametrize("mode", ["nan_reward", "inf_obs", "raise"])
 def test_bad_data_aborts_the_round_unreleased_with_a_resumable_checkpoint(tmp_path, mode):
     with pytest.raises(DataError):
-        _run(tmp_path, mode, after=3 * 20 * 2 + 5)  # goes bad during round 2
+        _run(tmp_path, mode, after=3 * 2 * 20 * 2 + 5)  # 3 users x 2 rollouts x 20 steps: bad during round 2
     state, _ = load_latest_checkpoint(str(tmp_path / "checkpoints"))
     assert state["round"] == 2
     assert [e["round"] for e in state["privacy"]["ledger"]["entries"]] == [0, 1]  # round 2 not released

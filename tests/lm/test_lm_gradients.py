@@ -36,7 +36,7 @@ def test_per_user_clipped_sum_equals_brute_force_loop(small_prompts):
     G = 3
     pid, pm, comp = _group(pol, env.prompts(rows), G)
     rewards, _ = env.rewards(rows, comp.texts, G, 1.0)
-    A = group_advantages(torch.as_tensor(rewards), "none", "user").reshape(-1)
+    A = group_advantages(torch.as_tensor(rewards)).reshape(-1)
 
     def objective(us):  # the shared-prompt (KV cache) path, users ``us``
         sl = slice(us.start * G, us.stop * G)

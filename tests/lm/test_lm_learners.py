@@ -15,7 +15,8 @@ from tests.lm.conftest import MODEL, lm_overrides
 
 ALGOS = [("dp_pg", "eps=8", GroupPolicyGradient), ("dp_npg", "eps=8", PromptNPG),
          ("dp_rebel", "eps=8", PromptREBEL), ("dp_pg", "eps=null", GroupPolicyGradient),
-         ("dp_npg", "eps=null", PromptNPG), ("dp_rebel", "eps=null", PromptREBEL)]  # eps=null: the non-private twins
+         ("dp_npg", "eps=null", PromptNPG), ("pg", "eps=null", GroupPolicyGradient),
+         ("rebel", "eps=null", PromptREBEL)]  # eps=null: the non-private twins
 
 
 def base_weights(policy) -> dict:
@@ -80,12 +81,14 @@ def test_group_advantage_of_a_user_depends_on_its_own_group_only():
     rewards = torch.rand(5, 4, generator=g, dtype=torch.float64)
     changed = rewards.clone()
     changed[2] = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    for baseline, normalize in (("none", "user"), ("user_mean", "none"), ("none", "none")):
-        a, b = group_advantages(rewards, baseline, normalize), group_advantages(changed, baseline, normalize)
+    for opts in ({}, {"group_std": False}, {"leave_one_out": True}, {"advantage": "to_go"}):
+        a, b = group_advantages(rewards, **opts), group_advantages(changed, **opts)
         keep = [0, 1, 3, 4]
         torch.testing.assert_close(a[keep], b[keep])
-        single = torch.stack([group_advantages(rewards[i:i + 1], baseline, normalize)[0] for i in range(5)])
+        single = torch.stack([group_advantages(rewards[i:i + 1], **opts)[0] for i in range(5)])
         torch.testing.assert_close(a, single)  # computed alone, each user's advantages are the same
+    loo = group_advantages(rewards, group_std=False, leave_one_out=True)
+    torch.testing.assert_close(loo[:, 0], rewards[:, 0] - rewards[:, 1:].mean(1))
 
 
 def test_npg_step_kl_uses_public_prompts(small_prompts, tmp_path):
@@ -101,11 +104,11 @@ def test_dense_oracles_are_refused_for_adapter_dimensions(small_prompts):
         build(make_config(lm_overrides(small_prompts, "algo=dp_npg", "eps=8", "oracle=ssp")))
 
 
-def test_batch_normalizers_are_refused(small_prompts):
+def test_an_unknown_advantage_is_refused(small_prompts):
     from dppo.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="mix users"):
-        build(make_config(lm_overrides(small_prompts, "algo=pg", "eps=null")))  # pg.yaml's batch normalizers
+    with pytest.raises(ConfigError, match="advantage"):
+        build(make_config(lm_overrides(small_prompts, "algo=dp_pg", "eps=null", "algo.advantage=batch")))
 
 
 def test_the_seed_matters_and_a_seed_reproduces(small_prompts, tmp_path):

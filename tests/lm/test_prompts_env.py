@@ -11,6 +11,7 @@ from cli_helpers import run_cli
 from dppo.api import make_config, train
 from dppo.envs.prompts import PromptsEnv
 from dppo.errors import ConfigError, DataError, PrivacyError
+from dppo.training.callbacks import Callback
 from tests.lm.conftest import REWARD, lm_overrides
 
 
@@ -98,10 +99,15 @@ def test_a_prompt_is_never_used_twice_across_rounds_and_resume(small_prompts, tm
         seen.extend(r["prompt"] for r in rows)
         return rows
 
+    class StopAfterTwo(Callback):
+        def on_round_end(self, trainer, round_idx, metrics):
+            return round_idx < 1
+
     PromptsEnv.user_rows = spy
     try:
-        train(make_config(lm_overrides(small_prompts, "algo=dp_pg", "eps=8", "checkpoint_every=1")), str(run))
         cfg = make_config(lm_overrides(small_prompts, "algo=dp_pg", "eps=8", "checkpoint_every=1", "rounds=4"))
+        first = train(cfg, str(run), callbacks=[StopAfterTwo()])
+        assert first["rounds_done"] == 2
         summary = train(cfg, str(run), resume=True)
     finally:
         PromptsEnv.user_rows = original

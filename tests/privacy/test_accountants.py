@@ -48,10 +48,10 @@ def test_unknown_accountant_is_a_config_error():
 
 def test_budget_cap_refuses_release_without_recording():
     priv = PrivacyContext(1.0, 1e-5, accountant=make_accountant("basic"), max_epsilon=2.5)
-    priv.release("m", round=0, users=1, eps=1.0)
-    priv.release("m", round=1, users=1, eps=1.0)
+    priv.release("m", round=0, users=1, eps=1.0, adjacency="replace_one")
+    priv.release("m", round=1, users=1, eps=1.0, adjacency="replace_one")
     with pytest.raises(BudgetExhausted):
-        priv.release("m", round=2, users=1, eps=1.0)
+        priv.release("m", round=2, users=1, eps=1.0, adjacency="replace_one")
     assert len(priv.ledger) == 2 and priv.spent()[0] == 2.0
 
 

@@ -1,7 +1,7 @@
 import torch
 
-from dppo.algos.pg import advantages, per_user_gradients
-from dppo.algos.rollout import returns_to_go
+from dppo.algos.core import group_advantages
+from dppo.algos.subspace import per_user_gradients
 from dppo.envs.gym_env import GymEnvFactory
 from dppo.policies.mlp import MLPPolicy
 from dppo.privacy import PrivacyContext
@@ -32,7 +32,10 @@ def test_privatizer_uses_replace_one_sensitivity_and_records_release():
     assert entry["sensitivity"] == 1.0 and entry["round"] == 7 and entry["users"] == 4
     assert entry["sigma"] == analytic_gaussian_sigma(3.0, 1e-5, 1.0)
     assert priv.spent() == (3.0, 1e-5)
-    assert stats["privacy/clip_fraction"] == 1.0
+    assert stats["diag/clip_fraction"] == 1.0       # raw: how many of this round's users were clipped
+    assert entry["noise_multiplier"] == entry["sigma"] / entry["sensitivity"] == stats["privacy/noise_multiplier"]
+    assert entry["adjacency"] == "replace_one" and entry["clip"] == 0.5
+    assert entry["dim"] == 10
 
 
 def test_noise_has_the_calibrated_scale():
@@ -42,17 +45,20 @@ def test_noise_has_the_calibrated_scale():
     assert out.std().item() == __import__("pytest").approx(p.sigma(), rel=0.03)
 
 
-def _user_grads(obs, actions, rewards, mask, policy):
-    G = returns_to_go(rewards, mask, 0.99)
-    A = advantages(G, mask, "user_mean", "user")
-    return clip_per_user(per_user_gradients(policy, obs, actions, A).double(), 1.0)[0]
+def _user_grads(obs, actions, rewards, mask, policy, G=2):
+    """Users are consecutive blocks of G rollouts; group advantages from each block's own returns."""
+    m = obs.shape[0] // G
+    A, _ = group_advantages((rewards * mask).sum(1).reshape(m, G), std=True)
+    A = A.reshape(-1, 1) * mask
+    flat = lambda x: x.reshape(m, G * x.shape[1], *x.shape[2:])  # noqa: E731
+    return clip_per_user(per_user_gradients(policy, flat(obs), flat(actions), flat(A)).double(), 1.0)[0]
 
 
 def test_changing_one_user_leaves_other_users_clipped_gradients_unchanged():
     torch.manual_seed(0)
     env = GymEnvFactory("CartPole-v1")
     policy = MLPPolicy(env.observation_space, env.action_space)
-    m, T = 5, 12
+    m, T = 10, 12  # 5 users x 2 rollouts
     obs = torch.randn(m, T, 4)
     actions = torch.randint(0, 2, (m, T))
     rewards = torch.rand(m, T, dtype=torch.float64)
@@ -60,9 +66,9 @@ def test_changing_one_user_leaves_other_users_clipped_gradients_unchanged():
     mask[1, 8:] = False
     base = _user_grads(obs, actions, rewards, mask, policy)
     obs2, rewards2, actions2 = obs.clone(), rewards.clone(), actions.clone()
-    obs2[2] = torch.randn(T, 4) * 10
-    rewards2[2] = -1.0
-    actions2[2] = 1 - actions2[2]
+    obs2[4:6] = torch.randn(2, T, 4) * 10  # user 2's whole group
+    rewards2[4] = -1.0
+    actions2[4:6] = 1 - actions2[4:6]
     changed = _user_grads(obs2, actions2, rewards2, mask, policy)
     others = [0, 1, 3, 4]
     assert torch.allclose(base[others], changed[others], atol=1e-12)

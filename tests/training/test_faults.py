@@ -71,10 +71,18 @@ def test_disk_error_at_checkpoint_is_a_clear_error(tiny, tmp_path, monkeypatch):
 
 
 def test_resume_never_reuses_a_user(tiny, tmp_path):
-    dppo.train(["algo=dp_pg", *tiny, "rounds=2", "checkpoint_every=1"], run_dir=str(tmp_path))
+    from dppo.training.callbacks import Callback
+
+    class StopAfterRound1(Callback):
+        def on_round_end(self, trainer, round_idx, metrics):
+            return round_idx < 1
+
+    args = ["algo=dp_pg", *tiny, "rounds=4", "checkpoint_every=1"]
+    dppo.train(args, run_dir=str(tmp_path), callbacks=[StopAfterRound1()])
     state, _ = load_latest_checkpoint(str(tmp_path / "checkpoints"))
     used_before = set(state["sampler"]["used"])
-    cfg = dppo.make_config(["algo=dp_pg", *tiny, "rounds=4", "checkpoint_every=1"])
+    assert len(used_before) == 6
+    cfg = dppo.make_config(args)
     trainer = build(cfg, str(tmp_path))
     assert trainer.try_resume()
     trainer.fit()

@@ -8,7 +8,7 @@ import dppo
 from dppo.training.callbacks import Callback
 
 SCHEMA = {"algo", "env_id", "seed", "eps", "delta", "epsilon_spent", "delta_spent", "rounds_done", "users_seen",
-          "final_return", "best_round_return", "wall_time_s", "ledger"}
+          "final_return", "wall_time_s", "ledger", "adjacency", "noise_source", "users_burned", "diag"}
 
 
 @pytest.mark.parametrize("algo", ["pg", "dp_pg"])
@@ -16,11 +16,14 @@ def test_three_round_run_writes_summary_with_schema(algo, tiny, tmp_path):
     summary = dppo.train([f"algo={algo}", *tiny], run_dir=str(tmp_path))
     on_disk = json.load(open(tmp_path / "summary.json"))
     assert SCHEMA <= set(on_disk) and on_disk["rounds_done"] == 3 and on_disk["users_seen"] == 9
-    assert on_disk["algo"] == algo
+    assert on_disk["algo"] == algo and "best_round_return" in on_disk["diag"]
     if algo == "dp_pg":
         assert len(on_disk["ledger"]) == 3 and on_disk["epsilon_spent"] == pytest.approx(5.0)
         e = on_disk["ledger"][0]
-        assert {"mechanism", "round", "users", "eps", "delta", "noise_multiplier", "sensitivity"} <= set(e)
+        assert {"mechanism", "round", "users", "eps", "delta", "noise_multiplier", "sensitivity", "sigma",
+                "adjacency"} <= set(e)
+        assert e["noise_multiplier"] == pytest.approx(e["sigma"] / e["sensitivity"])
+        assert on_disk["adjacency"] == "replace_one" and on_disk["noise_source"] == "seeded"
     else:
         assert on_disk["ledger"] == [] and on_disk["epsilon_spent"] == 0.0
     assert os.listdir(tmp_path / "checkpoints") and any(f.startswith("events.out") for f in os.listdir(tmp_path))
@@ -33,8 +36,10 @@ def test_tensorboard_has_the_documented_keys(tiny, tmp_path):
     dppo.train(["algo=dp_pg", *tiny], run_dir=str(tmp_path))
     acc = EventAccumulator(str(tmp_path)).Reload()
     keys = set(acc.Tags()["scalars"])
-    assert {"rollout/return", "rollout/episode_length", "privacy/epsilon", "privacy/noise_multiplier",
-            "privacy/clip_fraction", "losses/grad_norm", "perf/users_per_s"} <= keys
+    assert {"diag/return", "diag/episode_length", "privacy/epsilon", "privacy/noise_multiplier",
+            "diag/clip_fraction", "diag/reward_clip_fraction", "diag/env_steps",
+            "diag/zero_spread_fraction", "rollout/episodes", "losses/grad_norm", "perf/users_per_s"} <= keys
+    assert not {"rollout/return", "privacy/clip_fraction", "privacy/reward_clip_fraction"} & keys
     assert acc.Tags()["tensors"]  # the hyper-parameter text table
 
 

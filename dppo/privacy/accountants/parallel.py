@@ -17,10 +17,18 @@ class ParallelAccountant(Accountant):
     name = "parallel"
 
     def __init__(self):
-        self.per_round: dict[int, list[float]] = {}
+        self.per_round: dict[str, list[float]] = {}
+
+    @staticmethod
+    def group(release: dict) -> str:
+        """The set of users a release touched: its round, or (a crashed attempt's release charged on
+        resume, ``lost``) that attempt's round, whose users were burned and are disjoint from every other."""
+        if release.get("lost"):
+            return f"{int(release['round'])}:lost{int(release.get('incarnation', 0))}"
+        return str(int(release["round"]))
 
     def step(self, release: dict) -> None:
-        cur = self.per_round.setdefault(int(release["round"]), [0.0, 0.0])
+        cur = self.per_round.setdefault(self.group(release), [0.0, 0.0])
         cur[0] += float(release["eps"])
         cur[1] += float(release["delta"])
 
@@ -32,4 +40,4 @@ class ParallelAccountant(Accountant):
         return eps, dlt
 
     def load_state_dict(self, state: dict) -> None:
-        self.per_round = {int(k): list(v) for k, v in state["per_round"].items()}
+        self.per_round = {str(k): list(v) for k, v in state["per_round"].items()}

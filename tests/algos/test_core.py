@@ -1,0 +1,138 @@
+"""The policy-optimization core: per-user streams (one user's rollouts never depend on other users or on
+packing), disjoint public seeds, vectorized collection equal to single-env episodes, group advantages
+against an independent computation, and every group learner running with default settings on three envs."""
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from dppo.algos.core import group_advantages
+from dppo.algos.npg import NaturalPolicyGradient
+from dppo.algos.rollout import RolloutEngine
+from dppo.data import streams
+from dppo.data.sampler import OnePassUserSampler
+from dppo.envs.gym_env import GymEnvFactory
+from dppo.oracles import make_oracle
+from dppo.policies.mlp import MLPPolicy
+from dppo.privacy.context import PrivacyContext
+
+
+def learner_for(env_id="CartPole-v1", vectorization="auto", group_size=4, horizon=80):
+    env = GymEnvFactory(env_id, horizon=horizon, vectorization=vectorization)
+    torch.manual_seed(0)
+    policy = MLPPolicy(env.observation_space, env.action_space)
+    return NaturalPolicyGradient(policy, env, PrivacyContext(), OnePassUserSampler(3),
+                                 make_oracle("exact", x_bound=None, y_bound=None), seed=7, group_size=group_size)
+
+
+def user_slices(batch, users):
+    G = batch.group_size
+    T = int(batch.lengths.max())
+    return {u: (batch.obs[i * G:(i + 1) * G, :T], batch.actions[i * G:(i + 1) * G, :T],
+                batch.rewards[i * G:(i + 1) * G, :T], batch.lengths[i * G:(i + 1) * G]) for i, u in enumerate(users)}
+
+
+def trimmed(part):
+    obs, act, rew, n = part
+    return [(obs[g, :n[g]], act[g, :n[g]], rew[g, :n[g]]) for g in range(len(n))]
+
+
+def assert_same_rollouts(a, b):
+    for (o1, a1, r1), (o2, a2, r2) in zip(trimmed(a), trimmed(b)):
+        assert torch.equal(o1, o2) and torch.equal(a1, a2) and torch.equal(r1, r2)
+
+
+def test_user_and_public_seeds_are_disjoint_by_construction():
+    users = [streams.user_seed(s, u) for s in (0, 1, 2**20) for u in range(2000)]
+    public = [x for s in (0, 1, 2**20) for st in ("eval", "fisher") for x in streams.public_reset_seeds(s, st, 3, 500)]
+    assert max(users) < streams.PUBLIC_SEED_BASE <= min(public)
+    assert streams.user_reset_seeds(0, 5, 3) == [streams.user_seed(0, 5)] * 3
+    assert streams.user_generator(0, 5, 1).initial_seed() < 2**63 <= streams.public_generator(0, "eval", 1).initial_seed()
+
+
+@pytest.mark.parametrize("vectorization", ["native", "sync", "none"])
+def test_replacing_one_user_leaves_every_other_users_rollouts_bit_identical(vectorization):
+    learner = learner_for(vectorization=vectorization)
+    a = user_slices(learner.collect([3, 4, 5], round_idx=2), [3, 4, 5])
+    b = user_slices(learner.collect([3, 99, 5], round_idx=2), [3, 99, 5])
+    assert_same_rollouts(a[3], b[3])
+    assert_same_rollouts(a[5], b[5])
+
+
+def test_a_users_rollouts_do_not_depend_on_packing_or_backend():
+    """User 4 alone, first or last in its round, on every backend: the same G rollouts."""
+    ref = user_slices(learner_for(vectorization="none").collect([4], 1), [4])[4]
+    for vec in ("native", "sync"):
+        for users in ([4], [4, 8, 9], [1, 2, 3, 4]):
+            got = user_slices(learner_for(vectorization=vec).collect(users, 1), users)[4]
+            assert_same_rollouts(ref, got)
+
+
+def test_native_vector_start_states_equal_single_env_resets():
+    factory = GymEnvFactory("CartPole-v1", vectorization="native")
+    engine = RolloutEngine(factory)
+    seeds = [streams.user_seed(0, u) for u in range(6)]
+    start = engine.backend(6).reset(seeds)
+    single = gym.make("CartPole-v1")
+    for i, s in enumerate(seeds):
+        obs, _ = single.reset(seed=s)
+        np.testing.assert_array_equal(start[i], obs)
+        np.testing.assert_array_equal(engine.backend(6).vec.unwrapped.state[:, i], single.unwrapped.state)
+
+
+def test_acrobot_has_no_native_vector_env_and_auto_falls_back_to_sync():
+    from dppo.algos.rollout import resolve_vectorization
+    from dppo.errors import ConfigError
+
+    assert resolve_vectorization(GymEnvFactory("Acrobot-v1")) == "sync"
+    assert resolve_vectorization(GymEnvFactory("CartPole-v1")) == "native"
+    with pytest.raises(ConfigError):
+        RolloutEngine(GymEnvFactory("Acrobot-v1", vectorization="native")).backend(2)
+
+
+def test_group_advantages_match_an_independent_computation():
+    rng = np.random.default_rng(0)
+    R = rng.normal(size=(5, 6))
+    R[2] = 3.0  # zero spread
+    A, zero = group_advantages(torch.tensor(R), std=True)
+    expected = (R - R.mean(1, keepdims=True)) / np.maximum(R.std(1, keepdims=True), 1e-12)
+    expected[2] = 0.0
+    np.testing.assert_allclose(A.numpy(), expected, rtol=1e-12, atol=1e-12)
+    assert zero.tolist() == [False, False, True, False, False]
+    loo, _ = group_advantages(torch.tensor(R), std=False, leave_one_out=True)
+    for i in (0, 1, 3):
+        for g in range(6):
+            assert loo[i, g].item() == pytest.approx(R[i, g] - np.delete(R[i], g).mean())
+
+
+def test_env_steps_and_episodes_are_logged_per_round():
+    learner = learner_for()
+    metrics = learner.train_round(0)
+    assert metrics["rollout/episodes"] == 3 * 4 and metrics["rollout/users"] == 3
+    assert metrics["diag/env_steps"] >= 12 and 0.0 <= metrics["diag/zero_spread_fraction"] <= 1.0
+    assert not any(k.startswith("rollout/") and k not in ("rollout/users", "rollout/episodes") for k in metrics)
+
+
+ENVS = {"cartpole": ["env.id=CartPole-v1", "env.horizon=100"], "acrobot": ["env.id=Acrobot-v1", "env.horizon=100"],
+        "bandit": ["env=bandit", "policy=loglinear"]}
+
+
+@pytest.mark.parametrize("env", list(ENVS))
+@pytest.mark.parametrize("algo", ["pg", "dp_pg", "npg", "dp_npg", "rebel", "dp_rebel"])
+def test_every_group_learner_runs_with_default_settings(cli, tmp_path, algo, env):
+    args = [f"algo={algo}", *ENVS[env], "rounds=2", "users_per_round=4", "eval_episodes=2", "progress=false",
+            "privacy.secure_rng=false", f"hydra.run.dir={tmp_path}"]
+    res = cli(args)
+    assert res.returncode == 0, res.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["rounds_done"] == 2
+    assert len(summary["ledger"]) == (2 if algo.startswith("dp_") else 0)
+
+
+def test_a_non_private_algorithm_refuses_an_eps(cli, tmp_path):
+    res = cli(["algo=pg", "eps=5", "rounds=1", f"hydra.run.dir={tmp_path}"])
+    assert res.returncode == 2 and "no private mode" in res.stderr
+    res = cli(["algo=ubev", "env=riverswim", "group_size=4", f"hydra.run.dir={tmp_path}"])
+    assert res.returncode == 2 and "group_size" in res.stderr
