@@ -179,6 +179,9 @@ def build_learner(cfg, cls, objects: dict):
     params = dict(to_container(cfg.algo))
     params.pop("_target_")
     params.pop("name", None)
+    on_prompts = params.pop("on_prompts", None) or {}  # the algo's defaults for env=prompts (policy=lm)
+    if getattr(cls, "env_kind", None) == "prompts":
+        params = {**params, **on_prompts}
     private = params.pop("private", True)
     if not private and cfg.eps is not None:
         raise ConfigError(f"algo={_algo_name(cfg)} has no private mode, but eps={cfg.eps} was given; run it with "

@@ -115,6 +115,7 @@ class PromptLearner(Learner):
     """
 
     name = "prompts"
+    env_kind = "prompts"  # the builder applies the algo yaml's ``on_prompts`` block to these learners
     default_group_size = 4
 
     def __init__(self, policy, env, privacy, sampler, logger=None, *, seed: int = 0, rounds: int = 100,
