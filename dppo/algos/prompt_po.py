@@ -36,6 +36,8 @@ import numpy as np
 import torch
 
 from dppo.algos.base import Learner
+from dppo.algos.core import ADVANTAGES
+from dppo.algos.core import group_advantages as core_group_advantages
 from dppo.data.streams import public_generator, user_generator
 from dppo.errors import ConfigError, DataError
 from dppo.policies.lm_grads import per_user_gradients, summed_gradient
@@ -46,24 +48,17 @@ GENERIC_ONLY = ("gamma", "subspace", "dim", "head_dim", "fisher_states", "head_b
 
 def group_advantages(rewards: torch.Tensor, advantage: str = "group", group_std: bool = True,
                      leave_one_out: bool = False) -> torch.Tensor:
-    """(U, G) advantages, each row from that user's own G rewards only.
+    """(U, G) advantages, each row from that user's own G rewards only (the shared core's rule).
 
-    ``group``: r_g - b (b = the group mean, or the mean of the other G - 1 with ``leave_one_out``), divided by
-    the group's std with ``group_std`` (GRPO); ``to_go``: the reward itself (a one-step env's return-to-go).
+    ``group``: ``dppo.algos.core.group_advantages`` (r_g - the group mean, or the mean of the other G - 1
+    with ``leave_one_out``; divided by the group's std with ``group_std``: GRPO); ``to_go``: a one-step
+    env's return-to-go is the reward, standardized over the user's own G completions, as the core does.
     """
-    if advantage not in ("group", "to_go"):
-        raise ConfigError(f"algo.advantage must be 'group' or 'to_go', got '{advantage}'")
-    A = rewards.double()
+    if advantage not in ADVANTAGES:
+        raise ConfigError(f"algo.advantage must be one of {ADVANTAGES}, got '{advantage}'")
     if advantage == "to_go":
-        return A
-    G = A.shape[1]
-    if leave_one_out and G > 1:
-        A = (A - A.mean(1, keepdim=True)) * G / (G - 1)  # r_g - mean of the others
-    else:
-        A = A - A.mean(1, keepdim=True)
-    if group_std:
-        A = A / (rewards.double().std(1, unbiased=False, keepdim=True) + 1e-8)
-    return A
+        return core_group_advantages(rewards, std=True)[0] if rewards.shape[1] > 1 else rewards.double()
+    return core_group_advantages(rewards, std=group_std, leave_one_out=leave_one_out)[0]
 
 
 @dataclass
@@ -134,7 +129,7 @@ class PromptLearner(Learner):
         if self.group_size < 1:
             raise ConfigError(f"group_size must be >= 1, got {self.group_size}")
         self.advantage, self.group_std, self.leave_one_out = advantage, bool(group_std), bool(leave_one_out)
-        self.advantages(torch.zeros(1, 1))  # validates the options
+        self.advantages(torch.zeros(1, self.group_size))  # validates the options (group needs G >= 2)
         env.check_capacity(self.num_rounds, int(users_per_round))
         self.check_prompt_lengths()
 
@@ -458,7 +453,7 @@ class PromptREBEL(PromptNPG):
                  step_decay: float = 0.0, fisher_episodes: int = 32, **not_applicable):
         super().__init__(policy, env, privacy, sampler, oracle, logger, seed=seed, rounds=rounds,
                          users_per_round=users_per_round, group_size=group_size, reward_bound=reward_bound,
-                         advantage="to_go", step=step, lr=lr, max_kl=max_kl, max_step_norm=max_step_norm,
+                         step=step, lr=lr, max_kl=max_kl, max_step_norm=max_step_norm,
                          momentum=momentum, step_decay=step_decay, fisher_episodes=fisher_episodes,
                          **not_applicable)
         if self.group_size % 2:

@@ -81,7 +81,7 @@ def test_group_advantage_of_a_user_depends_on_its_own_group_only():
     rewards = torch.rand(5, 4, generator=g, dtype=torch.float64)
     changed = rewards.clone()
     changed[2] = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    for opts in ({}, {"group_std": False}, {"leave_one_out": True}, {"advantage": "to_go"}):
+    for opts in ({}, {"group_std": False}, {"leave_one_out": True}, {"advantage": "to_go"}):  # GRPO, RLOO, ...
         a, b = group_advantages(rewards, **opts), group_advantages(changed, **opts)
         keep = [0, 1, 3, 4]
         torch.testing.assert_close(a[keep], b[keep])
