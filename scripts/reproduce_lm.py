@@ -1,7 +1,7 @@
 """Reproduce the LM reference: ``python scripts/reproduce_lm.py`` -> runs/reference/lm.md and lm.png.
 
 Private RL fine-tuning of the tiny addition model (``+experiment=lm_addition``): mean reward on the 512
-held-out *public* prompts (one sampled completion each, from a fixed public stream; greedy in a second
+held-out *public* prompts (4 sampled completions each, from a fixed public stream; greedy in a second
 column) for the SFT start, non-private RL (``eps=null``) and DP-PG at eps = 8 and eps = 3
 (delta = 1e-5 < 1/N), seeds 0-2. The gain kept is (private - SFT) / (non-private - SFT) per seed,
 averaged. Hyper-parameters were chosen on seeds 100-102 (``--seeds 100 101 102``).
@@ -93,8 +93,8 @@ def write_report(args, sft, sft_greedy, settings, results, total) -> None:
              f"trainable parameters; group size G = {first['group_size']}; {first['users_seen']} private prompts "
              f"(users), each used once; delta = 1e-5 (< 1/N); per-user (per-prompt) clipping, analytic Gaussian "
              f"noise, parallel composition over rounds. Reward: per-digit partial credit in [0, 1] on 512 held-out "
-             f"public prompts (one sampled completion each from a fixed public stream; greedy decoding in the "
-             f"last column).", "",
+             f"public prompts ({first.get('eval_samples', 4)} sampled completions each from a fixed public stream; "
+             f"greedy decoding in the last column).", "",
              "| setting | eval reward (mean +- std) | gain kept vs non-private | per-seed | greedy eval reward |",
              "|---|---|---|---|---|",
              f"| SFT start | {sft:.4f} | - | - | {sft_greedy:.4f} |"]

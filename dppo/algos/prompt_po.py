@@ -245,7 +245,7 @@ class PromptLearner(Learner):
         except DataError:
             greedy = None
         return {"trainable_parameters": self.policy.num_trainable(), "group_size": self.group_size,
-                "final_greedy_return": greedy}
+                "eval_samples": self.env.eval_samples, "final_greedy_return": greedy}
 
 
 class GroupPolicyGradient(PromptLearner):
