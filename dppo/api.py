@@ -8,6 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 from dppo.build import build
 from dppo.config import compose
 from dppo.errors import ConfigError
+from dppo.training import distributed
 
 
 def make_config(overrides: list[str] | dict | None = None) -> DictConfig:
@@ -30,10 +31,17 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
     """
     if not isinstance(cfg, DictConfig):
         cfg = make_config(cfg)
-    trainer = build(cfg, run_dir, callbacks=callbacks, **objects)
-    if resume and not trainer.try_resume():
-        raise ConfigError(f"no usable checkpoint in {run_dir}/checkpoints; start a new run instead")
-    return trainer.fit()
+    dist = distributed.init()  # a torchrun launch: join the process group (dppo/training/distributed.py)
+    try:
+        trainer = build(cfg, run_dir, callbacks=callbacks, **objects)
+        if resume:
+            def load():
+                if not trainer.try_resume():
+                    raise ConfigError(f"no usable checkpoint in {run_dir}/checkpoints; start a new run instead")
+            distributed.on_main(load, dist)  # rank 0 loads; fit() hands the state to the other ranks
+        return trainer.fit()
+    finally:
+        distributed.shutdown(dist)
 
 
 def load_run_config(run_dir: str, overrides: list[str] | None = None) -> DictConfig:

@@ -15,6 +15,7 @@ from dppo.data import OnePassUserSampler, PoissonUserSampler
 from dppo.errors import ConfigError
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
+from dppo.training import distributed
 from dppo.training.logger import make_logger
 from dppo.training.trainer import Trainer
 
@@ -53,30 +54,91 @@ def build_env(cfg):
         raise _unwrap(err, "env") from None
 
 
-def build_policy(cfg, env):
-    """Instantiate cfg.policy for the env's spaces; ``init_from`` loads pretrained weights (fine-tuning)."""
+def load_init_source(init_from: str | None) -> tuple[dict | None, list[int] | None]:
+    """``policy.init_from``: a run directory (its newest checkpoint), a run's checkpoint file, or a file holding
+    a bare ``state_dict`` (or ``{"policy": state_dict}``). Returns (policy state_dict, the user ids the
+    pretraining run used, or None when the source does not record them)."""
+    if not init_from:
+        return None, None
+    path = str(init_from)
+    if os.path.isdir(path):
+        from dppo.training.checkpoint import load_latest_checkpoint
+
+        state, _ = load_latest_checkpoint(os.path.join(path, "checkpoints"))
+        if state is None:
+            raise ConfigError(f"policy.init_from={path} is a directory without a readable checkpoint")
+    elif os.path.isfile(path):
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    else:
+        raise ConfigError(f"policy.init_from={path} is neither a run directory nor a file")
+    if isinstance(state, dict) and isinstance(state.get("learner"), dict) and "policy" in state["learner"]:
+        used = (state.get("sampler") or {}).get("used")
+        return state["learner"]["policy"], None if used is None else [int(u) for u in used]
+    if isinstance(state, dict) and isinstance(state.get("policy"), dict):
+        return state["policy"], None
+    return state, None
+
+
+def build_policy(cfg, env, init_state: dict | None = None):
+    """Instantiate cfg.policy for the env's spaces; load ``init_state`` (from ``policy.init_from``: fine-tuning);
+    ``policy.freeze`` lists parameter-name prefixes that are not trained (requires_grad=False)."""
     spec = dict(to_container(cfg.policy) or {})
     if "_target_" not in spec:
         return None
     init_from = spec.pop("init_from", None)
+    freeze = spec.pop("freeze", None) or []
     try:
         policy = instantiate(spec, observation_space=env.observation_space, action_space=env.action_space,
                              _convert_="all")
     except Exception as err:  # noqa: BLE001
         raise _unwrap(err, "policy") from None
-    if init_from:
-        if not os.path.isfile(init_from):
-            raise ConfigError(f"policy.init_from={init_from} is not a file")
-        state = torch.load(init_from, map_location="cpu", weights_only=True)
-        policy.load_state_dict(state.get("policy", state) if isinstance(state, dict) else state)
+    if init_state is None and init_from:
+        init_state, _ = load_init_source(init_from)
+    if init_state is not None:
+        try:
+            policy.load_state_dict(init_state)
+        except (RuntimeError, TypeError) as err:
+            raise ConfigError(f"policy.init_from does not fit this policy: {str(err).splitlines()[0]}") from None
+    names = [n for n, _ in policy.named_parameters()]
+    for prefix in freeze:
+        hit = [n for n in names if n == prefix or n.startswith(f"{prefix}.")]
+        if not hit:
+            raise ConfigError(f"policy.freeze: no parameter named {prefix!r} (parameters: {names})")
+        for n, p in policy.named_parameters():
+            if n in hit:
+                p.requires_grad_(False)
     return policy
+
+
+def _default_accountant(cls, cfg) -> str:
+    """The learner's own accountant choice (``accountant_name(privacy_cfg[, algo_cfg])``), else rdp/parallel."""
+    fn = getattr(cls, "accountant_name", None)
+    if fn is None:
+        return "rdp" if cfg.privacy.multi_pass else "parallel"
+    if len(inspect.signature(fn).parameters) >= 2:
+        return fn(cfg.privacy, to_container(cfg.algo))
+    return fn(cfg.privacy)
+
+
+def exclude_pretraining_users(sampler, used: list[int] | None) -> None:
+    """Private fine-tuning never reuses a user of the pretraining run: its ids are skipped for ever (a
+    finite population: burned; a user stream: it starts after the largest one)."""
+    if not used:
+        return
+    if getattr(sampler, "multi_pass", False):
+        raise ConfigError("policy.init_from a run with privacy.multi_pass=true: the pretraining run's users "
+                          "cannot be excluded from a Poisson-sampled population; fine-tune one-pass")
+    if sampler.population_size is None:
+        sampler.next_index = max(sampler.next_index, max(used) + 1)
+    else:
+        sampler.burn(used)
 
 
 def build_privacy(cfg, cls) -> PrivacyContext:
     p = cfg.privacy
     name = p.accountant
     if name is None:
-        name = cls.accountant_name(p) if hasattr(cls, "accountant_name") else ("rdp" if p.multi_pass else "parallel")
+        name = _default_accountant(cls, cfg)
     if p.multi_pass and name not in ("rdp", "prv"):
         raise ConfigError("privacy.multi_pass=true needs privacy.accountant=rdp or prv (users are reused)")
     check_accountant(cfg, cls, name)
@@ -98,7 +160,8 @@ def check_accountant(cfg, cls, name: str) -> None:
     if p.multi_pass and pure:
         raise ConfigError(f"privacy.multi_pass=true: Opacus' RDP/PRV accounting composes Poisson-subsampled "
                           f"Gaussian releases, and {cls.__name__} makes pure-DP releases; use one-pass training")
-    if name in ("advanced", "zcdp") and not pure:
+    carries_rho = bool(getattr(cls, "releases_carry_rho", lambda c: False)(cfg))   # Gaussian releases with their zCDP rho
+    if name in ("advanced", "zcdp") and not pure and not (name == "zcdp" and carries_rho):
         raise ConfigError(f"privacy.accountant={name} composes pure-DP (delta=0) releases only, and "
                           f"{cls.__name__} makes (eps, delta) Gaussian releases; use privacy.accountant=parallel "
                           f"(one-pass default) or basic")
@@ -244,6 +307,9 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
           sampler=None, learner=None) -> Trainer:
     """Build every object of a run from ``cfg``; any object passed in is used instead of being built."""
     validate(cfg)
+    dist = distributed.from_env()
+    if not dist.is_main:  # torchrun rank > 0: computes its shard of each round, writes nothing
+        run_dir = None
     if run_dir is not None:
         check_writable(run_dir)
     seed_everything(cfg.seed)
@@ -255,24 +321,31 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
 
         cls = prompt_twin(cls)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
-    sampler = sampler if sampler is not None else build_sampler(cfg, privacy.noise)
+    init_state, pretrain_users = load_init_source(OmegaConf.select(cfg, "policy.init_from"))
+    if sampler is None:
+        sampler = build_sampler(cfg, privacy.noise)
+        exclude_pretraining_users(sampler, pretrain_users)
     if not getattr(sampler, "multi_pass", False):
         n_rounds = cfg.rounds if cfg.episodes is None else 1
         sampler.check_capacity(n_rounds)
     if logger is None:
-        logger = make_logger(run_dir, **to_container(cfg.logger))
+        logger = make_logger(run_dir, **{**to_container(cfg.logger), **({} if dist.is_main else {"console": False})})
     if learner is None:
         sig = inspect.signature(cls.__init__).parameters
         objects = {"env": env, "privacy": privacy, "sampler": sampler, "logger": logger}
         if "policy" in sig:
-            objects["policy"] = policy if policy is not None else build_policy(cfg, env)
+            objects["policy"] = policy if policy is not None else build_policy(cfg, env, init_state)
         check_memory(cfg, env, objects.get("policy"))
         learner = build_learner(cfg, cls, objects)
+    if dist.enabled:
+        distributed.attach(learner, dist)
     cb = [instantiate(spec) for spec in (to_container(cfg.callbacks) or {}).values()] + list(callbacks)
     meta = {"algo": _algo_name(cfg), "env_id": getattr(env, "id", type(env).__name__), "seed": cfg.seed}
     trainer = Trainer(learner, privacy, logger, sampler=sampler, callbacks=cb, run_dir=run_dir,
-                      checkpoint_every=cfg.checkpoint_every, eval_episodes=cfg.eval_episodes,
-                      eval_greedy=cfg.eval.greedy, progress=cfg.progress, meta=meta, fingerprint=fingerprint(cfg))
+                      checkpoint_every=cfg.checkpoint_every, eval_episodes=cfg.eval_episodes if dist.is_main else 0,
+                      eval_greedy=cfg.eval.greedy, progress=cfg.progress and dist.is_main, meta=meta,
+                      fingerprint=fingerprint(cfg))
+    trainer.dist = dist
     logger.log_hparams(_flat(to_container(cfg)))
     return trainer
 

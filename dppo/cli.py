@@ -1,6 +1,7 @@
 """CLI glue: pre-flight validation (one-line errors, exit 2) before Hydra creates a run directory."""
 from __future__ import annotations
 
+import os
 import sys
 
 from dppo.errors import DPPOError
@@ -71,6 +72,8 @@ def resume_run(run_dir: str, overrides: list[str]) -> None:
 
 
 def _report(summary: dict, run_dir: str) -> None:
+    if int(os.environ.get("RANK", "0")) > 0:  # torchrun: rank 0 reports for the run
+        return
     if summary.get("stop_reason"):
         print(f"dppo: {summary['stop_reason']}", file=sys.stderr)
     eps = summary["epsilon_spent"]
@@ -81,6 +84,8 @@ def _report(summary: dict, run_dir: str) -> None:
 
 def entry(hydra_main, args: list[str]) -> None:
     """What ``python train.py ARGS`` does: pre-flight (or resume), then Hydra's run for ``args``."""
+    if int(os.environ.get("RANK", "0")) > 0:  # torchrun rank > 0: Hydra must not write into rank 0's run dir
+        sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=disabled"]
     try:
         resume = precheck(args)
         if resume:

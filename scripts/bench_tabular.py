@@ -1,4 +1,4 @@
-"""Episodes per second of UBEV and PUCB on RiverSwim (H=20) and on a random MDP (S=100, A=5, H=20).
+"""Episodes per second of UBEV, PUCB and DP-UBEV (eps = 1, Gaussian square-root counter, pooled) on RiverSwim (H=20) and on a random MDP (S=100, A=5, H=20).
 
     python scripts/bench_tabular.py                      # default budgets, prints a markdown table
     python scripts/bench_tabular.py --riverswim 100000   # the full 100k-episode RiverSwim target
@@ -18,6 +18,7 @@ import time
 import numpy as np
 import torch
 
+from dppo.algos.dp_ubev import DPUBEV
 from dppo.algos.ucb import PUCB, UBEV
 from dppo.envs.tabular import random_mdp, riverswim
 from dppo.privacy import NoiseSource, PrivacyContext
@@ -26,8 +27,9 @@ from dppo.privacy.accountants import make_accountant
 
 def _learner(algo: str, mdp, episodes: int):
     eps = None if algo == "ubev" else 1.0
-    ctx = PrivacyContext(eps, accountant=make_accountant("basic"), noise=NoiseSource(0))
-    cls = UBEV if algo == "ubev" else PUCB
+    ctx = PrivacyContext(eps, 1e-5, accountant=make_accountant("zcdp" if algo == "dp_ubev" else "basic"),
+                         noise=NoiseSource(0, secure=False))
+    cls = {"ubev": UBEV, "pucb": PUCB, "dp_ubev": DPUBEV}[algo]
     return cls(mdp, privacy=ctx, seed=0, episodes=episodes, episodes_per_round=min(1000, episodes))
 
 
@@ -69,9 +71,11 @@ def main() -> None:
     p.add_argument("--riverswim", type=int, default=10000, help="RiverSwim episodes per learner")
     p.add_argument("--big", type=int, default=100, help="episodes on the S=100, A=5, H=20 random MDP")
     p.add_argument("--json", default="runs/tabular_repro/bench.json")
+    p.add_argument("--algos", nargs="+", default=["ubev", "pucb", "dp_ubev"], choices=["ubev", "pucb", "dp_ubev"])
     args = p.parse_args()
     rows = []
-    for algo in ("ubev", "pucb"):
+    p_algos = args.algos
+    for algo in p_algos:
         rows.append(bench(algo, "riverswim", riverswim(20), args.riverswim))
         rows.append(bench(algo, "random_mdp", random_mdp(S=100, A=5, H=20, seed=0), args.big))
     print("| algo | env (S, A, H) | episodes | episodes/s | 100k episodes (s) | plan us | simulate us | "

@@ -4,8 +4,9 @@
     python scripts/reproduce_cartpole.py --report                # table + plot from the runs on disk
 
 Each cell is ``python train.py +experiment=cartpole_<algo> eps=<eps> seed=<seed>`` (CartPole-v1,
-2x64 MLP, 100 rounds x 10 users, delta=1e-5), run in a subprocess with one torch thread, two at a
-time. Runs whose ``summary.json`` is complete are skipped. The report writes
+2x64 MLP, 100 rounds x 10 users, delta=1e-5), run by a pool of ``--workers`` processes (one torch
+thread each) through the Python API, longest cells first (``--subprocess``: one ``train.py`` process
+per cell, as before). Runs whose ``summary.json`` is complete are skipped. The report writes
 ``runs/reference/cartpole.md`` (mean final return, std over seeds, best-round mean; the paper's numbers
 side by side) and ``runs/reference/cartpole.png`` (mean +- std return per round, one panel per family).
 """
@@ -19,7 +20,8 @@ import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
@@ -36,12 +38,28 @@ ROWS = [
     ("REBEL", "cartpole_dp_rebel", 5.0, None, None, None),
     ("REBEL", "cartpole_dp_rebel", 3.0, None, None, None),
 ]
+COST = {"cartpole_npg": 3.0, "cartpole_dp_npg": 3.0, "cartpole_rebel": 2.0, "cartpole_dp_rebel": 2.0}  # rough
+# paper-protocol rows (G <= 2: one episode per user, or REBEL's pair), run with --paper-protocol
+PAPER_ROWS = [
+    ("PG", "cartpole_pg@G1", None, None, None, None),
+    ("PG", "cartpole_dp_pg@G1", 5.0, None, None, None),
+    ("NPG", "cartpole_npg@G1", None, None, None, None),
+    ("NPG", "cartpole_dp_npg@G1", 5.0, None, None, None),
+    ("REBEL", "cartpole_rebel@G2", None, None, None, None),
+    ("REBEL", "cartpole_dp_rebel@G2", 5.0, None, None, None),
+]
+PROTOCOL = {"G1": ["group_size=1", "algo.advantage=to_go"], "G2": ["group_size=2"]}
 LABEL = {"cartpole_pg": "PG", "cartpole_dp_pg": "DP-PG", "cartpole_npg": "NPG", "cartpole_dp_npg": "DP-NPG",
          "cartpole_rebel": "REBEL", "cartpole_dp_rebel": "DP-REBEL"}
 
 
 def run_dir(out: str, exp: str, eps, seed: int) -> str:
-    return os.path.join(out, f"{exp}_eps{'none' if eps is None else f'{eps:g}'}_s{seed}")
+    return os.path.join(out, f"{exp.replace('@', '_')}_eps{'none' if eps is None else f'{eps:g}'}_s{seed}")
+
+
+def label(exp: str) -> str:
+    base, _, proto = exp.partition("@")
+    return LABEL[base] + (f" ({proto}, paper protocol)" if proto else "")
 
 
 def complete(path: str) -> bool:
@@ -52,11 +70,55 @@ def complete(path: str) -> bool:
         return False
 
 
+def overrides(exp: str, eps, seed: int) -> list[str]:
+    base, _, proto = exp.partition("@")
+    return [f"+experiment={base}", *PROTOCOL.get(proto, []), f"seed={seed}", f"eps={'null' if eps is None else eps}",
+            "progress=false",
+            "logger.tensorboard=false",
+            "privacy.secure_rng=false"]      # seeded noise: the reference table must be reproducible
+
+
+def _worker_init() -> None:
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    import warnings
+
+    import torch
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+
+
+def run_in_process(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
+    """One cell in this (pool worker) process through the Python API: the same config and outputs as
+    ``train.py`` (``.hydra/config.yaml`` included, so ``train.py resume=`` works), without paying
+    Python/torch start-up and a second config build per run."""
+    import shutil
+
+    from omegaconf import OmegaConf
+
+    import dppo
+
+    t0 = time.perf_counter()
+    if os.path.isdir(path):
+        shutil.rmtree(path)  # an incomplete earlier attempt: start the cell afresh
+    try:
+        cfg = dppo.make_config(overrides(exp, eps, seed))
+        os.makedirs(os.path.join(path, ".hydra"), exist_ok=True)
+        OmegaConf.save(cfg, os.path.join(path, ".hydra", "config.yaml"))
+        with open(os.devnull, "w") as devnull:
+            import contextlib
+
+            with contextlib.redirect_stderr(devnull):
+                dppo.train(cfg, run_dir=path)
+        rc = 0
+    except Exception as err:  # noqa: BLE001 - one failed cell is reported, the grid goes on
+        print(f"FAILED {os.path.basename(path)}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        rc = 1
+    return path, rc, time.perf_counter() - t0
+
+
 def launch(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
-    args = [sys.executable, os.path.join(ROOT, "train.py"), f"+experiment={exp}", f"seed={seed}",
-            f"eps={'null' if eps is None else eps}", "progress=false", "logger.tensorboard=false",
-            "privacy.secure_rng=false",      # seeded noise: the reference table must be reproducible
-            f"hydra.run.dir={path}"]
+    args = [sys.executable, os.path.join(ROOT, "train.py"), *overrides(exp, eps, seed), f"hydra.run.dir={path}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     t0 = time.perf_counter()
     res = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -67,13 +129,16 @@ def launch(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
 
 
 def run_grid(args) -> float:
-    jobs = [(exp, eps, s, run_dir(args.out, exp, eps, s)) for _, exp, eps, *_ in ROWS for s in args.seeds
+    jobs = [(exp, eps, s, run_dir(args.out, exp, eps, s)) for _, exp, eps, *_ in rows(args) for s in args.seeds
             if not args.only or exp in args.only]
     todo = [j for j in jobs if not complete(j[3])]
+    # longest first, so the pool drains evenly (the G <= 2 rows collect ~8x fewer episodes)
+    todo.sort(key=lambda j: -COST.get(j[0].partition("@")[0], 1.0) * (0.2 if "@" in j[0] else 1.0))
     t0 = time.perf_counter()
-    with ThreadPoolExecutor(args.workers) as pool, tqdm(total=len(jobs), initial=len(jobs) - len(todo),
-                                                         desc="cartpole runs", unit="run") as bar:
-        futures = [pool.submit(launch, *j) for j in todo]
+    pool = (ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"),
+                                initializer=_worker_init) if not args.subprocess else ThreadPoolExecutor(args.workers))
+    with pool, tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc="cartpole runs", unit="run") as bar:
+        futures = [pool.submit(launch if args.subprocess else run_in_process, *j) for j in todo]
         for fut in as_completed(futures):
             path, rc, wall = fut.result()
             bar.set_postfix_str(f"{os.path.basename(path)} {wall:.0f}s rc={rc}")
@@ -81,11 +146,20 @@ def run_grid(args) -> float:
     return time.perf_counter() - t0
 
 
+def rows(args):
+    return ROWS + (PAPER_ROWS if args.paper_protocol else [])
+
+
 def load(path: str):
     with open(os.path.join(path, "summary.json")) as f:
         summary = json.load(f)
     with open(os.path.join(path, "progress.csv")) as f:
-        curve = [float(r["diag/return"] if "diag/return" in r else r["rollout/return"]) for r in csv.DictReader(f)]
+        table = list(csv.DictReader(f))
+    curve = [float(r["diag/return"] if "diag/return" in r else r["rollout/return"]) for r in table]
+    steps = [float(r["diag/env_steps"]) for r in table if r.get("diag/env_steps")]
+    group = [float(r["rollout/episodes"]) / float(r["rollout/users"]) for r in table if r.get("rollout/episodes")]
+    summary["env_steps_per_round"] = sum(steps) / len(steps) if steps else None
+    summary["group_size"] = round(group[0]) if group else 1
     return summary, curve
 
 
@@ -96,17 +170,19 @@ def _mean_std(xs):
 
 def report(args, grid_wall: float | None) -> None:
     lines = ["# CartPole-v1: the paper's table reproduced", "",
-             "Protocol ([PO] appendix): CartPole-v1, 2x64 tanh MLP, 100 rounds x 10 fresh users (one episode "
-             "each), delta = 1e-5, seeds " + ", ".join(map(str, args.seeds)) + ". Final return: 20 evaluation "
+             "Protocol ([PO] appendix): CartPole-v1, 2x64 tanh MLP, 100 rounds x 10 fresh users, delta = 1e-5; "
+             "each user runs G rollouts from its own start state (one privacy unit: the same clip, sensitivity and "
+             "eps for every G; G = 1 / REBEL's G = 2 rows are the paper's protocol), seeds " + ", ".join(map(str, args.seeds)) + ". Final return: 20 evaluation "
              "episodes on held-out reset seeds after the last round. Best-round mean: max over rounds of the "
              "seed-mean training return. eps: spent, from the accountant (parallel composition over one-pass rounds).",
-             "", "| algorithm | eps | mean final return | std | best-round mean | paper mean | paper std | "
-                 "paper best | eps spent | seeds | wall s/run |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| algorithm | eps | G | env steps / round | mean final return | std | best-round mean | paper mean | "
+                 "paper std | paper best | eps spent | seeds | wall s/run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     curves = {}
-    for fam, exp, eps, p_mean, p_std, p_best in ROWS:
+    for fam, exp, eps, p_mean, p_std, p_best in rows(args):
         runs = [load(run_dir(args.out, exp, eps, s)) for s in args.seeds if complete(run_dir(args.out, exp, eps, s))]
         if not runs:
-            lines.append(f"| {LABEL[exp]} | {'-' if eps is None else f'{eps:g}'} | (not run) |||||||||")
+            lines.append(f"| {label(exp)} | {'-' if eps is None else f'{eps:g}'} | | | (not run) |||||||||")
             continue
         finals = [r[0]["final_return"] for r in runs]
         T = min(len(r[1]) for r in runs)
@@ -116,12 +192,15 @@ def report(args, grid_wall: float | None) -> None:
         spent = max(r[0]["epsilon_spent"] for r in runs)
         wall = sum(r[0]["wall_time_s"] for r in runs) / len(runs)
         fmt = lambda v: "-" if v is None else f"{v:.2f}"
-        lines.append(f"| {LABEL[exp]} | {'-' if eps is None else f'{eps:g}'} | {m:.2f} | {sd:.2f} | {max(per_round):.2f} | "
+        steps = [r[0]["env_steps_per_round"] for r in runs if r[0]["env_steps_per_round"] is not None]
+        steps = f"{sum(steps) / len(steps):,.0f}" if steps else "-"
+        lines.append(f"| {label(exp)} | {'-' if eps is None else f'{eps:g}'} | {runs[0][0]['group_size']} | {steps} | "
+                     f"{m:.2f} | {sd:.2f} | {max(per_round):.2f} | "
                      f"{fmt(p_mean)} | {fmt(p_std)} | {fmt(p_best)} | {spent:.3g} | {len(runs)} | {wall:.0f} |")
     if grid_wall is not None:
         lines += ["", f"Grid wall time on this machine: {grid_wall / 60:.1f} min ({args.workers} run(s) at a time, "
                       f"one torch thread each)."]
-    total = sum(load(run_dir(args.out, exp, eps, s))[0]["wall_time_s"] for _, exp, eps, *_ in ROWS for s in args.seeds
+    total = sum(load(run_dir(args.out, exp, eps, s))[0]["wall_time_s"] for _, exp, eps, *_ in rows(args) for s in args.seeds
                 if complete(run_dir(args.out, exp, eps, s)))
     lines += ["", f"Sum of the runs' own wall times: {total / 60:.1f} min (about half that with 2 workers on 2 cores)."]
     lines += ["", "Configs: `conf/experiment/cartpole_<algo>.yaml`; one cell: "
@@ -149,7 +228,7 @@ def plot(curves: dict, path: str) -> None:
             ms = [_mean_std(v) for v in per_round]
             x = list(range(1, len(ms) + 1))
             mean = [a for a, _ in ms]
-            ax.plot(x, mean, color=colors[eps], label=f"{LABEL[exp]}" + ("" if eps is None else f" eps={eps:g}"))
+            ax.plot(x, mean, color=colors[eps], label=f"{label(exp)}" + ("" if eps is None else f" eps={eps:g}"))
             ax.fill_between(x, [a - b for a, b in ms], [a + b for a, b in ms], color=colors[eps], alpha=0.2)
         ax.set_title(fam)
         ax.set_xlabel("round")
@@ -169,6 +248,10 @@ def main() -> None:
     ap.add_argument("--png", default=os.path.join(ROOT, "runs", "reference", "cartpole.png"))
     ap.add_argument("--only", nargs="+", help="run only these experiments (e.g. cartpole_dp_npg)")
     ap.add_argument("--report", action="store_true", help="only write the table and plot from runs on disk")
+    ap.add_argument("--subprocess", action="store_true",
+                    help="one `python train.py` subprocess per cell (default: a pool of worker processes, one thread "
+                         "each, running cells through the Python API)")
+    ap.add_argument("--paper-protocol", action="store_true", help="also the G <= 2 rows (one episode per user)")
     args = ap.parse_args()
     wall = None if args.report else run_grid(args)
     report(args, wall)

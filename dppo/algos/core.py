@@ -104,13 +104,27 @@ class GroupPolicyOptimizer(Learner):
         seeds = streams.public_reset_seeds(self.seed, stream, round_idx, n)
         return [self.env.public_seed(s) for s in seeds] if hasattr(self.env, "public_seed") else seeds
 
+    public_per_round = 0  # public rollouts (stream "fisher") collected alongside each round's users
+
     def collect(self, users, round_idx: int) -> Episodes:
-        """The users' groups: G rollouts each, actions from each user's own stream for this round."""
-        H = int(self.env.horizon)
-        uniforms = torch.cat([torch.rand(self.group_size, H, generator=streams.user_generator(self.seed, u, round_idx),
-                                         dtype=torch.float64) for u in users])
-        return self.rollouts.run(self.policy, self.user_reset_seeds(users), uniforms,
-                                 reward_bound=self.reward_bound, group_size=self.group_size)
+        """The users' groups: G rollouts each, actions from each user's own stream for this round.
+
+        The round's ``public_per_round`` public rollouts ride in the same vectorized batch (every row
+        depends only on its own seed and uniforms, so packing them together changes nothing) and are
+        kept in ``self.public_batch``.
+        """
+        H, k = int(self.env.horizon), self.public_per_round
+        uniforms = [torch.rand(self.group_size, H, generator=streams.user_generator(self.seed, u, round_idx),
+                               dtype=torch.float64) for u in users]
+        seeds = self.user_reset_seeds(users)
+        if k:
+            uniforms.append(torch.rand(k, H, generator=streams.public_generator(self.seed, "fisher", round_idx),
+                                       dtype=torch.float64))
+            seeds = seeds + self.public_seeds("fisher", round_idx, k)
+        both = self.rollouts.run(self.policy, seeds, torch.cat(uniforms), reward_bound=self.reward_bound)
+        n = len(users) * self.group_size
+        self.public_batch = both.take(n, n + k) if k else None
+        return both.take(0, n, self.group_size)
 
     def public_episodes(self, stream: str, round_idx: int, n: int, greedy: bool = False) -> Episodes:
         """``n`` rollouts of the current (released) policy from public seeds, public sampling stream."""

@@ -34,6 +34,7 @@ from scipy.optimize import brentq
 from dppo.algos.base import Learner
 from dppo.errors import ConfigError, DataError
 from dppo.privacy.calibration import exp_mech_beta
+from dppo.privacy.mechanisms import exponential_mechanism
 
 COMPOSITION_ACCOUNTANTS = {"advanced": "advanced", "zcdp": "zcdp"}
 
@@ -72,11 +73,22 @@ def gumbel_max(logits: torch.Tensor, gumbel: torch.Tensor) -> int:
     return int(torch.argmax(logits + gumbel))
 
 
-class _GFABase(Learner):
-    """Batching, the exponential mechanism, accounting and logging shared by both algorithms."""
+class _GFABase(torch.nn.Module, Learner):
+    """Batching, the exponential mechanism, accounting and logging shared by both algorithms.
+
+    A ``torch.nn.Module`` like the tabular learners: the class tables (``class_*`` buffers, shared
+    with the function class and re-pointed after device moves), the data-free optimism term and the
+    history statistics (the ``stats`` submodule) are buffers; the episode counter, per-episode regret,
+    the member in use and the RNG states are extra state. So ``state_dict`` / ``load_state_dict``,
+    checkpoints and ``.to(device)`` work as for every other learner.
+    """
+
+    CLASS_TENSORS: tuple = ()          # names of the function class's tensor attributes (its tables)
 
     def __init__(self, *, privacy, sampler, seed: int, episodes: int | None, batch_size: int | None,
                  episodes_default: int, batch_const: float, eta: float, size: int, budget_decay: float = 0.0):
+        if "_buffers" not in self.__dict__:
+            torch.nn.Module.__init__(self)
         K = int(episodes if episodes is not None else episodes_default)
         if K < 1:
             raise ConfigError(f"episodes must be >= 1, got {K}")
@@ -146,10 +158,9 @@ class _GFABase(Learner):
             users = self.episodes_done
             eps, beta = self.release_budget(round_idx)
             self.round_eps, self.round_beta = (eps if users > 0 else 0.0), beta
-            self.privacy.release("exponential", round=round_idx, users=users, eps=self.round_eps, delta=0.0,
-                                 beta=beta, sensitivity=self.sensitivity, class_size=self.size,
-                                 adjacency="replace_one")
-            idx = gumbel_max(beta * score, self.privacy.noise.gumbel(score.shape))
+            idx, _ = exponential_mechanism(self.privacy, score, beta=beta, round=round_idx, users=users,
+                                           eps=self.round_eps, sensitivity=self.sensitivity, class_size=self.size)
+            idx = int(idx)
         else:
             best = score.max()
             ties = torch.nonzero(score >= best - 1e-9 * max(1.0, float(best.abs()))).squeeze(1)
@@ -191,20 +202,36 @@ class _GFABase(Learner):
             out["final_regret_per_episode"] = float(self.regret[-1])
         return out
 
-    def state_dict(self) -> dict:
-        return {"episodes_done": self.episodes_done, "regret": list(self.regret), "current": self.current,
-                "generator": self.generator.get_state(), "eval_generator": self.eval_generator.get_state(),
-                "stats": self.stats.state_dict()}
+    # ---- module state ------------------------------------------------------------------------
+    def _register_class(self) -> None:
+        """The function class's tables as buffers of this module (the class keeps pointing at them)."""
+        for attr in self.CLASS_TENSORS:
+            self.register_buffer(f"class_{attr}", getattr(self.fclass, attr))
 
-    def load_state_dict(self, state: dict) -> None:
+    def _apply(self, fn, *args, **kwargs):
+        out = super()._apply(fn, *args, **kwargs)
+        for attr in self.CLASS_TENSORS:             # after .to(device) / .double(): the class reads the moved tables
+            setattr(self.fclass, attr, getattr(self, f"class_{attr}"))
+        if self.current is not None:
+            self._set_policy(int(self.current))
+        return out
+
+    def get_extra_state(self) -> dict:
+        return {"episodes_done": self.episodes_done, "regret": list(self.regret), "current": self.current,
+                "generator": self.generator.get_state(), "eval_generator": self.eval_generator.get_state()}
+
+    def set_extra_state(self, state: dict) -> None:
         self.episodes_done = int(state["episodes_done"])
         self.regret = [float(r) for r in state["regret"]]
         self.current = state["current"]
         self.generator.set_state(state["generator"])
         self.eval_generator.set_state(state["eval_generator"])
-        self.stats.load_state_dict(state["stats"])
+
+    def load_state_dict(self, state, strict: bool = True, assign: bool = False):
+        out = super().load_state_dict(state, strict=strict, assign=assign)
         if self.current is not None:
             self._set_policy(int(self.current))
+        return out
 
     # subclass hooks: score(), _set_policy(i), play_and_record(n) -> (mean return, regret or None)
 
@@ -228,6 +255,7 @@ class GFAOutcomeLearner(_GFABase):
     """
 
     name = "gfa_outcome"
+    CLASS_TENSORS = ("codes", "masks", "scales", "targets", "target_code", "lut")
 
     def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  batch_size: int | None = None, episodes_default: int = 500, batch_const: float = 1.5,
@@ -236,6 +264,7 @@ class GFAOutcomeLearner(_GFABase):
         from dppo.function_classes.context_bits import ContextBitsClass
         from dppo.function_classes.losses import BellmanResidualLoss
 
+        torch.nn.Module.__init__(self)
         if not hasattr(env, "trajectory_sa"):
             raise ConfigError(f"algo=gfa_outcome needs a deterministic outcome-reward env (env=context_bits), "
                               f"got {type(env).__name__}")
@@ -245,8 +274,9 @@ class GFAOutcomeLearner(_GFABase):
                          episodes_default=episodes_default, batch_const=batch_const, eta=eta,
                          size=self.fclass.size, budget_decay=budget_decay)
         self.stats = BellmanResidualLoss(self.fclass.size)
+        self._register_class()
         rho = env.rho.double()
-        self.optimism = self.fclass.values(env.initial_sa()).double().amax(-1) @ rho    # f1_bar, data-free
+        self.register_buffer("optimism", self.fclass.values(env.initial_sa()).double().amax(-1) @ rho)  # f1_bar
         self.v_star = env.optimal_value()
         if sensitivity not in ("worst_case", "class"):
             raise ConfigError(f"algo.sensitivity must be 'worst_case' or 'class', got '{sensitivity}'")
@@ -346,6 +376,7 @@ class GFALearner(_GFABase):
     """
 
     name = "gfa"
+    CLASS_TENSORS = ("table",)
 
     def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  batch_size: int | None = None, episodes_default: int = 2000, batch_const: float = 1.0,
@@ -355,6 +386,7 @@ class GFALearner(_GFABase):
         from dppo.function_classes.linear_grid import LinearGridClass
         from dppo.function_classes.losses import BellmanErrorLoss
 
+        torch.nn.Module.__init__(self)
         if hasattr(env, "trajectory_sa"):
             raise ConfigError("algo=gfa needs a stochastic tabular env (env=riverswim, env=random_mdp or a Discrete "
                               "gymnasium env); for env=context_bits use algo=gfa_outcome")
@@ -366,10 +398,11 @@ class GFALearner(_GFABase):
                          episodes_default=episodes_default, batch_const=batch_const, eta=eta,
                          size=self.fclass.size, budget_decay=budget_decay)
         self.stats = BellmanErrorLoss(H, S, A)
+        self._register_class()
         self.r_max = 1.0 / H
         p0 = getattr(self.env, "p0", None)
         first = self.fclass.table.view(-1, H, S, A)[:, 0].double().amax(-1)           # [|F|, S]
-        self.optimism = first @ p0 if p0 is not None else first.mean(1)
+        self.register_buffer("optimism", first @ p0 if p0 is not None else first.mean(1))
         self.has_model = bool(getattr(self.env, "has_model", False))
         self.v_star = self.env.optimal_value() if self.has_model else None
         self._calibrate(self.bellman_error_sensitivity())

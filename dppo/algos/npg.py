@@ -77,6 +77,7 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         self.step_rule, self.lr, self.max_kl, self.max_step_norm = step, float(lr), float(max_kl), max_step_norm
         self.momentum, self.step_decay = float(momentum), float(step_decay)
         self.fisher_episodes, self.fisher_states = int(fisher_episodes), int(fisher_states)
+        self.public_per_round = self.fisher_episodes
         self.direction = torch.zeros(self.space.dim, dtype=torch.float64)
 
     # ---- one round -----------------------------------------------------------------------
@@ -92,7 +93,9 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         """F at the states of ``fisher_episodes`` public rollouts of the current policy (None if 0)."""
         if self.fisher_episodes < 1:
             return None
-        ep = self.public_episodes("fisher", round_idx, self.fisher_episodes)
+        ep = getattr(self, "public_batch", None)
+        if ep is None:  # not collected with this round's users
+            ep = self.public_episodes("fisher", round_idx, self.fisher_episodes)
         obs = ep.obs[ep.mask]
         if obs.shape[0] > self.fisher_states:
             obs = obs[torch.linspace(0, obs.shape[0] - 1, self.fisher_states).long()]

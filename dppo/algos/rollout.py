@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from dppo.errors import ConfigError, DataError
+from dppo.policies.base import pad_rows
 
 VECTORIZATION = ("auto", "native", "sync", "async", "none")
 
@@ -37,12 +38,22 @@ class Episodes:
     rewards: torch.Tensor
     mask: torch.Tensor
     returns: torch.Tensor
-    reward_clip_fraction: float
+    clipped: torch.Tensor  # (N,) rewards clipped per episode
     group_size: int = 1
 
     @property
     def lengths(self) -> torch.Tensor:
         return self.mask.sum(1)
+
+    @property
+    def reward_clip_fraction(self) -> float:
+        return float(self.clipped.sum()) / max(self.env_steps, 1)
+
+    def take(self, lo: int, hi: int, group_size: int = 1) -> "Episodes":
+        """Episodes lo..hi-1 (padding trimmed to their longest)."""
+        T = max(1, int(self.mask[lo:hi].sum(1).max())) if hi > lo else 1
+        return Episodes(self.obs[lo:hi, :T], self.actions[lo:hi, :T], self.rewards[lo:hi, :T], self.mask[lo:hi, :T],
+                        self.returns[lo:hi], self.clipped[lo:hi], int(group_size))
 
     @property
     def users(self) -> int:
@@ -204,7 +215,7 @@ class RolloutEngine:
                     break
                 if not np.isfinite(cur).reshape(n, -1).all(1)[active].all():
                     raise DataError("the environment returned a NaN/inf observation; this round's data is discarded")
-                logits = policy.logits(torch.from_numpy(cur))
+                logits = policy.logits(pad_rows(torch.from_numpy(cur)))[:n]  # batch-invariant rows (MIN_ROWS)
                 actions = inverse_cdf_actions(logits, None if uniforms is None else uniforms[:, t]).numpy()
                 obs_buf[:, t] = cur  # rows of finished episodes are masked out below
                 act_buf[:, t] = actions
@@ -223,11 +234,13 @@ class RolloutEngine:
                             f"the round is not released") from None
         T = max(1, int(lengths.max()))
         mask = np.arange(T)[None, :] < lengths[:, None]
-        rewards, n_clipped = clip_rewards(np.where(mask, rew_buf[:, :T], 0.0), reward_bound)
+        raw = np.where(mask, rew_buf[:, :T], 0.0)
+        rewards, _ = clip_rewards(raw, reward_bound)
+        clipped = torch.from_numpy((rewards != raw).sum(1))
         rewards = torch.from_numpy(np.where(mask, rewards, 0.0))
         obs = torch.from_numpy(obs_buf[:, :T].reshape(n, T, -1))
         return Episodes(obs, torch.from_numpy(act_buf[:, :T]), rewards, torch.from_numpy(mask), rewards.sum(1),
-                        n_clipped / max(int(lengths.sum()), 1), int(group_size))
+                        clipped, int(group_size))
 
 
 # ---- the former collector (reference implementation for the tests and scripts/bench_rollout.py) ----------
@@ -239,7 +252,6 @@ def collect_episodes(policy, env_factory, reset_seeds: list[int], *, reward_boun
     m, horizon = len(reset_seeds), env_factory.horizon
     envs = envs or [env_factory.make() for _ in range(m)]
     obs_list, act_list, rew_list = [[] for _ in range(m)], [[] for _ in range(m)], [[] for _ in range(m)]
-    n_clipped = 0
     try:
         cur = [np.asarray(e.reset(seed=int(s))[0], dtype=np.float32) for e, s in zip(envs, reset_seeds)]
         active = list(range(m))
@@ -266,14 +278,15 @@ def collect_episodes(policy, env_factory, reset_seeds: list[int], *, reward_boun
     finally:
         for e in envs:
             e.close()
+    counts = []
     for i in range(m):  # clipped before anything else sees the rewards
         clipped, c = clip_rewards(np.asarray(rew_list[i], dtype=np.float64), reward_bound)
         rew_list[i] = clipped
-        n_clipped += c
-    return _pad(obs_list, act_list, rew_list, n_clipped)
+        counts.append(c)
+    return _pad(obs_list, act_list, rew_list, torch.tensor(counts))
 
 
-def _pad(obs_list, act_list, rew_list, n_clipped) -> Episodes:
+def _pad(obs_list, act_list, rew_list, clipped) -> Episodes:
     m = len(obs_list)
     T = max(1, max(len(a) for a in act_list))
     obs_shape = np.asarray(obs_list[0][0]).reshape(-1).shape
@@ -288,8 +301,7 @@ def _pad(obs_list, act_list, rew_list, n_clipped) -> Episodes:
             actions[i, :n] = torch.as_tensor(act_list[i])
             rewards[i, :n] = torch.as_tensor(rew_list[i], dtype=torch.float64)
             mask[i, :n] = True
-    steps = int(mask.sum())
-    return Episodes(obs, actions, rewards, mask, rewards.sum(1), n_clipped / max(steps, 1))
+    return Episodes(obs, actions, rewards, mask, rewards.sum(1), clipped)
 
 
 def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:

@@ -15,15 +15,27 @@ from __future__ import annotations
 import torch
 
 from dppo.errors import ConfigError
+from dppo.policies.base import pad_rows
 
 SUBSPACES = ("auto", "head", "full")
 _CHUNK = 2048  # rows per per-sample-gradient call in the full subspace
 
 
 def per_user_gradients(policy, obs, actions, weights, params: dict | None = None) -> torch.Tensor:
-    """Row i = grad_theta sum_t weights[i, t] log pi(actions[i, t] | obs[i, t]) (flattened), via torch.func,
-    over ``params`` (name -> tensor; default: the trainable parameters) with everything else held fixed."""
+    """Row i = grad_theta sum_t weights[i, t] log pi(actions[i, t] | obs[i, t]) (flattened) over ``params``
+    (name -> tensor; default: the trainable parameters) with everything else held fixed.
+
+    Over the policy's own trainable parameters: from one backward pass with per-layer rules
+    (``dppo.algos.per_user_grads``); other ``params`` (substituted values): a torch.func vmap over users.
+    """
     from torch.func import functional_call, grad, vmap
+
+    from dppo.algos.per_user_grads import per_user_gradients as one_backward
+
+    own = {k: v for k, v in policy.named_parameters() if v.requires_grad}
+    if params is None or (list(params) == list(own) and all(
+            params[k].data_ptr() == own[k].data_ptr() and params[k].shape == own[k].shape for k in own)):
+        return one_backward(policy, obs, actions, weights)
 
     trainable = dict(params) if params is not None else {k: v.detach() for k, v in policy.named_parameters()
                                                           if v.requires_grad}
@@ -75,14 +87,16 @@ class PolicySubspace:
                 g = per_user_gradients(self.policy, o[:, None], a[:, None], torch.ones(o.shape[0], 1), params).double()
                 out.append(g if self.projection is None else g @ self.projection)
             return torch.cat(out) if out else torch.zeros(0, self.dim, dtype=torch.float64)
-        with torch.no_grad():
-            h = self.policy.body(obs.flatten(start_dim=1) if obs.dim() > 2 else obs).double()
-            probs = torch.softmax(self.policy.head(h.float()).double(), dim=-1)
+        n = obs.shape[0]
+        with torch.no_grad():  # padded to MIN_ROWS rows: a row's features never depend on the batch size
+            h = self.policy.body(pad_rows(obs.flatten(start_dim=1) if obs.dim() > 2 else obs)).double()
+            probs = torch.softmax(self.policy.head(h.float()).double(), dim=-1)[:n]
+            h = h[:n]
             h1 = torch.cat([h, torch.ones(h.shape[0], 1, dtype=torch.float64)], dim=1)
             onehot = torch.nn.functional.one_hot(actions.long(), self.n_actions).double()
             coef = (onehot - probs)[:, 1:]  # rows k = 1..K-1
             phi = (coef[:, :, None] * h1[:, None, :]).reshape(obs.shape[0], -1)
-        return phi if self.projection is None else phi @ self.projection
+        return phi if self.projection is None else (pad_rows(phi) @ self.projection)[:n]
 
     def fisher(self, obs: torch.Tensor) -> torch.Tensor:
         """F = mean_s sum_a pi(a|s) phi(s, a) phi(s, a)^T at the given states (dim x dim)."""

@@ -28,6 +28,7 @@ import torch
 from dppo.algos.base import Learner
 from dppo.envs.tabular import TabularMDP, make_tabular
 from dppo.errors import ConfigError
+from dppo.privacy.tabular_counters import TabularLayout, build_counter, record_counter_releases, resolve_counter
 from dppo.privacy.tree_counter import TreeCounter, tree_levels
 
 _UNVISITED_BONUS = 1e30   # stands for an infinite bonus (n = 0), finite so that 0 * bonus = 0
@@ -67,7 +68,8 @@ class TabularUCB(torch.nn.Module, Learner):
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
-                 reward_bound: float = 1.0, counter_eps: float | None = None, max_memory_gb: float = 4.0):
+                 reward_bound: float = 1.0, counter_eps: float | None = None, max_memory_gb: float = 4.0,
+                 counter: str = "laplace_tree", pool_steps: bool = False, pool_cap: int | None = None):
         torch.nn.Module.__init__(self)
         if episodes_per_round < 1:
             raise ConfigError(f"episodes_per_round must be >= 1, got {episodes_per_round}")
@@ -84,15 +86,23 @@ class TabularUCB(torch.nn.Module, Learner):
         self.failure_prob = float(failure_prob)
         S, A, H = self.S, self.A, self.H
         self.hsa = H * S * A
-        streams = 2 * self.hsa + self.hsa * S
-        arrays = 2 + (0 if counter_eps is None else 3 + tree_levels(self.T))   # buffers + planning temporaries
+        self.layout = TabularLayout(S, A, H, pooled=pool_steps, pool_cap=pool_cap)
+        self.counter_kind = resolve_counter(counter)
+        streams = self.layout.num_streams
+        private = counter_eps is not None or (privacy is not None and privacy.private)
+        levels = tree_levels(self.T) if self.counter_kind != "gaussian_sqrt" else 64   # noise state rows
+        arrays = 2 + (0 if not private else 3 + levels)   # buffers + planning temporaries
         need_gb = streams * arrays * 8 / 2 ** 30
         if need_gb > max_memory_gb:
             raise ConfigError(f"{self.name} on {getattr(self.mdp, 'name', 'this env')} (S={S}, A={A}, H={H}) needs "
                               f"~{need_gb:.1f} GB for its S^2 A H statistics; lower env.horizon (or raise "
                               f"algo.max_memory_gb={max_memory_gb})")
-        self.stats = TreeCounter(streams, self.T, counter_eps, sensitivity=1.0,
-                                 noise=privacy.noise if counter_eps is not None else None)
+        if counter_eps is not None or (not private and self.counter_kind == "laplace_tree" and not pool_steps):
+            # PUCB's per-stream Laplace trees (or UBEV's exact counts), as in the reference runs
+            self.stats = TreeCounter(streams, self.T, counter_eps, sensitivity=1.0,
+                                     noise=privacy.noise if counter_eps is not None else None)
+        else:
+            self.stats = build_counter(self.counter_kind, self.layout, self.T, privacy if private else None)
         self.register_buffer("episode_regret", torch.full((self.T,), float("nan"), dtype=torch.float64))
         self.register_buffer("episode_return", torch.full((self.T,), float("nan"), dtype=torch.float64))
         self.episodes_done = 0
@@ -121,13 +131,17 @@ class TabularUCB(torch.nn.Module, Learner):
         cache = self._stats_cache          # a plain dict: torch.nn.Module.__setattr__ is slow per episode
         if cache.get("key") != key:
             v = self._view(rel)
-            S, A, H, k = self.S, self.A, self.H, self.hsa
+            S, A, k = self.S, self.A, self.layout.sa
+            H = 1 if self.layout.pooled else self.H
             cache["views"] = (v[:k].reshape(H, S, A), v[k:2 * k].reshape(H, S, A), v[2 * k:].reshape(H, S, A, S))
             cache["key"] = key
         return cache["views"]
 
     def _feed(self, states: list, actions: list, rewards: list) -> None:
         """One user's episode into the counters: r to l(s,a,h), 1 to n(s,a,h) and m(s,a,s',h), 0 elsewhere."""
+        if self.layout.pooled:
+            self.stats.step(*self.layout.increments(states, actions, rewards))
+            return
         S, A, k = self.S, self.A, self.hsa
         sa = [b + s * A + a for b, s, a in zip(self._feed_offsets, states, actions)]    # (h*S + s)*A + a
         idx = sa + [k + i for i in sa] + [2 * k + i * S + s2 for i, s2 in zip(sa, states[1:])]
@@ -330,28 +344,35 @@ class PUCB(TabularUCB):
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
-                 reward_bound: float = 1.0, count_error_bound: str = "reference", max_memory_gb: float = 4.0):
+                 reward_bound: float = 1.0, count_error_bound: str = "reference", max_memory_gb: float = 4.0,
+                 counter: str = "laplace_tree"):
         if count_error_bound not in ("reference", "tree"):
             raise ConfigError(f"count_error_bound must be 'reference' or 'tree', got '{count_error_bound}'")
         eps = privacy.eps if privacy is not None and privacy.private else None
         probe = make_tabular(env, reward_low=-float(reward_bound), reward_high=float(reward_bound), seed=seed)
-        eps_stream = None if eps is None else eps / (6 * probe.H)     # eps/3 per set over 2H streams
+        laplace = resolve_counter(counter) == "laplace_tree"
+        eps_stream = None if eps is None or not laplace else eps / (6 * probe.H)   # eps/3 per set over 2H streams
         super().__init__(probe, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
                          failure_prob=failure_prob, reward_bound=reward_bound, counter_eps=eps_stream,
-                         max_memory_gb=max_memory_gb)
+                         max_memory_gb=max_memory_gb, counter=counter)
         self.eps, self.eps_stream = eps, eps_stream
         self.beta_prime = self.failure_prob / 2
         self.count_error_bound_kind = count_error_bound
         self.E = self._error_bound()
 
     @classmethod
-    def accountant_name(cls, privacy_cfg) -> str:
-        return "basic"
+    def accountant_name(cls, privacy_cfg, algo_cfg=None) -> str:
+        counter = (algo_cfg or {}).get("counter", "laplace_tree") or "laplace_tree"
+        return "basic" if counter == "laplace_tree" else "zcdp"
 
     @classmethod
     def releases_pure_dp(cls, cfg) -> bool:
-        return True                # Laplace tree counters only
+        return (cfg.algo.get("counter") or "laplace_tree") == "laplace_tree"     # Laplace tree counters
+
+    @classmethod
+    def releases_carry_rho(cls, cfg) -> bool:
+        return not cls.releases_pure_dp(cfg)          # Gaussian counters: ledger entries carry their zCDP rho
 
     def lost_attempt_charges(self, lost_rounds: list[int]) -> list[dict]:
         """Charges for a crashed attempt (secure noise, on resume): the tree counters' nodes that close
@@ -361,12 +382,14 @@ class PUCB(TabularUCB):
         if self.eps is None:
             return []
         return [dict(e) for e in self.privacy.ledger.entries
-                if e["mechanism"] == "tree_counter" and not e.get("replay") and not e.get("lost")]
+                if e["mechanism"].endswith("counter") and not e.get("replay") and not e.get("lost")]
 
     def _error_bound(self) -> float:
         if self.eps is None:
             return 0.0
         S, A, H, T = self.S, self.A, self.H, self.T
+        if not isinstance(self.stats, TreeCounter):      # Gaussian: its exact worst std, union over streams x T
+            return self.stats.uniform_error_bound(self.beta_prime, self.stats.num_streams * T)
         if self.count_error_bound_kind == "tree":
             return self.stats.error_bound(self.beta_prime, uniform=True)
         touched = 2 * H       # streams of one set changed by replacing one user
@@ -391,6 +414,9 @@ class PUCB(TabularUCB):
 
     def on_first_round(self) -> None:
         if self.eps is None:
+            return
+        if not isinstance(self.stats, TreeCounter):
+            record_counter_releases(self.privacy, self.stats, self.layout, self.T)
             return
         streams = {"rewards": self.hsa, "visits": self.hsa, "transitions": self.hsa * self.S}
         for name, n in streams.items():

@@ -11,7 +11,7 @@ or -y_bound (D'). Two oracle setups are driven:
   (normalized units, norm 2) is clipped to -+C e1, the replace-one worst case 2C. That step is
   affine in its noise, so ``StackedNoise`` gives ``chunk`` independent releases per call; the test
   is the projection of the released w on e1.
-- ``ssp`` with a public Gram matrix (DP-NPG with ``fisher_states``: only b~ is released): the
+- ``ssp`` with a public Gram matrix (DP-NPG: the Fisher at public states; only b~ is released): the
   canary's moment +-e1 is clipped to +-b_clip e1, the replace-one worst case 2 b_clip. Each private
   solve draws a stacked noise, ``chunk`` releases per call (``public_gram`` = I, standing in for the
   Fisher matrix at public states); b~ is read where it enters ``psd_ridge_solve`` and projected on e1. As in ``oracles``, the deterministic

@@ -41,6 +41,7 @@ def suite() -> list[AuditSpec]:
     from dppo.audit.multi_pass import audit_multi_pass_dp_pg
     from dppo.audit.oracle_rounds import audit_oracle_round
     from dppo.audit.oracles import audit_dp_gd, audit_exp_mech, audit_ssp
+    from dppo.audit.gaussian_counter import audit_gaussian_counter
     from dppo.audit.tree_counter import audit_tree_counter
 
     specs = [
@@ -60,6 +61,12 @@ def suite() -> list[AuditSpec]:
         AuditSpec("tree_counter", audit_tree_counter, 1_000_000, 100_000),
         AuditSpec("tree_counter_float_bits", audit_tree_counter, 1_000_000, 100_000, eps_values=(1.0,),
                   kwargs={"float_bits": True}),
+        AuditSpec("gaussian_sqrt_counter", audit_gaussian_counter, 1_000_000, 100_000, gaussian=True,
+                  kwargs={"kind": "gaussian_sqrt"}),
+        AuditSpec("gaussian_tree_counter", audit_gaussian_counter, 1_000_000, 100_000, gaussian=True,
+                  kwargs={"kind": "gaussian_tree"}),
+        AuditSpec("gaussian_sqrt_counter_float_bits", audit_gaussian_counter, 1_000_000, 100_000, eps_values=(1.0,),
+                  kwargs={"kind": "gaussian_sqrt", "float_bits": True}),
     ]
     return specs
 

@@ -53,11 +53,15 @@ def trajectory_residuals(fclass: FiniteClass, sa: torch.Tensor, next_states: tor
     return out
 
 
-class BellmanResidualLoss:
-    """Running ``L_BR(f)`` for all f (Algorithm 2), plus per-trajectory counts for inspection."""
+class BellmanResidualLoss(torch.nn.Module):
+    """Running ``L_BR(f)`` for all f (Algorithm 2), plus per-trajectory counts for inspection.
+
+    A module: ``loss`` is a buffer and the episode count extra state, so ``state_dict`` / ``.to``
+    carry them."""
 
     def __init__(self, size: int):
-        self.loss = torch.zeros(size, dtype=torch.float64)
+        super().__init__()
+        self.register_buffer("loss", torch.zeros(size, dtype=torch.float64))
         self.episodes = 0
 
     def update(self, residuals: torch.Tensor, count: torch.Tensor, reward_sum: torch.Tensor,
@@ -67,36 +71,39 @@ class BellmanResidualLoss:
         self.loss += (residuals.square() * n - 2 * residuals * s).sum(1) + q.sum()
         self.episodes += int(count.sum())
 
-    def state_dict(self) -> dict:
-        return {"loss": self.loss.clone(), "episodes": self.episodes}
+    def get_extra_state(self) -> dict:
+        return {"episodes": self.episodes}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.loss = state["loss"].clone()
+    def set_extra_state(self, state: dict) -> None:
         self.episodes = int(state["episodes"])
 
 
-class BellmanErrorLoss:
+class BellmanErrorLoss(torch.nn.Module):
     """Sufficient statistics of a tabular dataset and ``L_BE(f)`` for all f (Algorithm 1).
 
-    The domain is ``sa = (h S + s) A + a`` (0-indexed steps), ``num_sa = H S A``.
+    The domain is ``sa = (h S + s) A + a`` (0-indexed steps), ``num_sa = H S A``. A module: the
+    statistics are buffers and the episode count extra state.
     """
 
     def __init__(self, H: int, S: int, A: int):
+        super().__init__()
         self.H, self.S, self.A = H, S, A
-        self.count = torch.zeros(H * S * A, dtype=torch.float64)
-        self.reward_sum = torch.zeros(H * S * A, dtype=torch.float64)
-        self.transitions = torch.zeros(H * S * A, S, dtype=torch.float64)
+        self.register_buffer("count", torch.zeros(H * S * A, dtype=torch.float64))
+        self.register_buffer("reward_sum", torch.zeros(H * S * A, dtype=torch.float64))
+        self.register_buffer("transitions", torch.zeros(H * S * A, S, dtype=torch.float64))
         self.episodes = 0
 
     def update(self, states: torch.Tensor, actions: torch.Tensor, rewards: torch.Tensor) -> None:
         """Add episodes: states ``[n, H+1]`` (incl. the final one), actions ``[n, H]``, rewards ``[n, H]``."""
         H, S, A = self.H, self.S, self.A
-        h = torch.arange(H).expand_as(actions)
+        dev = self.count.device
+        states, actions, rewards = states.to(dev), actions.to(dev), rewards.to(dev)
+        h = torch.arange(H, device=dev).expand_as(actions)
         sa = ((h * S + states[:, :H]) * A + actions).reshape(-1)
-        self.count.index_add_(0, sa, torch.ones(len(sa), dtype=torch.float64))
+        self.count.index_add_(0, sa, torch.ones(len(sa), dtype=torch.float64, device=dev))
         self.reward_sum.index_add_(0, sa, rewards.reshape(-1).double())
         flat = sa * S + states[:, 1:].reshape(-1)
-        self.transitions.view(-1).index_add_(0, flat, torch.ones(len(sa), dtype=torch.float64))
+        self.transitions.view(-1).index_add_(0, flat, torch.ones(len(sa), dtype=torch.float64, device=dev))
         self.episodes += int(actions.shape[0])
 
     def targets(self, table: torch.Tensor) -> torch.Tensor:
@@ -116,10 +123,8 @@ class BellmanErrorLoss:
         cross = quad.unsqueeze(1) - 2 * table @ T.T                                    # [f', f]
         return own - cross.amin(0)
 
-    def state_dict(self) -> dict:
-        return {"count": self.count.clone(), "reward_sum": self.reward_sum.clone(),
-                "transitions": self.transitions.clone(), "episodes": self.episodes}
+    def get_extra_state(self) -> dict:
+        return {"episodes": self.episodes}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.count, self.reward_sum = state["count"].clone(), state["reward_sum"].clone()
-        self.transitions, self.episodes = state["transitions"].clone(), int(state["episodes"])
+    def set_extra_state(self, state: dict) -> None:
+        self.episodes = int(state["episodes"])

@@ -9,6 +9,7 @@ from dppo.errors import ConfigError
 from dppo.oracles.base import LeastSquaresOracle, UserRegression, project_ball
 from dppo.privacy.accountants.opacus import multi_pass_noise_multiplier
 from dppo.privacy.calibration import analytic_gaussian_sigma
+from dppo.privacy.mechanisms import noisy_clipped_sum
 
 
 class DPGDOracle(LeastSquaresOracle):
@@ -68,14 +69,12 @@ class DPGDOracle(LeastSquaresOracle):
                                             steps=self.steps, noise_multiplier=z, sigma=s, clip=self.clip,
                                             sensitivity=2.0 * self.clip, composition=self.composition, dim=data.dim,
                                             adjacency="replace_one")
-        return self._descend(data, lambda shape: privacy.noise.gaussian(shape, s))
+        return self._descend(data, privacy.noise, s)
 
-    def _descend(self, data: UserRegression, noise) -> torch.Tensor:
+    def _descend(self, data: UserRegression, noise, sigma: float) -> torch.Tensor:
         w = torch.zeros(data.dim, dtype=torch.float64)
         m = data.users
         for _ in range(self.steps):
-            g = data.per_user_grads(w)
-            scale = torch.clamp(self.clip / g.norm(dim=-1).clamp_min(1e-300), max=1.0)
-            total = (g * scale[..., None]).sum(-2) + noise((data.dim,))  # a stacked source: (..., d) releases
+            total = noisy_clipped_sum(noise, data.per_user_grads(w), self.clip, sigma)  # stacked: (..., d)
             w = project_ball(w - self.lr * (total + 2.0 * self.ridge * w) / m, self.radius)
         return w

@@ -9,6 +9,7 @@ import torch
 from dppo.errors import ConfigError
 from dppo.oracles.base import LeastSquaresOracle, UserRegression
 from dppo.privacy.calibration import exp_mech_beta
+from dppo.privacy.mechanisms import exponential_mechanism
 
 
 class ExpMechOracle(LeastSquaresOracle):
@@ -80,9 +81,8 @@ class ExpMechOracle(LeastSquaresOracle):
         W = self.candidate_set(data.dim)
         sens = self.sensitivity()
         beta = exp_mech_beta(eps, sens)
-        self.last_release = privacy.release("exp_mech", round=round, users=data.users, eps=eps, delta=0.0,
-                                            beta=beta, sensitivity=sens, candidates=W.shape[0], dim=data.dim,
-                                            adjacency="replace_one")
-        logits = beta * self.score(data, W) + privacy.noise.gumbel((W.shape[0],))  # (..., K) if stacked
-        return W[torch.argmax(logits, dim=-1)].clone()
+        idx, self.last_release = exponential_mechanism(privacy, self.score(data, W), beta=beta, round=round,
+                                                       users=data.users, eps=eps, sensitivity=sens,
+                                                       candidates=W.shape[0], dim=data.dim, oracle="exp_mech")
+        return W[idx].clone()
 

@@ -12,6 +12,7 @@ import torch
 from dppo.errors import ConfigError
 from dppo.oracles.base import LeastSquaresOracle, UserRegression
 from dppo.privacy.calibration import analytic_gaussian_sigma
+from dppo.privacy.mechanisms import noisy_clipped_sum, perturb_statistics
 
 
 class SSPOracle(LeastSquaresOracle):
@@ -115,10 +116,7 @@ class SSPOracle(LeastSquaresOracle):
                                             sensitivity_moment=self.sensitivities()[1],
                                             joint_sensitivity_sq=self.joint_sensitivity_sq(), dim=d,
                                             adjacency="replace_one")
-        noise = privacy.noise.gaussian((d, d), sigma_s)  # (..., d, d): a stacked source gives many releases
-        upper = torch.triu(noise, diagonal=1) / math.sqrt(2.0)
-        S_noisy = S + torch.diag_embed(torch.diagonal(noise, dim1=-2, dim2=-1)) + upper + upper.mT
-        b_noisy = b_users.sum(0) + privacy.noise.gaussian((d,), sigma_b)
+        S_noisy, b_noisy = perturb_statistics(privacy.noise, S, b_users.sum(0), sigma_s, sigma_b)
         S_bar, noise_scale = self._average(S_noisy)
         self.users_per_release = data.users
         ridge = self.ridge + self.ridge_noise * sigma_s * math.sqrt(2 * d) * noise_scale
@@ -136,7 +134,7 @@ class SSPOracle(LeastSquaresOracle):
                                             sigma=sigma_b, sensitivity=sens, noise_multiplier=sigma_b / sens,
                                             sigma_moment=sigma_b, sensitivity_moment=sens, dim=data.dim,
                                             gram="public", adjacency="replace_one")
-        b_noisy = self._clipped_moments(data).sum(0) + privacy.noise.gaussian((data.dim,), sigma_b)
+        b_noisy = noisy_clipped_sum(privacy.noise, self._clipped_moments(data), self.b_clip, sigma_b)
         return psd_ridge_solve(self.public_gram, b_noisy, self.ridge, self.psd_floor)
 
     def _average(self, S_noisy: torch.Tensor) -> tuple[torch.Tensor, float]:

@@ -4,6 +4,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+# CPU matrix kernels round differently for very small batches (a GEMV path at 1 row, others below ~16
+# rows): forward passes run on at least MIN_ROWS rows, so a row's result never depends on how many
+# other rows share the batch (what keeps a user's data identical on any rank of a sharded run).
+MIN_ROWS = 32
+
+
+def pad_rows(x: torch.Tensor, rows: int = MIN_ROWS) -> torch.Tensor:
+    """``x`` with copies of its first row appended up to ``rows`` rows (no-op when it has that many)."""
+    if x.shape[0] >= rows or x.shape[0] == 0:
+        return x
+    return torch.cat([x, x[:1].expand(rows - x.shape[0], *x.shape[1:])])
+
 
 class Policy(nn.Module):
     """A stochastic policy over discrete actions.
@@ -21,7 +33,7 @@ class Policy(nn.Module):
     @torch.no_grad()
     def sample(self, obs: torch.Tensor, greedy: bool = False, generator: torch.Generator | None = None):
         """Actions and their log-probabilities for a batch of observations."""
-        logits = self.logits(obs)
+        logits = self.logits(pad_rows(obs))[: obs.shape[0]]
         logp_all = torch.log_softmax(logits, dim=-1)
         if greedy:
             actions = logits.argmax(-1)

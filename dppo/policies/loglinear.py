@@ -43,11 +43,11 @@ class LogLinearPolicy(Policy):
 
     def features(self, obs: torch.Tensor) -> torch.Tensor:
         """phi(x, a) for every action: (N, K, dim)."""
-        obs = obs.reshape(obs.shape[0], -1).float()
+        obs = obs.reshape(obs.shape[0], -1).to(self.theta.dtype)
         if self.given_features:
             return obs.reshape(obs.shape[0], self.n_actions, self.feature_dim)
-        s1 = torch.cat([obs, torch.ones(obs.shape[0], 1)], dim=1)
-        eye = torch.eye(self.n_actions)
+        s1 = torch.cat([obs, torch.ones(obs.shape[0], 1, dtype=obs.dtype)], dim=1)
+        eye = torch.eye(self.n_actions, dtype=obs.dtype)
         return (eye[None, :, :, None] * s1[:, None, None, :]).reshape(obs.shape[0], self.n_actions, -1)
 
     def logits(self, obs: torch.Tensor) -> torch.Tensor:

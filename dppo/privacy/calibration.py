@@ -1,6 +1,7 @@
 """Noise calibration: every noise scale in dppo is computed here from (eps, delta, sensitivity)."""
 from __future__ import annotations
 
+import functools
 import math
 
 from scipy.optimize import brentq
@@ -40,10 +41,15 @@ def analytic_gaussian_sigma(eps: float, delta: float, sensitivity: float = 1.0) 
     Valid for every eps > 0, unlike the classic sqrt(2 ln(1.25/delta)) Delta / eps (eps < 1 only).
     """
     _check(eps, delta, sensitivity)
+    return _analytic_unit_sigma(float(eps), float(delta)) * sensitivity
+
+
+@functools.lru_cache(maxsize=1024)
+def _analytic_unit_sigma(eps: float, delta: float) -> float:
+    """sigma of the analytic Gaussian mechanism at sensitivity 1 (cached: every round asks for the same)."""
     f = lambda log_s: math.log(max(gaussian_delta(eps, math.exp(log_s), 1.0), 1e-300)) - math.log(delta)
     lo, hi = math.log(1e-6), math.log(1e6)
-    sigma_unit = math.exp(brentq(f, lo, hi, xtol=1e-14, rtol=1e-14, maxiter=500))
-    return sigma_unit * sensitivity
+    return math.exp(brentq(f, lo, hi, xtol=1e-14, rtol=1e-14, maxiter=500))
 
 
 def classic_gaussian_sigma(eps: float, delta: float, sensitivity: float = 1.0) -> float:

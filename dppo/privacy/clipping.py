@@ -31,6 +31,9 @@ class GaussianSumPrivatizer:
     """
 
     mechanism = "gaussian_sum"
+    # multi-process runs (dppo/training/distributed.py) set this to a ShardedRelease: the rows passed in
+    # are then this rank's users, clipped here, summed and noised once on rank 0, the result broadcast
+    shards = None
 
     def __init__(self, privacy, max_grad_norm: float):
         self.privacy = privacy
@@ -45,8 +48,13 @@ class GaussianSumPrivatizer:
     def release_mean(self, per_user: torch.Tensor, round_idx: int, *, sigma: float | None = None,
                      extra: dict | None = None) -> tuple[torch.Tensor, dict]:
         """Clip rows to C, sum, add N(0, sigma^2 I), divide by m; records the release. Returns (mean, stats)."""
-        m = per_user.shape[0]
         clipped, norms = clip_per_user(per_user.double(), self.max_grad_norm)
+        if self.shards is not None:
+            return self.shards.release(clipped, norms, lambda c, n: self._release(c, n, round_idx, sigma, extra))
+        return self._release(clipped, norms, round_idx, sigma, extra)
+
+    def _release(self, clipped, norms, round_idx, sigma, extra) -> tuple[torch.Tensor, dict]:
+        m = clipped.shape[0]
         sigma = self.sigma() if sigma is None else sigma
         noise = self.privacy.noise.gaussian(clipped.shape[1:], sigma)
         sens = self.sensitivity()
@@ -70,6 +78,7 @@ class PoissonGaussianSumPrivatizer:
     """
 
     mechanism = "poisson_gaussian_sum"
+    shards = None  # as GaussianSumPrivatizer.shards
 
     def __init__(self, privacy, max_grad_norm: float, sample_rate: float, population_size: int, rounds: int):
         from dppo.privacy.accountants.opacus import multi_pass_noise_multiplier
@@ -83,11 +92,16 @@ class PoissonGaussianSumPrivatizer:
 
     def release_mean(self, per_user: torch.Tensor, round_idx: int) -> tuple[torch.Tensor, dict]:
         """Clip rows to C, sum, add noise, divide by the expected batch size; records the release."""
+        clipped, norms = clip_per_user(per_user, self.max_grad_norm)
+        if self.shards is not None:
+            return self.shards.release(clipped, norms, lambda c, n: self._release(c, n, round_idx))
+        return self._release(clipped, norms, round_idx)
+
+    def _release(self, clipped, norms, round_idx) -> tuple[torch.Tensor, dict]:
         C = self.max_grad_norm
-        clipped, norms = clip_per_user(per_user, C)
         sigma = self.noise_multiplier * C
         noise = self.privacy.noise.gaussian(clipped.shape[1:], sigma)
-        self.privacy.release(self.mechanism, round=round_idx, users=per_user.shape[0], eps=None, delta=None,
+        self.privacy.release(self.mechanism, round=round_idx, users=clipped.shape[0], eps=None, delta=None,
                              sigma=sigma, noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate,
                              sensitivity=C, adjacency="add_remove", dim=int(clipped.shape[1]), clip=C)
         stats = {"privacy/noise_multiplier": self.noise_multiplier,
@@ -100,14 +114,20 @@ class MeanRelease:
     private release (the twins differ by the noise only); no noise, nothing recorded."""
 
     mechanism = "none"
+    shards = None  # as GaussianSumPrivatizer.shards
 
     def __init__(self, max_grad_norm: float):
         self.max_grad_norm = float(max_grad_norm)
 
     def release_mean(self, per_user: torch.Tensor, round_idx: int) -> tuple[torch.Tensor, dict]:
         clipped, norms = clip_per_user(per_user.double(), self.max_grad_norm)
+        if self.shards is not None:
+            return self.shards.release(clipped, norms, self._mean)
+        return self._mean(clipped, norms)
+
+    def _mean(self, clipped, norms) -> tuple[torch.Tensor, dict]:
         frac = float((norms > self.max_grad_norm).double().mean()) if len(norms) else 0.0
-        return clipped.sum(0) / max(per_user.shape[0], 1), {"diag/clip_fraction": frac}
+        return clipped.sum(0) / max(clipped.shape[0], 1), {"diag/clip_fraction": frac}
 
 
 def sum_mechanism(privacy, max_grad_norm: float, sampler=None, rounds: int = 1):

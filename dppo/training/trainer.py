@@ -12,6 +12,7 @@ from dppo.training.callbacks import (Callback, CallbackList, LoggingCallback, Pr
                                      ReleasedMetricsCallback)
 from dppo.training.checkpoint import (atomic_write_bytes, atomic_write_json, check_fingerprint,
                                       load_latest_checkpoint, rng_state, save_checkpoint, set_rng_state)
+from dppo.training import distributed
 from dppo.training.journal import JOURNAL_NAME, UserJournal
 from dppo.training.runlock import RunLock
 
@@ -35,6 +36,8 @@ class CheckpointCallback(Callback):
 
 class Trainer:
     """Runs ``learner.train_round`` for each round, with logging, checkpoints, callbacks and summary.json."""
+
+    dist = distributed.SINGLE  # under torchrun, set by the builder (only rank 0 has a run_dir and writes)
 
     def __init__(self, learner, privacy, logger, *, sampler=None, callbacks=(), run_dir: str | None = None,
                  checkpoint_every: int = 10, eval_episodes: int = 20, eval_greedy: bool = False,
@@ -151,7 +154,7 @@ class Trainer:
         try:
             if lock:
                 lock.acquire()
-            if self.privacy.private and not self.privacy.noise.secure:
+            if self.privacy.private and not self.privacy.noise.secure and self.dist.is_main:
                 print(SEEDED_WARNING, file=sys.stderr, flush=True)
             if self.journal is not None:
                 if not getattr(self, "_resumed", False):
@@ -163,6 +166,8 @@ class Trainer:
                 self.privacy.journal = self.journal
                 if self.sampler is not None:
                     self.sampler.journal = self.journal
+            if self.dist.enabled:
+                self.sync_from_main()
             return self._fit()
         finally:
             if lock:
@@ -170,6 +175,14 @@ class Trainer:
             if self.journal is not None:
                 self.journal.close()
             self.logger.close()
+
+    def sync_from_main(self) -> None:
+        """Multi-process run: every rank starts from rank 0's learner state and round (after its resume)."""
+        state = distributed.broadcast_object(
+            {"round": self.round, "learner": self.learner.state_dict()} if self.dist.is_main else None, self.dist)
+        if not self.dist.is_main:
+            self.learner.load_state_dict(state["learner"])
+            self.round = self.start_round = int(state["round"])
 
     def _fit(self) -> dict:
         self._t_start = time.perf_counter()
@@ -181,6 +194,8 @@ class Trainer:
             self.callbacks.on_round_start(self, r)
             try:
                 metrics = dict(self.learner.train_round(r))
+                if self.dist.enabled:
+                    metrics = distributed.merge_metrics(metrics, metrics.get("rollout/users", 0), self.dist)
             except BudgetExhausted as err:
                 self.stop_reason = str(err)
                 break
@@ -220,6 +235,8 @@ class Trainer:
                    "final_return": None,
                    "wall_time_s": round(self.wall_time(), 3), "stop_reason": self.stop_reason,
                    "complete": final, **self.learner.summary(),
+                   "policy_sha256": parameters_sha256(getattr(self.learner, "policy", None)),
+                   "world_size": self.dist.world_size,
                    "ledger": entries}
         if private and not self.privacy.noise.secure:
             summary["noise_note"] = SEEDED_NOTE
@@ -247,6 +264,23 @@ class Trainer:
         path = os.path.join(self.run_dir, "policy.pt")
         atomic_write_bytes(path, buf.getvalue())
         return path
+
+
+def parameters_sha256(module) -> str | None:
+    """SHA-256 of a module's ``state_dict`` (names, dtypes, shapes and bytes, in order): equal iff the
+    parameters are bit-identical (e.g. a multi-process run against a single-process one)."""
+    if not hasattr(module, "state_dict"):
+        return None
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for name, t in module.state_dict().items():
+        t = t.detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def _finite(x: float):

@@ -388,3 +388,35 @@ def test_plateau_ordering_unbatched_batched_eps8_eps5_on_easy():
     assert mean_cum(5.0, None, "zcdp")[0] <= rows[3][0]
     front = mean_cum(5.0, None, budget_decay=1.0)
     assert front[0] < rows[3][0] and front[1] == 0.0
+
+
+def _gfa_ctx(eps=2.0, seed=0):
+    return PrivacyContext(eps, 1e-5, accountant=make_accountant("advanced"), noise=NoiseSource(seed))
+
+
+@pytest.mark.parametrize("make", [
+    lambda ctx: GFALearner(riverswim(4), ctx, seed=1, episodes=60, batch_size=20, grid_points=5),
+    lambda ctx: GFAOutcomeLearner(ContextBitsMDP(), ctx, seed=1, episodes=60, batch_size=20, class_size=27),
+])
+def test_gfa_learners_are_modules_whose_state_dict_resumes_identically(make):
+    full = make(_gfa_ctx())
+    assert isinstance(full, torch.nn.Module)
+    keys = set(full.state_dict())
+    assert "optimism" in keys and "_extra_state" in keys and any(k.startswith("class_") for k in keys)
+    assert any(k.startswith("stats.") for k in keys)
+    for r in range(full.num_rounds):
+        full.train_round(r)
+    ctx = _gfa_ctx()
+    part = make(ctx)
+    part.train_round(0)
+    state, noise = part.state_dict(), ctx.noise.state_dict()
+    ctx2 = _gfa_ctx()
+    resumed = make(ctx2)
+    resumed.load_state_dict(state)
+    ctx2.noise.load_state_dict(noise)
+    assert torch.equal(resumed.score(), part.score())
+    for r in range(1, full.num_rounds):
+        resumed.train_round(r)
+    assert resumed.regret == full.regret and torch.equal(resumed.score(), full.score())
+    moved = resumed.to(torch.device("cpu"))                       # a device move keeps the class and the stats
+    assert torch.equal(moved.score(), full.score())

@@ -22,9 +22,11 @@ from dppo.audit.multi_pass import audit_multi_pass_dp_pg
 from dppo.audit.oracle_rounds import audit_oracle_round
 from dppo.audit.oracles import audit_dp_gd, audit_exp_mech, audit_ssp
 from dppo.audit.run import power_checks, run_suite, suite
+from dppo.audit.gaussian_counter import audit_gaussian_counter
 from dppo.audit.tree_counter import audit_tree_counter
 from dppo.privacy.calibration import analytic_gaussian_sigma
 from dppo.privacy.clipping import GaussianSumPrivatizer
+from dppo.privacy.gaussian_counter import GaussianTreeCounter
 from dppo.privacy.tree_counter import TreeCounter
 
 
@@ -174,6 +176,37 @@ def test_tree_counter_bound_has_power():
     assert 0.5 <= out.eps_lb <= 1.0
 
 
+@pytest.mark.parametrize("kind", ["gaussian_sqrt", "gaussian_tree"])
+def test_gaussian_counter_within_claim_on_raw_float_bits(kind):
+    out = audit_gaussian_counter(1.0, trials=60_000, kind=kind, float_bits=True, seed=6)
+    assert out.eps_lb <= out.claimed_eps
+
+
+@pytest.mark.parametrize("kind", ["gaussian_sqrt", "gaussian_tree"])
+def test_gaussian_counter_with_halved_noise_is_caught(kind):
+    out = audit_gaussian_counter(1.0, trials=300_000, kind=kind, sigma_scale=0.5, seed=7, levels=4)
+    assert out.eps_lb > out.claimed_eps
+
+
+@pytest.mark.parametrize("kind", ["gaussian_sqrt", "gaussian_tree"])
+def test_gaussian_counter_bound_has_power(kind):
+    out = audit_gaussian_counter(4.0, trials=100_000, kind=kind, seed=9)
+    assert 0.5 * out.claimed_eps <= out.eps_lb <= out.claimed_eps
+
+
+class _GaussianLevelZeroDropped(GaussianTreeCounter):
+    def _advance_noise(self, v, t, z):
+        super()._advance_noise(v, t, z * 0.0 if t & 1 else z)       # leaf nodes (level 0) without noise
+
+
+def test_gaussian_tree_counter_with_a_level_without_noise_is_caught():
+    out = audit_gaussian_counter(1.0, trials=20_000, kind="gaussian_tree", counter_cls=_GaussianLevelZeroDropped,
+                                 seed=8, first_release_only=True)
+    assert out.eps_lb > out.claimed_eps
+    ok = audit_gaussian_counter(1.0, trials=20_000, kind="gaussian_tree", seed=8, first_release_only=True)
+    assert ok.eps_lb <= ok.claimed_eps
+
+
 # ---- entry point ----------------------------------------------------------------------------------
 def test_module_entry_prints_the_table_and_exits_zero(capsys):
     assert main(["--trials", "20000", "--only", "dp_pg_round"]) == 0
@@ -191,13 +224,15 @@ def test_module_entry_rejects_an_unknown_mechanism(capsys):
 def test_full_audit_every_mechanism_within_claim_and_gaussian_power():
     rows = run_suite(fast=False)
     names = {r.mechanism.split(" ")[0] for r in rows}
-    assert {s.name for s in suite()} - {"tree_counter_float_bits", "multi_pass_dp_pg_prv"} <= names | {"gfa_exponential"}
+    assert {s.name for s in suite()} - {"tree_counter_float_bits", "multi_pass_dp_pg_prv",
+                                        "gaussian_sqrt_counter_float_bits"} <= names | {"gfa_exponential"}
     assert {"multi_pass_dp_pg (rdp)", "multi_pass_dp_pg (prv)"} <= {r.mechanism for r in rows}
     bad = [(r.mechanism, r.claimed_eps, r.eps_lb) for r in rows if not r.passed]
     assert not bad, f"eps_LB above the claimed eps (privacy bug): {bad}"
     checks = power_checks(rows)
     assert {m.split(" ")[0] for m, *_ in checks} == {"dp_pg_round", "dp_rebel_round", "dp_npg_round", "ssp", "dp_gd",
-                                                     "multi_pass_dp_pg"}
+                                                     "multi_pass_dp_pg", "gaussian_sqrt_counter",
+                                                     "gaussian_tree_counter"}
     assert all(ok for *_, ok in checks), checks
 
 

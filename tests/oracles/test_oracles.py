@@ -266,7 +266,7 @@ def test_exp_mech_ledger_entry_is_pure_dp():
     oracle = make_oracle("exp_mech", w_max=2.0, x_bound=1.0, y_bound=0.5, cover="grid", grid_points=5)
     oracle.solve(users, privacy=privacy, round=0)
     (entry,) = privacy.ledger.entries
-    assert entry["mechanism"] == "exp_mech" and entry["delta"] == 0.0
+    assert entry["mechanism"] == "exponential" and entry["oracle"] == "exp_mech" and entry["delta"] == 0.0
     assert entry["sensitivity"] == pytest.approx((2.0 * 1.0 / 0.5 + 1) ** 2)
     assert entry["beta"] == pytest.approx(1.0 / (2 * 25.0))
 

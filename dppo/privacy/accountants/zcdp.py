@@ -11,6 +11,9 @@
     eps = min_alpha alpha rho + log(1/delta)/(alpha-1) + log(1 - 1/alpha) - log(alpha)/(alpha-1)
     (Canonne, Kamath & Steinke 2020, Prop. 12 / Cor. 13; the same conversion Opacus uses for RDP).
   Basic composition (sum of eps, delta = 0) is valid too; ``spent`` reports the smaller bound.
+* Gaussian releases (continual counters) carry their own ``rho = sensitivity^2 / (2 sigma^2)``
+  (Bun & Steinke 2016, Prop. 1.6) in the ledger entry; they add to rho, and once any is present
+  basic composition no longer applies (only the converted bound is reported).
 """
 from __future__ import annotations
 
@@ -45,6 +48,17 @@ def zcdp_to_dp(rho: float, delta: float, conversion: str = "cks") -> float:
     return float(min(res.fun, rho + 2 * math.sqrt(rho * L)))
 
 
+def rho_for_target(eps: float, delta: float, conversion: str = "cks") -> float:
+    """Largest rho whose conversion at ``delta`` is at most ``eps`` (calibrates Gaussian releases)."""
+    if eps <= 0 or not 0 < delta < 1:
+        raise ConfigError(f"need eps > 0 and delta in (0, 1), got eps={eps}, delta={delta}")
+    f = lambda r: zcdp_to_dp(r, delta, conversion) - eps
+    hi = eps
+    while f(hi) < 0:
+        hi *= 2
+    return brentq(f, 1e-15, hi, xtol=1e-15, rtol=1e-13)
+
+
 @register
 class ZCDPAccountant(Accountant):
     """Sums the zCDP of every pure-DP release (bounded-range ones at eps^2/8) and converts at delta."""
@@ -57,8 +71,13 @@ class ZCDPAccountant(Accountant):
         self.conversion = conversion
         self.rho = 0.0
         self.eps_sum = 0.0
+        self.gaussian = False
 
     def step(self, release: dict) -> None:
+        if release.get("rho") is not None:              # a Gaussian release with its own zCDP parameter
+            self.rho += float(release["rho"])
+            self.gaussian = True
+            return
         if float(release.get("delta", 0.0)) > 0:
             raise ConfigError("the zCDP accountant only composes pure-DP (delta=0) releases")
         eps = float(release["eps"])
@@ -67,11 +86,13 @@ class ZCDPAccountant(Accountant):
             self.eps_sum += eps
 
     def spent(self, delta: float | None = None) -> tuple[float, float]:
-        if self.eps_sum == 0:
+        if self.rho == 0 and self.eps_sum == 0:
             return 0.0, 0.0
         if delta is None:
-            return self.eps_sum, 0.0
+            return (math.inf, 0.0) if self.gaussian else (self.eps_sum, 0.0)
         conv = zcdp_to_dp(self.rho, delta, self.conversion)
+        if self.gaussian:
+            return conv, float(delta)
         return (conv, float(delta)) if conv < self.eps_sum else (self.eps_sum, 0.0)
 
     def largest_eps0(self, eps: float, delta: float, releases: int, mechanism: str = "exponential") -> float:

@@ -1,0 +1,368 @@
+"""Continual counting with Gaussian noise, (eps, delta)-DP through zCDP, vectorized over many streams.
+
+Each stream receives one increment per time step ``t = 1..T`` and after every step the mechanism
+releases a noisy prefix sum ``c~(t) = c(t) + e(t)``. Both counters below are *matrix mechanisms*
+(Li et al. 2015; Denisov, McMahan et al. 2022): with ``A`` the T x T prefix-sum matrix factored as
+``A = B C`` (both lower triangular), they release ``y = B (C x + z) = A x + B z`` with
+``z ~ N(0, sigma^2 I)`` per stream. Only ``A x`` (the exact counts) and ``B z`` (noise that does not
+depend on the data) are ever formed.
+
+Privacy (replace-one-user adjacency, one user = one time step). If replacing the user of step t
+changes the increment vector over all streams by ``Delta_t`` with ``||Delta_t||_2 <= Delta`` (the
+caller's joint L2 sensitivity, derived next to the caller), ``C x`` changes by ``C[:, t] (x) Delta_t``,
+whose Frobenius norm is at most ``Delta * kappa`` with ``kappa = max_t ||C[:, t]||_2``. ``C x + z`` is
+then a Gaussian mechanism with sensitivity ``Delta kappa``: ``rho = (Delta kappa)^2 / (2 sigma^2)``-zCDP
+(Bun & Steinke 2016, Prop. 1.6), and ``y`` is a post-processing (``B`` is invertible). Adaptively
+chosen increments (later users react to released counts) do not change this for lower-triangular
+factorizations with Gaussian noise (Denisov et al. 2022, Thm 2.1). The caller composes its statistic
+sets in zCDP and converts with ``dppo.privacy.accountants.zcdp``.
+
+* ``GaussianTreeCounter``: the binary tree (Dwork et al. 2010; Chan et al. 2011): ``C`` stacks the
+  ``L = floor(log2 T) + 1`` levels of dyadic nodes, each step is in one node per level, so
+  ``kappa = sqrt(L)``; the release at t sums the ``popcount(t)`` nodes of the dyadic decomposition of
+  [1, t]: ``Var e(t) = popcount(t) sigma^2``.
+* ``SqrtFactorizationCounter``: ``B ~= C ~= A^(1/2)`` (Fichtenberger et al. 2023; Henzinger et al. 2023;
+  exact ``A^(1/2)`` has Toeplitz coefficients ``binom(2k, k) / 4^k``). To generate ``B z``
+  incrementally with O(d) state per stream, the decoder ``B`` is lower-triangular Toeplitz with
+  coefficients ``b_0 = 1``, ``b_k = sum_i w_i theta_i^k`` (a d-term exponential sum fitted to
+  ``binom(2k, k) / 4^k`` with ``w >= 0``; a buffered-linear-Toeplitz decoder, Dvijotham et al. 2024),
+  and the encoder is *exactly* ``C = B^{-1} A`` (a power-series inversion, computed once for T):
+  ``kappa = ||C[:, 1]||_2`` (the first column is the longest; Toeplitz) and
+  ``Var e(t) = sigma^2 sum_{k < t} b_k^2``, both exact for the factorization we run.
+
+Error. ``e(t)`` is exactly ``N(0, var(t))``; ``gaussian_union_quantile`` gives the quantile that holds
+uniformly over N releases w.p. ``1 - beta`` (union bound), so ``|e(t)| <= z_N sqrt(var(t))``.
+
+Floating point. Releasing ``float(c + z)`` leaks the data through the low-order bits of the sum
+(Mironov 2012: the set of representable values near ``c + z`` depends on ``c``; our audit measured it
+for the Laplace tree). Here every increment is quantized to a power-of-two grid ``Lambda = 2^-16``
+(rewards; counts are integers), so ``c(t)`` is an exact multiple of ``Lambda`` with fewer than 53
+significant bits, and the release is ``c(t) + round_Lambda(e(t))``: an exact float addition of two
+grid points, equal to ``round_Lambda(c(t) + e(t))`` - a post-processing of the real-valued Gaussian
+mechanism. The data-dependent operation is exact, so the released bits carry nothing beyond the
+ideal mechanism; the noise itself is the project's float64 Gaussian sampler (``privacy.noise``), data
+independent. Rounding adds at most ``Lambda / 2`` to the error bound.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+import torch
+from scipy.optimize import nnls
+from scipy.signal import fftconvolve
+from scipy.special import ndtri
+
+from dppo.errors import ConfigError, PrivacyError
+
+GRID = 2.0 ** -16          # release / increment grid (module docstring, floating point)
+
+
+def gaussian_union_quantile(beta: float, releases: float) -> float:
+    """``z`` with ``P(max_i |Z_i| > z) <= beta`` for ``releases`` standard normals (two-sided union bound)."""
+    if not 0 < beta < 1:
+        raise ConfigError(f"beta must lie in (0, 1), got {beta}")
+    return float(-ndtri(beta / (2.0 * max(1.0, float(releases)))))
+
+
+def sigma_for_rho(rho: float, sensitivity: float, kappa: float) -> float:
+    """Node noise ``sigma`` making the counter ``rho``-zCDP: ``rho = (Delta kappa)^2 / (2 sigma^2)``."""
+    if rho <= 0:
+        raise ConfigError(f"rho must be > 0, got {rho}")
+    return float(sensitivity * kappa / math.sqrt(2.0 * rho))
+
+
+# ---- the square-root factorization with an exponential-sum decoder ---------------------------------
+def sqrt_coefficients(T: int) -> np.ndarray:
+    """Toeplitz coefficients of ``A^(1/2)``: ``binom(2k, k) / 4^k``, k < T (``(1 - x)^(-1/2)``)."""
+    k = np.arange(1, max(1, T), dtype=np.float64)
+    return np.concatenate([[1.0], np.cumprod((2 * k - 1) / (2 * k))])[:T]
+
+
+def _power_series_inverse(b: np.ndarray) -> np.ndarray:
+    """``g`` with ``(b * g) mod x^T = 1`` (Newton iteration ``g <- g (2 - b g)``, FFT products)."""
+    T = b.size
+    g = np.array([1.0 / b[0]])
+    n = 1
+    while n < T:
+        n = min(2 * n, T)
+        e = fftconvolve(b[:n], g)[:n]
+        e[0] -= 2.0
+        g = -fftconvolve(g, e)[:n]
+    return g
+
+
+@functools.lru_cache(maxsize=8)
+def sqrt_decoder(T: int, terms_per_octave: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """Fitted decoder ``(theta, w)``: ``b_k = sum_i w_i theta_i^k`` (k >= 1) ~= ``binom(2k,k)/4^k`` for
+    k < T, relative least squares on log-spaced k, ``w >= 0`` (NNLS). Time scales ``tau_i`` from 1/2 to
+    4T, ``terms_per_octave`` per factor 2; ``theta_i = exp(-1/tau_i)``."""
+    octaves = math.log2(8 * max(T, 2))
+    tau = 0.5 * 2.0 ** (np.arange(int(math.ceil(octaves * terms_per_octave)) + 1) / terms_per_octave)
+    theta = np.exp(-1.0 / tau)
+    k = np.unique(np.round(np.geomspace(1, max(T - 1, 1), 400)).astype(np.int64))
+    target = sqrt_coefficients(int(k[-1]) + 1)[k]
+    M = theta[None, :] ** k[:, None] / target[:, None]
+    w, _ = nnls(M, np.ones(k.size), maxiter=50 * theta.size)
+    keep = w > 0
+    return theta[keep], w[keep]
+
+
+@functools.lru_cache(maxsize=8)
+def sqrt_factorization(T: int) -> dict:
+    """The factorization the ``SqrtFactorizationCounter`` runs for capacity T (computed once per T):
+    decoder ``theta, w``; ``b`` (k < T); ``var_factor[t-1] = sum_{k<t} b_k^2``; encoder column ``c``
+    (``C = B^{-1} A``, first column) and ``kappa = ||c||_2``."""
+    theta, w = sqrt_decoder(T)
+    b = np.empty(T)
+    b[0] = 1.0
+    if T > 1:
+        k = np.arange(1, T, dtype=np.float64)
+        acc = np.zeros(T - 1)
+        for th, wi in zip(theta, w):
+            acc += wi * np.exp(k * math.log(th))
+        b[1:] = acc
+    c = np.cumsum(_power_series_inverse(b))          # B^{-1} applied to the all-ones column of A
+    return {"theta": theta, "w": w, "b": b, "var_factor": np.cumsum(b * b), "c": c,
+            "kappa": float(math.sqrt(float(np.dot(c, c))))}
+
+
+def tree_var_factor(t: int) -> float:
+    """Release variance of the Gaussian tree after t steps, in units of sigma^2: ``popcount(t)``."""
+    return float(bin(int(t)).count("1"))
+
+
+# ---- the counters ---------------------------------------------------------------------------------
+class _GaussianCounter(torch.nn.Module):
+    """Shared state and feeding of the Gaussian continual counters (CPU: NumPy views of the buffers).
+
+    Args:
+        num_streams: number of counter streams (all released with the same sigma).
+        capacity: T, the number of steps the noise is calibrated for.
+        sigma: per-unit noise ``sigma`` (``sigma_for_rho``); ``None`` = exact counts.
+        noise: the privacy context's ``NoiseSource`` (required when ``sigma`` is set).
+        groups: int array [num_streams], the group of every stream; ``group_mass`` [G]: the largest
+            total increment of a group in one step. Each step's increments are clipped to
+            ``[0, group_mass]`` and each group's sum scaled down to at most its mass, so any two
+            valid increments differ by at most ``sqrt(sum_g 2 mass_g^2)`` in L2 (nonnegative vectors
+            with ``||u||_1 <= M``: ``||u - u'||^2 <= ||u||^2 + ||u'||^2 <= 2 M^2``).
+        stream_max: largest increment of one stream in one step (default: the largest group mass).
+    """
+
+    kind = "gaussian"
+
+    def __init__(self, num_streams: int, capacity: int, sigma: float | None = None, *, noise=None,
+                 groups=None, group_mass=None, stream_max: float | None = None, max_chunk: int = 1 << 22):
+        super().__init__()
+        if capacity < 1:
+            raise ConfigError(f"the counter capacity (number of time steps) must be >= 1, got {capacity}")
+        self.num_streams, self.capacity = int(num_streams), int(capacity)
+        self.sigma = None if sigma is None else float(sigma)
+        if self.sigma is not None and noise is None:
+            raise ConfigError("a private Gaussian counter needs a NoiseSource")
+        self.noise = noise
+        self.groups = np.zeros(self.num_streams, dtype=np.int64) if groups is None else np.asarray(groups, np.int64)
+        self.group_mass = np.array([1.0]) if group_mass is None else np.asarray(group_mass, np.float64)
+        self.stream_max = float(self.group_mass.max() if stream_max is None else stream_max)
+        self.max_chunk = int(max_chunk)
+        n = self.num_streams
+        self.register_buffer("counts", torch.zeros(n, dtype=torch.float64))
+        self.register_buffer("t", torch.zeros((), dtype=torch.long))
+        if self.private:
+            self.register_buffer("released_buf", torch.zeros(n, dtype=torch.float64))
+            self.register_buffer("noise_now", torch.zeros(n, dtype=torch.float64))
+        self._chunk, self._pos, self._planned = None, 0, 0
+
+    @property
+    def private(self) -> bool:
+        return self.sigma is not None
+
+    @property
+    def kappa(self) -> float:
+        """Largest column norm of the encoder C (the sensitivity multiplier)."""
+        raise NotImplementedError
+
+    def var_factor(self, t: int) -> float:
+        """``Var e(t) / sigma^2`` of the release after t steps (0 at t = 0)."""
+        raise NotImplementedError
+
+    def release_std(self, t: int | None = None) -> float:
+        """Exact standard deviation of the release error after t steps (default: now); 0 without noise."""
+        if not self.private:
+            return 0.0
+        t = int(self._views()["t"]) if t is None else int(t)
+        return self.sigma * math.sqrt(self.var_factor(t)) if t > 0 else 0.0
+
+    def max_release_std(self) -> float:
+        """Largest release standard deviation over t = 1..T."""
+        raise NotImplementedError
+
+    def error_bound(self, beta: float, releases: float, t: int | None = None) -> float:
+        """``z_N std(t) + Lambda/2``: holds for all of ``releases`` releases with this std w.p. 1 - beta."""
+        if not self.private:
+            return 0.0
+        return gaussian_union_quantile(beta, releases) * self.release_std(t) + GRID / 2
+
+    def uniform_error_bound(self, beta: float, releases: float) -> float:
+        """``z_N max_t std(t) + Lambda/2``: holds for ``releases`` releases at any t <= T w.p. 1 - beta."""
+        if not self.private:
+            return 0.0
+        return gaussian_union_quantile(beta, releases) * self.max_release_std() + GRID / 2
+
+    @property
+    def released(self) -> torch.Tensor:
+        """The released counts (exact counts when the noise is off)."""
+        return self.released_buf if self.private else self.counts
+
+    def reserve(self, steps: int) -> None:
+        """Announce ``steps`` upcoming steps (their noise is drawn in few calls); call at round boundaries."""
+        self._planned = int(steps)
+        self._chunk, self._pos = None, 0
+
+    def _views(self):
+        bufs = self._buffers
+        key = tuple(b.data_ptr() for b in bufs.values())
+        if self.__dict__.get("_vkey") != key:
+            if self.counts.device.type != "cpu":
+                raise ConfigError("the Gaussian counters run on CPU (their state is small)")
+            self._v = {k: b.numpy() for k, b in bufs.items()}
+            self._vkey = key
+        return self._v
+
+    def _next_noise(self) -> np.ndarray:
+        if self._chunk is None or self._pos >= self._chunk.shape[0]:
+            rows = max(1, min(self._planned, self.max_chunk // max(1, self.num_streams)))
+            self._chunk = self.noise.gaussian((rows, self.num_streams), self.sigma).numpy()
+            self._pos = 0
+        z = self._chunk[self._pos]
+        self._pos += 1
+        return z
+
+    def clip_increment(self, idx, vals):
+        """Enforce the sensitivity premise: values on the grid, in ``[0, min(mass, stream_max)]``, each
+        group's sum <= its mass (scaled down if larger). Lists in, lists out for short steps (cheap)."""
+        if isinstance(idx, list) and len(idx) <= 256:
+            lists = self.__dict__.get("_lists")
+            if lists is None:
+                lists = self._lists = (self.groups.tolist(), self.group_mass.tolist())
+            groups, mass = lists
+            cap, floor, grid = self.stream_max, math.floor, GRID
+            out, sums = [], {}
+            for i, v in zip(idx, vals):
+                g = groups[i]
+                v = min(max(float(v), 0.0), cap, mass[g])
+                out.append(v)
+                sums[g] = sums.get(g, 0.0) + v
+            if any(sm > mass[g] for g, sm in sums.items()):
+                out = [v * min(1.0, mass[groups[i]] / sums[groups[i]]) for i, v in zip(idx, out)]
+            return [floor(v / grid) * grid for v in out]
+        idx, vals = np.asarray(idx, np.int64), np.asarray(vals, np.float64)
+        mass = self.group_mass
+        g = self.groups[idx]
+        vals = np.minimum(np.maximum(vals, 0.0), np.minimum(mass[g], self.stream_max))
+        sums = np.bincount(g, weights=vals, minlength=mass.size)
+        scale = np.where(sums > mass, mass / np.maximum(sums, 1e-300), 1.0)
+        vals = vals * scale[g]
+        return np.floor(vals / GRID) * GRID          # down to the grid: stays within the mass
+
+    def step(self, index, values=None) -> None:
+        """Feed one time step (``values`` to streams ``index``, 0 elsewhere) and refresh ``released``."""
+        v = self._views()
+        t = int(v["t"]) + 1
+        if t > self.capacity:
+            raise PrivacyError(f"the counter was built for {self.capacity} steps; step {t} would break its "
+                               f"privacy calibration")
+        idx = index.tolist() if isinstance(index, (torch.Tensor, np.ndarray)) else list(index)
+        if len(set(idx)) != len(idx):
+            raise PrivacyError("a stream received two increments in one step; aggregate them first")
+        if values is None:
+            vals = [1.0] * len(idx)
+        else:
+            vals = values.tolist() if isinstance(values, (torch.Tensor, np.ndarray)) else list(values)
+        v["counts"][idx] += np.asarray(self.clip_increment(idx, vals), dtype=np.float64)
+        v["t"][()] = t
+        if self.private:
+            self._advance_noise(v, t, self._next_noise())
+            noise = v["noise_now"]
+            out = v["released_buf"]
+            np.divide(noise, GRID, out=out)
+            np.round(out, out=out)
+            out *= GRID
+            out += v["counts"]                      # exact: both are grid points (module docstring)
+            self._planned = max(0, self._planned - 1)
+
+    def _advance_noise(self, v: dict, t: int, z: np.ndarray) -> None:
+        raise NotImplementedError
+
+
+class GaussianTreeCounter(_GaussianCounter):
+    """Binary-tree continual counter with Gaussian node noise (module docstring): ``kappa = sqrt(L)``,
+    ``Var e(t) = popcount(t) sigma^2``."""
+
+    kind = "gaussian_tree"
+
+    def __init__(self, num_streams: int, capacity: int, sigma: float | None = None, **kw):
+        super().__init__(num_streams, capacity, sigma, **kw)
+        self.levels = int(capacity).bit_length()
+        if self.private:
+            self.register_buffer("level_noise", torch.zeros(self.levels, self.num_streams, dtype=torch.float64))
+
+    @property
+    def kappa(self) -> float:
+        return math.sqrt(self.levels)
+
+    def var_factor(self, t: int) -> float:
+        return tree_var_factor(t)
+
+    def max_release_std(self) -> float:
+        return 0.0 if not self.private else self.sigma * math.sqrt(self.levels if self.capacity >= 2 ** self.levels - 1
+                                                                    else self.levels - 1)
+
+    def _advance_noise(self, v, t, z):
+        i = (t & -t).bit_length() - 1               # the node closing at t; its children leave [1, t]
+        levels = v["level_noise"]
+        levels[:i] = 0.0
+        levels[i] = z
+        levels.sum(0, out=v["noise_now"])           # unused levels are 0: the sum over set bits of t
+
+
+class SqrtFactorizationCounter(_GaussianCounter):
+    """Square-root factorization counter (module docstring): ``e(t) = sum_{k<t} b_k z_{t-k}`` generated by
+    ``d`` exponentially decaying buffers per stream, ``s_i(t) = theta_i (s_i(t-1) + z_{t-1})``,
+    ``e(t) = z_t + sum_i w_i s_i(t)``; ``kappa`` is the exact column norm of ``C = B^{-1} A``."""
+
+    kind = "gaussian_sqrt"
+
+    def __init__(self, num_streams: int, capacity: int, sigma: float | None = None, **kw):
+        super().__init__(num_streams, capacity, sigma, **kw)
+        f = sqrt_factorization(self.capacity)
+        self.theta, self.w = f["theta"], f["w"]
+        self._kappa, self._var, self._b, self._c = f["kappa"], f["var_factor"], f["b"], f["c"]
+        if self.private:
+            d = self.theta.size
+            self.register_buffer("decay_state", torch.zeros(d, self.num_streams, dtype=torch.float64))
+            self.register_buffer("z_prev", torch.zeros(self.num_streams, dtype=torch.float64))
+        self._theta_col = self.theta[:, None]
+
+    @property
+    def kappa(self) -> float:
+        return self._kappa
+
+    def var_factor(self, t: int) -> float:
+        return float(self._var[int(t) - 1]) if t > 0 else 0.0
+
+    def max_release_std(self) -> float:
+        return 0.0 if not self.private else self.sigma * math.sqrt(float(self._var[-1]))
+
+    def _advance_noise(self, v, t, z):
+        s, zp = v["decay_state"], v["z_prev"]
+        s += zp
+        s *= self._theta_col
+        np.dot(self.w, s, out=v["noise_now"])
+        v["noise_now"] += z
+        zp[:] = z
+
+
+COUNTERS = {"gaussian_tree": GaussianTreeCounter, "gaussian_sqrt": SqrtFactorizationCounter}
+GAUSSIAN_ALIASES = {"gaussian": "gaussian_sqrt"}     # the best Gaussian counter we have (smaller error than the tree)

@@ -1,0 +1,171 @@
+"""The private statistics of the tabular learners: stream layout, replace-one sensitivity, counter choice.
+
+Layout. Three sets of streams in one flat vector ``[ l | n | m ]`` (reward sums, visits, transitions):
+
+* per step (``pooled=False``, the papers'): ``l, n`` over ``(h, s, a)``, ``m`` over ``(h, s, a, s')``;
+  index of ``(h, s, a)`` is ``(h S + s) A + a``;
+* pooled over h (``pooled=True``, time-homogeneous MDPs): ``l, n`` over ``(s, a)``, ``m`` over
+  ``(s, a, s')``; a user's episode adds its visits of every step to the same streams.
+
+Replace-one sensitivity (one user = one episode = one counter time step). Split the streams into
+*groups* whose one-episode increment is a nonnegative vector with L1 mass at most ``M``:
+
+* per step: a group is (set, h), ``M = 1`` - at step h the episode adds 1 to one ``n`` entry, 1 to one
+  ``m`` entry and its reward in [0, 1] to one ``l`` entry;
+* pooled: a group is a set, ``M = H`` - the episode's H visits (rewards, transitions) all land in
+  the set, possibly on the same entry.
+
+Replacing the user changes a group's increment from ``u`` to ``u'`` (both >= 0, ``||.||_1 <= M``):
+``||u - u'||_2^2 = ||u||^2 + ||u'||^2 - 2 <u, u'> <= ||u||_1^2 + ||u'||_1^2 <= 2 M^2``, attained by two
+episodes that put all their mass on different entries. Pooled, the learner may keep only the first
+``cap`` visits of each (s, a) per episode (``pool_cap``; the kept visits are still an unbiased sample
+of each pair's transitions and rewards, by the Markov property): entries are then in [0, cap], and
+``||u||_2^2 <= q cap^2 + r^2`` with ``(q, r) = divmod(M, cap)``, ``M = min(H, cap S A)`` (at most
+``cap H``). Summing over groups, the joint L2 sensitivity of one time step is ``sqrt(6 H)`` per step
+(3H groups of mass 1), ``sqrt(6) H`` pooled without a cap and ``sqrt(6 cap H)`` with one; the L1
+sensitivity is ``2 M`` per group, at most ``6H`` in every layout. The Gaussian counters enforce the
+premise (``_GaussianCounter.clip_increment``: values clipped to ``[0, cap]``, group sums scaled to
+``<= M``); ``tests/privacy/test_tabular_counters.py`` checks the bound by brute force over all pairs
+of episodes of small MDPs.
+
+Counters (``algo.counter``):
+
+* ``laplace_tree``: PUCB's binary tree with Laplace noise (``dppo.privacy.tree_counter``), pure eps-DP:
+  Laplace scale ``b = L * (L1 sensitivity 6H) / eps`` over all streams and levels, i.e. each stream is
+  an ``eps Delta / (6H)``-DP tree counter with per-stream clip ``Delta`` (1 per step, H pooled);
+* ``gaussian_tree`` / ``gaussian_sqrt`` (``gaussian`` = ``gaussian_sqrt``): one Gaussian continual
+  counter over all streams with ``rho`` from the target (eps, delta) (``rho_for_target``) and
+  ``sigma = Delta_2 kappa / sqrt(2 rho)`` (``dppo.privacy.gaussian_counter``). The ledger gets one entry
+  per set with that set's share ``rho_set = (Delta_set kappa)^2 / (2 sigma^2)``
+  (``Delta_set^2 = 2H`` per step, ``2 H^2`` pooled); the three add up to ``rho`` in the zCDP accountant.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from dppo.errors import ConfigError
+from dppo.privacy.accountants.zcdp import rho_for_target
+from dppo.privacy.gaussian_counter import (COUNTERS, GAUSSIAN_ALIASES, GaussianTreeCounter, sigma_for_rho,
+                                           sqrt_factorization)
+from dppo.privacy.tree_counter import TreeCounter
+
+COUNTER_CHOICES = ("laplace_tree", "gaussian", *COUNTERS)
+SETS = ("rewards", "visits", "transitions")
+
+
+class TabularLayout:
+    """Stream layout and sensitivity of the (l, n, m) statistics (module docstring)."""
+
+    def __init__(self, S: int, A: int, H: int, pooled: bool, pool_cap: int | None = None):
+        self.S, self.A, self.H, self.pooled = int(S), int(A), int(H), bool(pooled)
+        Hc = 1 if pooled else H
+        self.sa = Hc * S * A                        # streams per set l, n (m: sa * S)
+        self.set_sizes = (self.sa, self.sa, self.sa * S)
+        self.num_streams = sum(self.set_sizes)
+        # pooled: keep the first `cap` visits of each (s, a) per episode (entries <= cap, mass <= min(H, cap S A))
+        self.cap = (H if pool_cap is None else max(1, min(int(pool_cap), H))) if pooled else 1
+        self.mass = float(min(H, self.cap * S * A) if pooled else 1)    # L1 mass of one group's increment
+        if pooled:
+            groups = [np.full(k, i) for i, k in enumerate(self.set_sizes)]
+        else:
+            h_of = lambda k, per: np.arange(k) // per         # streams are h-major
+            groups = [i * H + h_of(k, k // H) for i, k in enumerate(self.set_sizes)]
+        self.groups = np.concatenate(groups).astype(np.int64)
+        self.group_mass = np.full(int(self.groups.max()) + 1, self.mass)
+        self.stream_max = float(self.cap)
+
+    @property
+    def group_sq_norm(self) -> float:
+        """Largest ``||u||_2^2`` of a group increment with entries in [0, cap] and L1 mass <= M."""
+        q, r = divmod(self.mass, self.cap)
+        return q * self.cap ** 2 + r ** 2
+
+    @property
+    def set_l2_sensitivity(self) -> float:
+        """Per set: ``sqrt(2 max||u||^2 * groups per set)``: sqrt(2H) per step; pooled sqrt(2 cap H)
+        (sqrt(2) H without a cap)."""
+        per_set = 1 if self.pooled else self.H
+        return math.sqrt(2 * self.group_sq_norm * per_set)
+
+    @property
+    def l2_sensitivity(self) -> float:
+        """Joint, all three sets: sqrt(6H) per step, sqrt(6) H pooled."""
+        return math.sqrt(3) * self.set_l2_sensitivity
+
+    @property
+    def l1_sensitivity(self) -> float:
+        """Joint L1 over the three sets: ``6 M`` per step h summed (6H), ``6 M`` pooled (<= 6H)."""
+        return 6.0 * (self.mass if self.pooled else self.H)
+
+    def increments(self, states, actions, rewards) -> tuple[list, list]:
+        """One episode's (stream indices, values), aggregated so that each stream appears once."""
+        S, A, k, cap = self.S, self.A, self.sa, self.cap
+        acc: dict[int, float] = {}
+        for h, (s, a, r) in enumerate(zip(states, actions, rewards)):
+            i = (s * A + a) if self.pooled else (h * S + s) * A + a
+            if acc.get(k + i, 0.0) >= cap:               # beyond the cap: this visit is not counted
+                continue
+            for j, v in ((i, float(r)), (k + i, 1.0), (2 * k + i * S + states[h + 1], 1.0)):
+                acc[j] = acc.get(j, 0.0) + v
+        return list(acc), list(acc.values())
+
+
+def counter_kappa(kind: str, capacity: int) -> float:
+    """Largest encoder column norm of a Gaussian counter for T = capacity (module docstring)."""
+    if kind == "gaussian_tree":
+        return math.sqrt(int(capacity).bit_length())
+    return sqrt_factorization(int(capacity))["kappa"]
+
+
+def resolve_counter(kind: str) -> str:
+    if kind not in COUNTER_CHOICES:
+        raise ConfigError(f"algo.counter must be one of {list(COUNTER_CHOICES)}, got '{kind}'")
+    return GAUSSIAN_ALIASES.get(kind, kind)
+
+
+def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy):
+    """The counter over all streams of ``layout``; exact counts when ``privacy`` is off."""
+    kind = resolve_counter(kind)
+    eps = privacy.eps if privacy is not None and privacy.private else None
+    n = layout.num_streams
+    if kind == "laplace_tree":
+        delta_stream = layout.stream_max             # per-stream clip: 1 per step, the cap pooled
+        eps_stream = None if eps is None else eps * delta_stream / layout.l1_sensitivity
+        return TreeCounter(n, capacity, eps_stream, sensitivity=delta_stream,
+                           noise=privacy.noise if eps is not None else None)
+    cls = COUNTERS[kind]
+    if eps is None:
+        return cls(n, capacity, None, groups=layout.groups, group_mass=layout.group_mass,
+                   stream_max=layout.stream_max)
+    rho = rho_for_target(eps, privacy.delta)
+    sigma = sigma_for_rho(rho, layout.l2_sensitivity, counter_kappa(kind, capacity))
+    counter = cls(n, capacity, sigma, noise=privacy.noise, groups=layout.groups, group_mass=layout.group_mass,
+                  stream_max=layout.stream_max)
+    counter.rho = rho
+    return counter
+
+
+def record_counter_releases(privacy, counter, layout: TabularLayout, users: int) -> None:
+    """Ledger entries (one per statistic set) for the whole continual release, before the first step."""
+    if privacy is None or not privacy.private:
+        return
+    for name, size in zip(SETS, layout.set_sizes):
+        if isinstance(counter, TreeCounter):
+            eps_set = privacy.eps / 3
+            privacy.release("tree_counter", round=0, users=users, eps=eps_set, delta=0.0, counter_set=name,
+                            streams=size, eps_per_stream=counter.eps_stream, noise_scale=counter.scale,
+                            sensitivity=layout.l1_sensitivity / 3, levels=counter.levels, capacity=counter.capacity,
+                            adjacency="replace_one", pooled=layout.pooled)
+            continue
+        from dppo.privacy.accountants.zcdp import zcdp_to_dp
+
+        sens = layout.set_l2_sensitivity * counter.kappa          # over all node releases of the set
+        rho_set = sens ** 2 / (2 * counter.sigma ** 2)
+        privacy.release(f"{counter.kind}_counter", round=0, users=users, eps=zcdp_to_dp(rho_set, privacy.delta),
+                        delta=privacy.delta, sigma=counter.sigma, sensitivity=sens,
+                        noise_multiplier=counter.sigma / sens, rho=rho_set, adjacency="replace_one",
+                        counter_set=name, streams=size, step_l2_sensitivity=layout.set_l2_sensitivity,
+                        kappa=counter.kappa, capacity=counter.capacity, pooled=layout.pooled,
+                        grid=2.0 ** -16)

@@ -1,0 +1,274 @@
+"""Multi-process training under ``torchrun``: ranks, user shards, and the collectives of one release.
+
+``torchrun --nproc_per_node=N train.py ...`` starts N copies of the run (gloo on CPU, NCCL on GPU). Each
+round, rank 0's sampler draws the round's users (journalled there before anyone touches them) and
+broadcasts the list; rank r takes the contiguous shard ``shard_bounds(m, N, r)`` of it, so each user's
+whole group of rollouts is collected on one rank, from that user's own random streams (contract C4:
+a user's data is the same on any rank). Each rank computes and clips its users' contributions; they
+are gathered to rank 0 in user order and summed there exactly as a single process sums them; rank 0
+draws the noise once, records the release, and broadcasts the released vector, which every rank
+applies. So the release has exactly the single-process distribution, and with seeded noise
+(``privacy.secure_rng=false``) an N-process run and a 1-process run with the same seed release the
+same vectors, write the same ledger and end with bit-identical parameters (``policy_sha256``).
+
+Only rank 0 writes (checkpoints, logs, ledger, journal, summary); on resume rank 0 loads the
+checkpoint and broadcasts the learner state. Every collective has a timeout (``DPPO_DIST_TIMEOUT_S``,
+default 300 s): a rank that dies mid-round leaves the others blocked in the gather until it expires,
+and the run ends there, before rank 0 can release anything of that round.
+
+Cost: the gather moves users x parameters float64 values to rank 0 per round (CartPole MLP: 10 x 4.6k
+= 0.37 MB; a LoRA-adapted LM with 10^5 adapter parameters and 512 users: 0.4 GB; full fine-tuning of a
+10^8-parameter LM would need 0.8 GB per user and per round, where an all-reduce of per-rank sums, at
+the price of the fixed summation order, is the only practical choice).
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+
+from dppo import errors
+
+TIMEOUT_ENV = "DPPO_DIST_TIMEOUT_S"
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """This process's place in the run: ``rank`` of ``world_size`` (1 = single process)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def device(self) -> torch.device:
+        """Where collective buffers live (NCCL needs the rank's GPU)."""
+        if self.backend == "nccl":
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+
+SINGLE = DistInfo()
+
+
+def from_env() -> DistInfo:
+    """The ranks ``torchrun`` announces (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``); single process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return SINGLE
+    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+    return DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")), backend)
+
+
+def init() -> DistInfo:
+    """Join the process group of a ``torchrun`` launch (idempotent); returns ``SINGLE`` outside one."""
+    info = from_env()
+    if not info.enabled:
+        return info
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "300")))
+        if info.backend == "nccl":
+            torch.cuda.set_device(info.local_rank)
+        dist.init_process_group(info.backend, timeout=timeout)
+    return info
+
+
+def shutdown(info: DistInfo) -> None:
+    import torch.distributed as dist
+
+    if info.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---- sharding ---------------------------------------------------------------------------------------
+def shard_bounds(n: int, world: int, rank: int) -> tuple[int, int]:
+    """Contiguous, balanced split of ``n`` items: the first ``n % world`` ranks get one more."""
+    base, extra = divmod(int(n), int(world))
+    lo = rank * base + min(rank, extra)
+    return lo, lo + base + (1 if rank < extra else 0)
+
+
+def shard(items: list, info: DistInfo) -> list:
+    """This rank's contiguous share of a round's users (concatenated in rank order they are ``items``)."""
+    lo, hi = shard_bounds(len(items), info.world_size, info.rank)
+    return list(items[lo:hi])
+
+
+# ---- collectives ------------------------------------------------------------------------------------
+def broadcast_object(obj, info: DistInfo):
+    """Rank 0's ``obj`` on every rank (pickled)."""
+    if not info.enabled:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj if info.is_main else None]
+    dist.broadcast_object_list(box, src=0, device=info.device if info.backend == "nccl" else None)
+    return box[0]
+
+
+def broadcast_tensor(t: torch.Tensor | None, shape, dtype, info: DistInfo) -> torch.Tensor:
+    """Rank 0's tensor ``t`` (given ``shape``/``dtype``) on every rank, bit for bit."""
+    if not info.enabled:
+        return t
+    import torch.distributed as dist
+
+    buf = (t.to(info.device, dtype) if info.is_main else torch.empty(tuple(shape), dtype=dtype, device=info.device))
+    dist.broadcast(buf.contiguous(), src=0)
+    return buf.cpu()
+
+
+def gather_rows(local: torch.Tensor, n_total: int, info: DistInfo) -> torch.Tensor | None:
+    """Rows of every rank's shard, concatenated in rank order on rank 0 (``None`` elsewhere).
+
+    ``local`` is this rank's ``(shard size, ...)`` block of an ``n_total``-row matrix split by
+    ``shard_bounds``; shards are padded to the largest for the collective and trimmed on arrival.
+    """
+    if not info.enabled:
+        return local
+    import torch.distributed as dist
+
+    sizes = [hi - lo for lo, hi in (shard_bounds(n_total, info.world_size, r) for r in range(info.world_size))]
+    if local.shape[0] != sizes[info.rank]:
+        raise errors.DPPOError(f"rank {info.rank} holds {local.shape[0]} rows, its shard has {sizes[info.rank]}")
+    k = max(sizes)
+    buf = torch.zeros((k,) + tuple(local.shape[1:]), dtype=local.dtype, device=info.device)
+    buf[: local.shape[0]] = local.to(info.device)
+    parts = [torch.empty_like(buf) for _ in range(info.world_size)] if info.is_main else None
+    dist.gather(buf, parts, dst=0)
+    if not info.is_main:
+        return None
+    return torch.cat([p[:s].cpu() for p, s in zip(parts, sizes)])
+
+
+def on_main(fn, info: DistInfo):
+    """Run ``fn()`` on rank 0 and hand its result to every rank; an error rank 0 raises (a spent budget,
+    a refused release) is raised on every rank, so all ranks leave the round together."""
+    if not info.enabled:
+        return fn()
+    outcome = None
+    if info.is_main:
+        try:
+            outcome = ("ok", fn())
+        except errors.DPPOError as err:
+            outcome = ("error", type(err).__name__, str(err))
+    outcome = broadcast_object(outcome, info)
+    if outcome[0] == "error":
+        cls = getattr(errors, outcome[1], errors.DPPOError)
+        raise cls(outcome[2])
+    return outcome[1]
+
+
+class ShardedRelease:
+    """The collective half of a sum-of-clipped-contributions release (the privatizers call it).
+
+    ``release(clipped, norms, finish)``: this rank's clipped rows and their pre-clip norms are gathered
+    to rank 0 in user order; rank 0 calls ``finish(all_clipped, all_norms)`` (which sums, draws the
+    noise once, records the release and returns ``(vector, stats)``); the vector and stats reach
+    every rank. ``n_total`` must be set to the round's user count first (``ShardedSampler`` does).
+    """
+
+    def __init__(self, info: DistInfo):
+        self.info = info
+        self.n_total: int | None = None
+
+    def release(self, clipped: torch.Tensor, norms: torch.Tensor, finish):
+        if self.n_total is None:
+            raise errors.DPPOError("a sharded release before the round's users were drawn")
+        rows = torch.cat([clipped, norms[:, None].to(clipped.dtype)], dim=1)
+        gathered = gather_rows(rows, self.n_total, self.info)
+        kept = {}
+
+        def main():
+            vec, stats = finish(gathered[:, :-1], gathered[:, -1])
+            kept["vec"] = vec
+            return tuple(vec.shape), vec.dtype, stats
+
+        shape, dtype, stats = on_main(main, self.info)
+        return broadcast_tensor(kept.get("vec"), shape, dtype, self.info), stats
+
+
+class ShardedSampler:
+    """Wraps the run's sampler: rank 0 draws (and journals) the round's users, every rank receives the
+    list and gets its contiguous shard; the learner sees only its shard (its whole per-user code is
+    unchanged), ``round_users`` is the full list, and the release learns the round's size."""
+
+    def __init__(self, sampler, info: DistInfo, release: ShardedRelease | None = None):
+        self.inner, self.info, self.release = sampler, info, release
+        self.round_users: list[int] = []
+
+    def next_round(self) -> list[int]:
+        users = on_main(lambda: [int(u) for u in self.inner.next_round()], self.info)
+        self.round_users = users
+        if self.release is not None:
+            self.release.n_total = len(users)
+        return shard(users, self.info)
+
+    def take(self, m: int) -> list[int]:
+        raise errors.ConfigError("multi-process training shards the users of a round; this learner draws users "
+                                 "one by one (sampler.take) and runs in one process only")
+
+    def __getattr__(self, name):  # state_dict, used, burn, journal, multi_pass, ... are the wrapped sampler's
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name, value):
+        if name in ("inner", "info", "release", "round_users"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
+
+
+def attach(learner, info: DistInfo) -> None:
+    """Make a built learner multi-process: its sampler hands out this rank's shard of each round and its
+    release (``learner.release``, or ``learner.privatizer``) goes through rank 0. Refuses learners whose
+    release is not a mean of clipped per-user vectors (the oracle learners, tabular and GFA learners)."""
+    privatizer = getattr(learner, "release", None) or getattr(learner, "privatizer", None)
+    if privatizer is None or not hasattr(type(privatizer), "shards") or not hasattr(learner, "sampler"):
+        raise errors.ConfigError(
+            f"multi-process training (torchrun, WORLD_SIZE={info.world_size}) supports learners whose update is "
+            f"a (noisy) mean of clipped per-user gradients (algo=pg|dp_pg); {type(learner).__name__} runs in one "
+            f"process")
+    release = ShardedRelease(info)
+    privatizer.shards = release
+    learner.sampler = ShardedSampler(learner.sampler, info, release)
+
+
+SUMMED = ("rollout/users", "rollout/episodes", "diag/env_steps")
+
+
+def merge_metrics(metrics: dict, n_local: int, info: DistInfo) -> dict:
+    """One round's metrics of every rank combined on rank 0: counts summed, other ``diag/*`` statistics
+    averaged with weights = users per rank; released quantities (the same on every rank) from rank 0."""
+    if not info.enabled:
+        return metrics
+    import torch.distributed as dist
+
+    parts = [None] * info.world_size if info.is_main else None
+    dist.gather_object((metrics, int(n_local)), parts, dst=0)
+    if not info.is_main:
+        return metrics
+    total = sum(n for _, n in parts) or 1
+    out = dict(metrics)
+    for key, value in metrics.items():
+        if not isinstance(value, (int, float)):
+            continue
+        values = [(m.get(key), n) for m, n in parts if n > 0 or key in SUMMED]
+        if not values or any(v is None for v, _ in values):
+            continue
+        if key in SUMMED:
+            out[key] = type(value)(sum(v for v, _ in values))
+        elif key.startswith("diag/"):
+            out[key] = float(sum(v * n for v, n in values) / total)
+    return out

@@ -1,0 +1,49 @@
+"""Private fine-tuning: ``policy.init_from`` takes a run directory, a run's checkpoint or a bare state_dict;
+a frozen body stays bit-identical (only trainable parameters get gradients and noise, and the ledger
+records the noised dimension); the fine-tuning run never reuses a user of the pretraining run."""
+import os
+
+import torch
+
+import dppo
+from dppo.training.checkpoint import load_latest_checkpoint
+
+TINY = ["rounds=2", "users_per_round=3", "group_size=2", "eval_episodes=1", "progress=false", "env.horizon=40",
+        "privacy.secure_rng=false"]
+
+
+def final_state(run_dir):
+    state, _ = load_latest_checkpoint(os.path.join(run_dir, "checkpoints"))
+    return state
+
+
+def test_fine_tuning_from_a_run_freezes_the_body_noises_the_head_and_uses_new_users(tmp_path):
+    pre, fine = str(tmp_path / "pre"), str(tmp_path / "fine")
+    dppo.train(["algo=pg", *TINY, "algo.subspace=full", "algo.dim=null"], run_dir=pre)
+    summary = dppo.train(["algo=dp_pg", "eps=5", *TINY, f"policy.init_from={pre}", "policy.freeze=[body]",
+                          "algo.subspace=full", "algo.dim=null"], run_dir=fine)
+    a, b = final_state(pre), final_state(fine)
+    pa, pb = a["learner"]["policy"], b["learner"]["policy"]
+    for k in pa:
+        if k.startswith("body."):
+            assert torch.equal(pa[k], pb[k]), k          # frozen: bit-identical to the pretrained body
+    assert not torch.equal(pa["head.weight"], pb["head.weight"])
+    head_dim = pa["head.weight"].numel() + pa["head.bias"].numel()
+    assert [e["dim"] for e in summary["ledger"]] == [head_dim, head_dim]
+    assert not set(a["sampler"]["used"]) & set(b["sampler"]["used"])
+
+
+def test_init_from_accepts_a_checkpoint_file_and_a_bare_state_dict(tmp_path):
+    pre = str(tmp_path / "pre")
+    dppo.train(["algo=pg", *TINY], run_dir=pre)
+    ckpts = sorted(os.listdir(os.path.join(pre, "checkpoints")))
+    ckpt = os.path.join(pre, "checkpoints", [c for c in ckpts if c.endswith(".pt")][-1])
+    bare = str(tmp_path / "bare.pt")
+    torch.save(final_state(pre)["learner"]["policy"], bare)
+    for source in (ckpt, bare):
+        out = str(tmp_path / ("run_" + os.path.basename(source)))
+        summary = dppo.train(["algo=pg", *TINY, "rounds=1", f"policy.init_from={source}", "policy.freeze=[body]",
+                              "algo.subspace=full", "algo.dim=null"], run_dir=out)
+        assert summary["rounds_done"] == 1
+        start = final_state(pre)["learner"]["policy"]
+        assert torch.equal(final_state(out)["learner"]["policy"]["body.0.weight"], start["body.0.weight"])

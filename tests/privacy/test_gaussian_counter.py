@@ -1,0 +1,155 @@
+"""Gaussian continual counters: the factorization they run, exact release variance, float-exact releases,
+bound coverage, and the zCDP calibration."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.linalg import solve_triangular
+
+from dppo.errors import PrivacyError
+from dppo.privacy.accountants.zcdp import rho_for_target, zcdp_to_dp
+from dppo.privacy.gaussian_counter import (GRID, GaussianTreeCounter, SqrtFactorizationCounter,
+                                           gaussian_union_quantile, sqrt_coefficients, sqrt_factorization)
+from dppo.privacy.noise import NoiseSource
+
+
+def _toeplitz(col):
+    T = len(col)
+    M = np.zeros((T, T))
+    for k in range(T):
+        M[np.arange(k, T), np.arange(0, T - k)] = col[k]
+    return M
+
+
+@pytest.mark.parametrize("T", [1, 2, 7, 64, 300])
+def test_sqrt_factorization_is_exact_B_times_C_equals_prefix_sums(T):
+    f = sqrt_factorization(T)
+    B, C = _toeplitz(f["b"]), _toeplitz(f["c"])
+    A = np.tril(np.ones((T, T)))
+    assert np.allclose(B @ C, A, atol=1e-10)
+    assert np.allclose(solve_triangular(B, A, lower=True), C, atol=1e-10)
+    assert f["kappa"] == pytest.approx(np.linalg.norm(C, axis=0).max(), rel=1e-12)
+    assert np.allclose(f["var_factor"], np.cumsum(f["b"] ** 2))
+    assert np.allclose(np.sqrt((B * B).sum(1)), np.sqrt(f["var_factor"]))
+
+
+def test_sqrt_decoder_approximates_the_square_root_of_the_prefix_sum_matrix():
+    T = 100000
+    f = sqrt_factorization(T)
+    s = sqrt_coefficients(T)
+    assert np.max(np.abs(f["b"] / s - 1)) < 1e-3
+    # both factors' norms match the exact A^(1/2) (sum_k s_k^2), far below the tree's L at T = 1e5
+    exact = float(np.sum(s * s))
+    assert f["kappa"] * math.sqrt(f["var_factor"][-1]) == pytest.approx(exact, rel=1e-3)
+    assert exact < 0.3 * T.bit_length()
+
+
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+def test_release_noise_is_the_decoder_applied_to_the_drawn_noise(cls):
+    """Replays the NoiseSource: releases minus counts equal round_grid(B z) with the factorization's B."""
+    n, T, sigma = 5, 37, 3.0
+    c = cls(n, T, sigma, noise=NoiseSource(4), groups=np.zeros(n, np.int64), group_mass=np.array([float(n)]))
+    c.reserve(T)
+    got = []
+    for _ in range(T):
+        c.step(np.arange(n), np.ones(n))
+        got.append((c.released - c.counts).numpy().copy())
+        assert torch.equal(c.released, c.counts + torch.round(c.noise_now / GRID) * GRID)
+    z = NoiseSource(4).gaussian((T, n), sigma).numpy()
+    if cls is SqrtFactorizationCounter:
+        expect = _toeplitz(sqrt_factorization(T)["b"]) @ z
+    else:   # tree: the node closing at e holds z_e; the release at t sums the nodes of t's dyadic decomposition
+        expect = np.zeros((T, n))
+        for t in range(1, T + 1):
+            end = 0
+            for j in reversed(range(T.bit_length())):
+                if (t >> j) & 1:
+                    end += 1 << j
+                    expect[t - 1] += z[end - 1]
+    assert np.allclose(np.array(got), np.round(expect / GRID) * GRID, atol=1e-9)
+
+
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+def test_release_error_has_the_exact_variance(cls):
+    n, T, sigma = 100000, 13, 2.0
+    c = cls(n, T, sigma, noise=NoiseSource(1), groups=np.zeros(n, np.int64), group_mass=np.array([float(n)]))
+    c.reserve(T)
+    for t in range(1, T + 1):
+        c.step(np.arange(n))
+        err = (c.released - c.counts).numpy()
+        assert err.mean() == pytest.approx(0.0, abs=5 * c.release_std() / math.sqrt(n))
+        assert err.var() == pytest.approx(c.release_std() ** 2, rel=0.02)
+        assert c.release_std() == pytest.approx(sigma * math.sqrt(c.var_factor(t)))
+    if cls is GaussianTreeCounter:
+        assert [c.var_factor(t) for t in (1, 3, 7, 8, 13)] == [1, 2, 3, 1, 3]
+
+
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+def test_fraction_of_releases_outside_the_bound_is_below_beta(cls):
+    n, T, sigma, beta = 2000, 200, 1.0, 0.05
+    c = cls(n, T, sigma, noise=NoiseSource(2), groups=np.zeros(n, np.int64), group_mass=np.array([float(n)]))
+    c.reserve(T)
+    g = np.random.default_rng(0)
+    out_single = out_union = 0
+    for t in range(1, T + 1):
+        idx = np.flatnonzero(g.random(n) < 0.3)
+        c.step(idx, np.ones(idx.size))
+        err = np.abs((c.released - c.counts).numpy())
+        out_single += int((err > c.error_bound(beta, releases=1)).sum())
+        out_union += int((err > c.error_bound(beta, releases=n * T)).sum())
+    frac = out_single / (n * T)
+    assert 0.5 * beta < frac < beta * 1.1          # per-release bound: exact variance, so about beta
+    assert out_union == 0                          # union bound over every release: none outside
+
+
+def test_union_quantile_is_the_two_sided_normal_tail():
+    from scipy.stats import norm
+
+    z = gaussian_union_quantile(0.05, 1000)
+    assert 2 * norm.sf(z) * 1000 == pytest.approx(0.05, rel=1e-9)
+
+
+def test_rho_calibration_round_trip():
+    for eps in (0.5, 1.0, 5.0):
+        rho = rho_for_target(eps, 1e-5)
+        assert zcdp_to_dp(rho, 1e-5) == pytest.approx(eps, rel=1e-9)
+
+
+def test_exact_counts_without_noise_and_grid_quantized_rewards():
+    c = SqrtFactorizationCounter(3, 10, None, groups=np.zeros(3, np.int64), group_mass=np.array([5.0]))
+    c.step([0, 2], [0.3, 1.0])
+    assert c.released.tolist() == [math.floor(0.3 / GRID) * GRID, 0.0, 1.0]
+
+
+def test_increments_are_clipped_to_the_sensitivity_premise():
+    c = GaussianTreeCounter(4, 10, None, groups=np.array([0, 0, 1, 1]), group_mass=np.array([1.0, 1.0]))
+    c.step([0, 1, 2, 3], [0.8, 0.8, -1.0, 7.0])
+    v = c.counts.numpy()
+    assert v[0] + v[1] <= 1.0 and v[2] == 0.0 and v[3] == 1.0
+
+
+def test_capacity_and_repeated_streams_are_privacy_errors():
+    c = GaussianTreeCounter(2, 1, 1.0, noise=NoiseSource(0))
+    with pytest.raises(PrivacyError):
+        c.step([0, 0])
+    c.step([0])
+    with pytest.raises(PrivacyError):
+        c.step([1])
+
+
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+def test_state_dict_round_trip_continues_identically(cls):
+    def make():
+        return cls(6, 20, 1.5, noise=NoiseSource(3), groups=np.zeros(6, np.int64), group_mass=np.array([6.0]))
+
+    a = make()
+    for _ in range(7):
+        a.step([1, 4])
+    b = make()
+    b.load_state_dict(a.state_dict())
+    b.noise.load_state_dict(a.noise.state_dict())
+    for _ in range(5):
+        a.step([2])
+        b.step([2])
+    assert torch.equal(a.released, b.released)

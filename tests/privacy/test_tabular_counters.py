@@ -1,0 +1,80 @@
+"""Replace-one sensitivity of the tabular statistics (brute force over all episode pairs), the counter
+choice, and the ledger / zCDP accounting of the Gaussian counters."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from dppo.errors import ConfigError
+from dppo.privacy import NoiseSource, PrivacyContext
+from dppo.privacy.accountants import make_accountant
+from dppo.privacy.gaussian_counter import GaussianTreeCounter, SqrtFactorizationCounter
+from dppo.privacy.tabular_counters import TabularLayout, build_counter, record_counter_releases
+from dppo.privacy.tree_counter import TreeCounter
+
+
+def _all_increments(layout, S, A, H):
+    """The clipped increment vector of every episode (states^(H+1) x actions^H x rewards in {0, 1}^H)."""
+    counter = GaussianTreeCounter(layout.num_streams, 4, None, groups=layout.groups, group_mass=layout.group_mass,
+                                  stream_max=layout.stream_max)
+    rows = []
+    for states in itertools.product(range(S), repeat=H + 1):
+        for actions in itertools.product(range(A), repeat=H):
+            patterns = itertools.product((0.0, 1.0), repeat=H) if H <= 3 else ([0.0] * H, [1.0] * H)
+            for rewards in patterns:
+                idx, vals = layout.increments(list(states), list(actions), list(rewards))
+                x = np.zeros(layout.num_streams)
+                clipped = counter.clip_increment(np.asarray(idx), np.asarray(vals))
+                assert np.array_equal(clipped, counter.clip_increment(list(idx), list(vals)))   # both paths
+                assert np.allclose(clipped, vals)          # the learner's increments already meet the premise
+                x[idx] = clipped
+                rows.append(x)
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("pooled,cap,H,expect_sq", [(False, None, 3, 6 * 3), (True, None, 3, 6 * 3 * 3),
+                                                    (True, 1, 2, 6 * 2), (True, 2, 4, 6 * 2 * 4)])
+def test_l2_sensitivity_is_the_largest_change_over_all_pairs_of_episodes(pooled, cap, H, expect_sq):
+    """S = A = 2 (S A >= 2 H / cap, so two episodes can use disjoint pairs and the bound is attained)."""
+    S, A = 2, 2
+    layout = TabularLayout(S, A, H, pooled=pooled, pool_cap=cap)
+    X = _all_increments(layout, S, A, H)
+    sq = (X * X).sum(1)
+    d2 = sq[:, None] + sq[None, :] - 2 * X @ X.T
+    worst = float(d2.max())
+    assert worst <= layout.l2_sensitivity ** 2 + 1e-9
+    assert worst == pytest.approx(layout.l2_sensitivity ** 2)          # tight
+    assert layout.l2_sensitivity ** 2 == pytest.approx(expect_sq)
+    l1 = max(np.abs(X[i] - X).sum(1).max() for i in range(len(X)))
+    assert l1 <= layout.l1_sensitivity + 1e-9
+
+
+def test_counter_choice_and_calibration():
+    layout = TabularLayout(3, 2, 5, pooled=True, pool_cap=1)
+    ctx = PrivacyContext(1.0, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(0))
+    assert isinstance(build_counter("laplace_tree", layout, 100, ctx), TreeCounter)
+    assert isinstance(build_counter("gaussian_tree", layout, 100, ctx), GaussianTreeCounter)
+    g = build_counter("gaussian", layout, 100, ctx)
+    assert isinstance(g, SqrtFactorizationCounter)
+    assert g.sigma == pytest.approx(layout.l2_sensitivity * g.kappa / math.sqrt(2 * g.rho))
+    with pytest.raises(ConfigError):
+        build_counter("gaussian_fancy", layout, 100, ctx)
+
+
+@pytest.mark.parametrize("kind", ["gaussian_tree", "gaussian_sqrt"])
+@pytest.mark.parametrize("pooled", [False, True])
+def test_ledger_entries_compose_to_the_target_eps_in_zcdp(kind, pooled):
+    layout = TabularLayout(3, 2, 4, pooled=pooled, pool_cap=None)
+    ctx = PrivacyContext(2.0, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(0))
+    c = build_counter(kind, layout, 1000, ctx)
+    record_counter_releases(ctx, c, layout, users=1000)
+    entries = ctx.ledger.entries if hasattr(ctx.ledger, "entries") else ctx.ledger.state_dict()["entries"]
+    assert len(entries) == 3
+    for e in entries:
+        assert e["adjacency"] == "replace_one"
+        assert e["noise_multiplier"] == pytest.approx(e["sigma"] / e["sensitivity"])
+        assert e["rho"] == pytest.approx(e["sensitivity"] ** 2 / (2 * e["sigma"] ** 2))
+        assert e["sigma"] == pytest.approx(c.sigma)
+    assert sum(e["rho"] for e in entries) == pytest.approx(c.rho)
+    assert ctx.spent() == pytest.approx((2.0, 1e-5))

@@ -1,0 +1,111 @@
+"""Multi-process training (torchrun, 2 CPU processes on gloo) against the single-process run."""
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from dppo.training.distributed import shard_bounds
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHECKS = os.path.join(ROOT, "tests", "training", "dist_checks.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(args, n=2, env=None, timeout=240):
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={free_port()}",
+           *args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", **(env or {})}
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_shards_are_contiguous_balanced_and_cover_every_user_once():
+    for n in range(0, 23):
+        for world in (1, 2, 3, 5):
+            bounds = [shard_bounds(n, world, r) for r in range(world)]
+            assert bounds[0][0] == 0 and bounds[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+            sizes = [hi - lo for lo, hi in bounds]
+            assert max(sizes) - min(sizes) <= 1
+
+
+def test_two_processes_gather_in_user_order_and_release_exactly_the_single_process_vector(tmp_path):
+    r = torchrun([CHECKS, "collectives", str(tmp_path)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    ranks = [json.load(open(tmp_path / f"rank{i}.json")) for i in range(2)]
+    assert [x["shard"] for x in ranks] == [[0, 4], [4, 7]]
+    assert ranks[0]["gather_in_order"] is True and ranks[1]["gather_in_order"] is None
+    assert all(x["broadcast"] == {"r": 0} for x in ranks)
+    assert all(x["error_raised"] == "spent" for x in ranks)  # rank 0's refusal reaches every rank
+    assert all(x["release_equal"] for x in ranks)  # bit-identical to the single-process release, on both ranks
+    assert ranks[0]["ledger"] == ranks[0]["ref_ledger"] and len(ranks[0]["ledger"]) == 1
+    assert ranks[1]["ledger"] == []  # only rank 0 records
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_before_the_gather_ends_the_round_without_a_release(tmp_path):
+    torchrun([CHECKS, "dead_rank", str(tmp_path)], env={"DPPO_DIST_TIMEOUT_S": "20"})
+    out = json.load(open(tmp_path / "rank0.json"))  # rank 0 got an error from the gather, recorded nothing
+    assert out["released"] is False and out["ledger"] == [] and out["seconds"] < 60
+    assert not (tmp_path / "rank1.json").exists()
+
+
+def _train(args, run_dir, n=None, algo="dp_pg"):
+    base = ["train.py", f"algo={algo}", "privacy.secure_rng=false", "users_per_round=5", "eval_episodes=2",
+            "progress=false", "env.horizon=40", "checkpoint_every=1", f"hydra.run.dir={run_dir}", *args]
+    if n is None:
+        r = subprocess.run([sys.executable, *base], cwd=ROOT, capture_output=True, text=True, timeout=240,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    else:
+        r = torchrun(base, n=n)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.load(open(os.path.join(run_dir, "summary.json")))
+
+
+def test_two_process_run_equals_the_single_process_run_bit_for_bit(tmp_path):
+    """Same seed, seeded noise: same ledger and bit-identical final parameters (2 rounds, 5 users split 3 + 2)."""
+    one = _train(["rounds=2"], str(tmp_path / "one"))
+    two = _train(["rounds=2"], str(tmp_path / "two"), n=2)
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    assert two["ledger"] == one["ledger"] and len(one["ledger"]) == 2
+    assert two["policy_sha256"] == one["policy_sha256"] and one["policy_sha256"]
+    assert two["users_seen"] == one["users_seen"] == 10
+    assert not os.path.exists(tmp_path / "two" / "rank1")  # only rank 0 writes the run directory
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extra", [["algo.subspace=full", "algo.dim=null"], ["group_size=1", "algo.advantage=to_go"]])
+def test_two_process_dp_pg_variants_equal_the_single_process_run(tmp_path, extra):
+    """Every parameter (per-user gradients from one backward), and one rollout per user (tiny batches)."""
+    one = _train(["rounds=2", *extra], str(tmp_path / "one"))
+    two = _train(["rounds=2", *extra], str(tmp_path / "two"), n=2)
+    assert two["ledger"] == one["ledger"] and two["policy_sha256"] == one["policy_sha256"]
+
+
+@pytest.mark.slow
+def test_non_private_two_process_run_equals_the_single_process_run(tmp_path):
+    one = _train(["rounds=2"], str(tmp_path / "one"), algo="pg")
+    two = _train(["rounds=2"], str(tmp_path / "two"), n=2, algo="pg")
+    assert one["ledger"] == two["ledger"] == [] and two["policy_sha256"] == one["policy_sha256"]
+
+
+@pytest.mark.slow
+def test_a_two_process_run_killed_mid_run_and_resumed_ends_where_an_uninterrupted_run_ends(tmp_path):
+    whole = _train(["rounds=3"], str(tmp_path / "whole"), n=2)
+    part = str(tmp_path / "part")
+    base = ["train.py", "algo=dp_pg", "privacy.secure_rng=false", "users_per_round=5", "eval_episodes=2",
+            "progress=false", "env.horizon=40", "checkpoint_every=1", f"hydra.run.dir={part}", "rounds=3"]
+    killed = torchrun(base, env={"DPPO_FAULT_KILL_AT": "after_dump:1"})
+    assert killed.returncode != 0 and not os.path.exists(os.path.join(part, "policy.pt"))
+    r = torchrun(["train.py", f"resume={part}"])
+    assert r.returncode == 0, r.stderr[-3000:]
+    resumed = json.load(open(os.path.join(part, "summary.json")))
+    assert resumed["rounds_done"] == 3 and resumed["ledger"] == whole["ledger"]
+    assert resumed["policy_sha256"] == whole["policy_sha256"]
