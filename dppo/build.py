@@ -242,6 +242,9 @@ def build_learner(cfg, cls, objects: dict):
     params = dict(to_container(cfg.algo))
     params.pop("_target_")
     params.pop("name", None)
+    on_prompts = params.pop("on_prompts", None) or {}  # the algo's defaults for env=prompts (policy=lm)
+    if getattr(cls, "env_kind", None) == "prompts":
+        params = {**params, **on_prompts}
     private = params.pop("private", True)
     if not private and cfg.eps is not None:
         raise ConfigError(f"algo={_algo_name(cfg)} has no private mode, but eps={cfg.eps} was given; run it with "
@@ -313,6 +316,10 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     cls = learner_class(cfg)
     check_memory(cfg)
     env = env if env is not None else build_env(cfg)
+    if getattr(env, "kind", None) == "prompts":  # language-model prompts: the algorithm family's LM learner
+        from dppo.algos.prompt_po import prompt_twin
+
+        cls = prompt_twin(cls)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
     init_state, pretrain_users = load_init_source(OmegaConf.select(cfg, "policy.init_from"))
     if sampler is None:

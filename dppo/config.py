@@ -67,6 +67,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint_every: int = 10
     progress: bool = True
+    device: str = "cpu"  # cpu | cuda | auto (policies that support it, e.g. policy=lm)
 
 
 def register_schema() -> None:
@@ -111,6 +112,8 @@ def validate(cfg) -> None:
     if cfg.eval_episodes < 0 or cfg.checkpoint_every < 1:
         raise ConfigError("eval_episodes must be >= 0 and checkpoint_every >= 1")
     p = cfg.privacy
+    if cfg.device not in ("cpu", "cuda", "auto") and not str(cfg.device).startswith("cuda:"):
+        raise ConfigError(f"device must be cpu, cuda or auto, got '{cfg.device}'")
     if p.max_epsilon is not None and not p.max_epsilon > 0:
         raise ConfigError(f"privacy.max_epsilon must be > 0, got {p.max_epsilon}")
     if p.multi_pass and not (p.population_size and p.population_size >= cfg.users_per_round):

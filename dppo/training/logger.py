@@ -14,6 +14,8 @@ class Output:
 
     def write_hparams(self, hparams: dict) -> None: ...
 
+    def write_text(self, key: str, text: str, step: int) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -33,6 +35,10 @@ class TensorBoardOutput(Output):
     def write_hparams(self, hparams):
         rows = "\n".join(f"|{k}|{v}|" for k, v in hparams.items())
         self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows, 0)
+
+    def write_text(self, key, text, step):
+        self.writer.add_text(key, text, step)
+        self.writer.flush()
 
     def close(self):
         self.writer.close()
@@ -114,6 +120,11 @@ class Logger:
     def log_hparams(self, hparams: dict) -> None:
         for out in self.outputs:
             out.write_hparams(hparams)
+
+    def text(self, key: str, text: str, step: int) -> None:
+        """A text record (e.g. completions of public prompts) written at once to the outputs that take text."""
+        for out in self.outputs:
+            out.write_text(key, text, step)
 
     def close(self) -> None:
         for out in self.outputs:
