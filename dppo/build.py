@@ -177,6 +177,15 @@ def check_accountant(cfg, cls, name: str) -> None:
     if p.max_epsilon is not None and p.max_epsilon < cfg.eps and not p.multi_pass and not uses_composition:
         raise ConfigError(f"privacy.max_epsilon={p.max_epsilon} is below eps={cfg.eps}: the run would stop "
                           f"before its first full round; raise privacy.max_epsilon or lower eps")
+    if p.max_epsilon is not None and p.multi_pass and p.population_size and name in ("rdp", "prv"):
+        from dppo.privacy.accountants.opacus import multi_pass_first_release_epsilon
+
+        first = multi_pass_first_release_epsilon(cfg.eps, cfg.delta, cfg.users_per_round / p.population_size,
+                                                 cfg.rounds, name)
+        if first > p.max_epsilon:
+            raise ConfigError(f"privacy.max_epsilon={p.max_epsilon} is below the {first:.4g} that the first "
+                              f"multi-pass round spends (eps={cfg.eps} over {cfg.rounds} rounds): the run would "
+                              f"stop before round 0; raise privacy.max_epsilon")
 
 
 def _releases_pure_dp(cfg, cls) -> bool:
