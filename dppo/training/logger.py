@@ -83,6 +83,7 @@ class ConsoleOutput(Output):
 
 
 DIAG_PREFIX = "diag/"
+TIMING_PREFIX = "perf/"  # wall-clock rates depend on this round's episode / completion lengths
 
 
 class Logger:
@@ -90,7 +91,8 @@ class Logger:
 
     Keys under ``diag/`` are raw statistics of this round's users (not covered by the privacy guarantee);
     with ``diagnostics=False`` they are dropped here, before any output (TensorBoard, CSV, console, the
-    progress bar) sees them.
+    progress bar) sees them, and so are the ``perf/*`` timings (users/s, tokens/s), which depend on
+    the lengths of this round's episodes or completions.
     """
 
     def __init__(self, outputs: list[Output] | None = None, diagnostics: bool = True):
@@ -100,7 +102,7 @@ class Logger:
         self.last: dict[str, float] = {}
 
     def record(self, key: str, value) -> None:
-        if not self.diagnostics and key.startswith(DIAG_PREFIX):
+        if not self.diagnostics and key.startswith((DIAG_PREFIX, TIMING_PREFIX)):
             return
         v = float(value)
         self.values[key] = v
