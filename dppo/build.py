@@ -178,6 +178,15 @@ def check_accountant(cfg, cls, name: str) -> None:
     if p.max_epsilon is not None and p.max_epsilon < cfg.eps and not p.multi_pass and not uses_composition:
         raise ConfigError(f"privacy.max_epsilon={p.max_epsilon} is below eps={cfg.eps}: the run would stop "
                           f"before its first full round; raise privacy.max_epsilon or lower eps")
+    if p.max_epsilon is not None and p.multi_pass and p.population_size and name in ("rdp", "prv"):
+        from dppo.privacy.accountants.opacus import multi_pass_first_release_epsilon
+
+        first = multi_pass_first_release_epsilon(cfg.eps, cfg.delta, cfg.users_per_round / p.population_size,
+                                                 cfg.rounds, name)
+        if first > p.max_epsilon:
+            raise ConfigError(f"privacy.max_epsilon={p.max_epsilon} is below the {first:.4g} that the first "
+                              f"multi-pass round spends (eps={cfg.eps} over {cfg.rounds} rounds): the run would "
+                              f"stop before round 0; raise privacy.max_epsilon")
 
 
 def _releases_pure_dp(cfg, cls) -> bool:
@@ -243,6 +252,9 @@ def build_learner(cfg, cls, objects: dict):
     params = dict(to_container(cfg.algo))
     params.pop("_target_")
     params.pop("name", None)
+    on_prompts = params.pop("on_prompts", None) or {}  # the algo's defaults for env=prompts (policy=lm)
+    if getattr(cls, "env_kind", None) == "prompts":
+        params = {**params, **on_prompts}
     private = params.pop("private", True)
     if not private and cfg.eps is not None:
         raise ConfigError(f"algo={_algo_name(cfg)} has no private mode, but eps={cfg.eps} was given; run it with "
@@ -315,6 +327,10 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     check_memory(cfg)
     env_given = env is not None
     env = env if env_given else build_env(cfg)
+    if getattr(env, "kind", None) == "prompts":  # language-model prompts: the algorithm family's LM learner
+        from dppo.algos.prompt_po import prompt_twin
+
+        cls = prompt_twin(cls)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
     init_state, pretrain_users = load_init_source(OmegaConf.select(cfg, "policy.init_from"))
     if sampler is None:

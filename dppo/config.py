@@ -74,6 +74,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint_every: int = 10
     progress: bool = True
+    device: str = "cpu"  # cpu | cuda | auto (policies that support it, e.g. policy=lm)
 
 
 def eps_tag(eps, private=True) -> str:
@@ -130,6 +131,8 @@ def validate(cfg) -> None:
     if cfg.eval_every is not None and cfg.eval_every < 1:
         raise ConfigError(f"eval_every must be >= 1 (or null: evaluate at the end only), got {cfg.eval_every}")
     p = cfg.privacy
+    if cfg.device not in ("cpu", "cuda", "auto") and not str(cfg.device).startswith("cuda:"):
+        raise ConfigError(f"device must be cpu, cuda or auto, got '{cfg.device}'")
     if p.max_epsilon is not None and not p.max_epsilon > 0:
         raise ConfigError(f"privacy.max_epsilon must be > 0, got {p.max_epsilon}")
     if p.multi_pass and not (p.population_size and p.population_size >= cfg.users_per_round):

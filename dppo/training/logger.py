@@ -22,6 +22,7 @@ from dppo.errors import ConfigError
 
 STEP_COLUMN = "global_step"
 DIAG_PREFIX = "diag/"
+TIMING_PREFIX = "perf/"  # wall-clock rates depend on this round's episode / completion lengths
 
 
 def hparam_value(v):
@@ -42,6 +43,8 @@ class Output:
 
     def purge_after(self, step: int) -> None:
         """Forget what an interrupted session logged after ``step`` (the resumed checkpoint's step)."""
+
+    def write_text(self, key: str, text: str, step: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -86,6 +89,10 @@ class TensorBoardOutput(Output):
         rows = "\n".join(f"|{k}|{v}|" for k, v in hp.items())
         w.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows, step)
         w.flush()
+
+    def write_text(self, key, text, step):
+        self.writer.add_text(key, text, step)
+        self.writer.flush()
 
     def close(self):
         if self.writer is not None:
@@ -184,11 +191,12 @@ class Logger:
 
     Keys under ``diag/`` are raw statistics of this round's users (not covered by the privacy guarantee);
     with ``diagnostics=False`` they are dropped here, before any output (TensorBoard, CSV, console, the
-    progress bar) sees them.
+    progress bar) sees them, and so are the ``perf/*`` timings (users/s, tokens/s), which depend on
+    the lengths of this round's episodes or completions.
 
     Args:
         outputs: the sinks.
-        diagnostics: keep ``diag/*`` keys; false drops them.
+        diagnostics: keep ``diag/*`` and ``perf/*`` keys; false drops them.
     """
 
     def __init__(self, outputs: list[Output] | None = None, diagnostics: bool = True):
@@ -198,7 +206,7 @@ class Logger:
         self.last: dict[str, float] = {}
 
     def record(self, key: str, value) -> None:
-        if not self.diagnostics and key.startswith(DIAG_PREFIX):
+        if not self.diagnostics and key.startswith((DIAG_PREFIX, TIMING_PREFIX)):
             return
         self.values[key] = float(value)
 
@@ -223,6 +231,11 @@ class Logger:
     def purge_after(self, step: int) -> None:
         for out in self.outputs:
             out.purge_after(int(step))
+
+    def text(self, key: str, text: str, step: int) -> None:
+        """A text record (e.g. completions of public prompts) written at once to the outputs that take text."""
+        for out in self.outputs:
+            out.write_text(key, text, step)
 
     def close(self) -> None:
         for out in self.outputs:

@@ -132,6 +132,9 @@ class Trainer:
             return None
         try:
             path = save_checkpoint(self.ckpt_dir, self.round, self.state_dict())
+            export = getattr(self.learner, "export_artifacts", None)  # e.g. a LoRA adapter in peft's layout
+            if export is not None:
+                export(self.run_dir, self.round)
             self.write_summary()
         except OSError as err:
             raise DPPOError(f"cannot write a checkpoint in {self.ckpt_dir}: {err.strerror or err}; "
