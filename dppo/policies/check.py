@@ -32,9 +32,25 @@ def probe_observation(space: gym.spaces.Box) -> torch.Tensor:
     return torch.as_tensor(np.clip(np.zeros(space.shape), low, high), dtype=torch.float32)[None]
 
 
+LM_PROTOCOL = ("a language-model policy provides encode(prompts) -> (ids, mask), sample(prompt_ids, prompt_mask, "
+               "...) and token_log_probs(prompt_ids, prompt_mask, completion_ids, ...): use policy=lm "
+               "(dppo.policies.lm.LMPolicy)")
+
+
+def check_lm_policy(policy) -> None:
+    """The prompts env's protocol (completions of text prompts), checked without generating anything."""
+    name = type(policy).__name__
+    missing = [m for m in ("encode", "sample", "token_log_probs") if not callable(getattr(policy, m, None))]
+    if not isinstance(policy, torch.nn.Module) or missing:
+        raise ConfigError(f"the policy ({name}) cannot act on env=prompts (missing {missing or ['nn.Module']}); "
+                          f"{LM_PROTOCOL}")
+
+
 def check_policy(policy, env) -> None:
     """Raise ``ConfigError`` (one line) unless ``policy`` follows the protocol and acts in ``env``'s spaces."""
     name = type(policy).__name__
+    if getattr(env, "kind", None) == "prompts":  # prompts are text: the language-model protocol applies
+        return check_lm_policy(policy)
     if not isinstance(policy, torch.nn.Module):
         raise ConfigError(f"the policy ({name}) is not a torch.nn.Module; {PROTOCOL}")
     if not (callable(getattr(policy, "sample", None)) and callable(getattr(policy, "log_prob", None))):

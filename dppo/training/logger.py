@@ -91,8 +91,9 @@ class TensorBoardOutput(Output):
         w.flush()
 
     def write_text(self, key, text, step):
-        self.writer.add_text(key, text, step)
-        self.writer.flush()
+        w = self._writer()
+        w.add_text(key, text, step)
+        w.flush()
 
     def close(self):
         if self.writer is not None:
