@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from dppo.config import to_container, validate
 from dppo.data import OnePassUserSampler, PoissonUserSampler
 from dppo.errors import ConfigError
+from dppo.policies.check import check_env, check_policy
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
 from dppo.training import distributed
@@ -177,6 +178,15 @@ def check_accountant(cfg, cls, name: str) -> None:
     if p.max_epsilon is not None and p.max_epsilon < cfg.eps and not p.multi_pass and not uses_composition:
         raise ConfigError(f"privacy.max_epsilon={p.max_epsilon} is below eps={cfg.eps}: the run would stop "
                           f"before its first full round; raise privacy.max_epsilon or lower eps")
+    if p.max_epsilon is not None and p.multi_pass and p.population_size and name in ("rdp", "prv"):
+        from dppo.privacy.accountants.opacus import multi_pass_first_release_epsilon
+
+        first = multi_pass_first_release_epsilon(cfg.eps, cfg.delta, cfg.users_per_round / p.population_size,
+                                                 cfg.rounds, name)
+        if first > p.max_epsilon:
+            raise ConfigError(f"privacy.max_epsilon={p.max_epsilon} is below the {first:.4g} that the first "
+                              f"multi-pass round spends (eps={cfg.eps} over {cfg.rounds} rounds): the run would "
+                              f"stop before round 0; raise privacy.max_epsilon")
 
 
 def _releases_pure_dp(cfg, cls) -> bool:
@@ -242,6 +252,9 @@ def build_learner(cfg, cls, objects: dict):
     params = dict(to_container(cfg.algo))
     params.pop("_target_")
     params.pop("name", None)
+    on_prompts = params.pop("on_prompts", None) or {}  # the algo's defaults for env=prompts (policy=lm)
+    if getattr(cls, "env_kind", None) == "prompts":
+        params = {**params, **on_prompts}
     private = params.pop("private", True)
     if not private and cfg.eps is not None:
         raise ConfigError(f"algo={_algo_name(cfg)} has no private mode, but eps={cfg.eps} was given; run it with "
@@ -312,7 +325,12 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     seed_everything(cfg.seed)
     cls = learner_class(cfg)
     check_memory(cfg)
-    env = env if env is not None else build_env(cfg)
+    env_given = env is not None
+    env = env if env_given else build_env(cfg)
+    if getattr(env, "kind", None) == "prompts":  # language-model prompts: the algorithm family's LM learner
+        from dppo.algos.prompt_po import prompt_twin
+
+        cls = prompt_twin(cls)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
     init_state, pretrain_users = load_init_source(OmegaConf.select(cfg, "policy.init_from"))
     if sampler is None:
@@ -327,20 +345,41 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         sig = inspect.signature(cls.__init__).parameters
         objects = {"env": env, "privacy": privacy, "sampler": sampler, "logger": logger}
         if "policy" in sig:
+            if env_given:
+                check_env(env)
             objects["policy"] = policy if policy is not None else build_policy(cfg, env, init_state)
+            if objects["policy"] is not None:
+                check_policy(objects["policy"], env)  # before any user is drawn
         check_memory(cfg, env, objects.get("policy"))
         learner = build_learner(cfg, cls, objects)
     if dist.enabled:
         distributed.attach(learner, dist)
     cb = [instantiate(spec) for spec in (to_container(cfg.callbacks) or {}).values()] + list(callbacks)
     meta = {"algo": _algo_name(cfg), "env_id": getattr(env, "id", type(env).__name__), "seed": cfg.seed}
+    hparams = resolved_hparams(cfg, privacy, learner)
     trainer = Trainer(learner, privacy, logger, sampler=sampler, callbacks=cb, run_dir=run_dir,
                       checkpoint_every=cfg.checkpoint_every, eval_episodes=cfg.eval_episodes if dist.is_main else 0,
                       eval_greedy=cfg.eval.greedy, progress=cfg.progress and dist.is_main, meta=meta,
-                      fingerprint=fingerprint(cfg))
+                      fingerprint=fingerprint(cfg), eval_every=cfg.eval_every if dist.is_main else None,
+                      hparams=hparams)
     trainer.dist = dist
-    logger.log_hparams(_flat(to_container(cfg)))
+    logger.log_hparams(hparams)  # remembered only; written with the final metrics at the end of the session
     return trainer
+
+
+def resolved_hparams(cfg, privacy, learner) -> dict:
+    """The run's hyper-parameters as they were used: the accountant and oracle actually built (not null
+    defaults), eps = null for a non-private run, the algorithm's name; flattened ``a.b`` keys."""
+    hp = _flat(to_container(cfg))
+    hp.pop("resume", None)
+    hp["algo"] = _algo_name(cfg)
+    hp["eps"] = privacy.eps
+    hp["private"] = bool(privacy.private)
+    hp["privacy.accountant"] = privacy.accountant.name
+    oracle = getattr(learner, "oracle", None)
+    if oracle is not None and hasattr(oracle, "name"):
+        hp["oracle"] = oracle.name
+    return hp
 
 
 def _algo_name(cfg) -> str:

@@ -45,16 +45,20 @@ def precheck(args: list[str]) -> str | None:
         return resume
     from dppo.build import build
     from dppo.config import compose
+    from dppo.training.rundir import check_fresh
 
+    run_dir = next((a.split("=", 1)[1] for a in overrides if a.startswith("hydra.run.dir=")), None)
+    if run_dir:
+        check_fresh(run_dir)  # before Hydra writes its .hydra/ into a directory that holds another run
     build(compose(overrides))  # a dry build: every object, no run directory, nothing written
     return None
 
 
 def run_from_hydra(cfg, run_dir: str, multirun: bool = False) -> None:
-    from dppo.api import train
+    from dppo.api import _train
 
     try:
-        summary = train(cfg, run_dir)
+        summary = _train(cfg, run_dir, write_config=False)  # Hydra has written .hydra/ already
     except DPPOError as err:
         print(f"dppo: error: {str(err).splitlines()[0]}", file=sys.stderr, flush=True)
         if multirun:

@@ -33,7 +33,13 @@ class LoggerConfig:
     csv: bool = True
     console: bool = False
     console_every: int = 10
-    diagnostics: bool = True  # log raw statistics of users' data under diag/ (switch off in deployment)
+    diagnostics: bool = True  # log raw statistics of users' data under diag/ (switch off in deployment); false
+    # also logs against cumulative episodes instead of env steps (which reveal episode lengths)
+    wandb: bool = False  # also log to Weights & Biases (logger=wandb; needs the wandb package)
+    wandb_project: str = "dppo"
+    wandb_mode: Optional[str] = None  # online | offline | disabled (null: W&B's own default)
+    wandb_entity: Optional[str] = None
+    wandb_group: Optional[str] = None
 
 
 @dataclass
@@ -64,9 +70,19 @@ class TrainConfig:
     batch_size: Optional[int] = None  # GFA: episodes per policy update (null = paper's rule)
     oracle: Optional[str] = None  # NPG/REBEL: private least-squares oracle (null = the algo's default)
     eval_episodes: int = 20
+    eval_every: Optional[int] = None  # also log eval/return every this many rounds (null: at the end only)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint_every: int = 10
     progress: bool = True
+    device: str = "cpu"  # cpu | cuda | auto (policies that support it, e.g. policy=lm)
+
+
+def eps_tag(eps, private=True) -> str:
+    """Folder tag of a run's privacy level: ``eps5.0``, or ``nonprivate`` when eps is null or the algorithm
+    is a non-private twin (``algo=pg`` ignores the top-level eps). Used by ``hydra.sweep.subdir``."""
+    if eps is None or str(eps).lower() in ("none", "null") or str(private).lower() in ("false", "0"):
+        return "nonprivate"
+    return f"eps{eps}"
 
 
 def register_schema() -> None:
@@ -74,6 +90,8 @@ def register_schema() -> None:
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="base_config", node=TrainConfig)
+    if not OmegaConf.has_resolver("dppo_eps_tag"):
+        OmegaConf.register_new_resolver("dppo_eps_tag", eps_tag)
 
 
 def compose(overrides: list[str] | None = None):
@@ -110,7 +128,11 @@ def validate(cfg) -> None:
         raise ConfigError(f"batch_size must be >= 1, got {cfg.batch_size}")
     if cfg.eval_episodes < 0 or cfg.checkpoint_every < 1:
         raise ConfigError("eval_episodes must be >= 0 and checkpoint_every >= 1")
+    if cfg.eval_every is not None and cfg.eval_every < 1:
+        raise ConfigError(f"eval_every must be >= 1 (or null: evaluate at the end only), got {cfg.eval_every}")
     p = cfg.privacy
+    if cfg.device not in ("cpu", "cuda", "auto") and not str(cfg.device).startswith("cuda:"):
+        raise ConfigError(f"device must be cpu, cuda or auto, got '{cfg.device}'")
     if p.max_epsilon is not None and not p.max_epsilon > 0:
         raise ConfigError(f"privacy.max_epsilon must be > 0, got {p.max_epsilon}")
     if p.multi_pass and not (p.population_size and p.population_size >= cfg.users_per_round):

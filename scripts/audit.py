@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from dppo.audit.result import MechanismAudit
 from dppo.audit.run import markdown, run_suite, suite
@@ -52,9 +53,17 @@ def main() -> int:
     torch.set_num_threads(1)
     if args.render_only:
         args.only = ["(none)"]
-    rows = [] if args.render_only else run_suite(only=args.only, seed=args.seed,
-                     progress=lambda r: print(f"{r.mechanism}: claimed {r.claimed_eps:.4g}, eps_LB {r.eps_lb:.3f} "
-                                              f"({r.trials} trials, {r.seconds:.0f} s)", flush=True))
+    total = sum(len(spec.eps_values) for spec in suite() if not args.only or spec.name in args.only)
+    bar = tqdm(total=0 if args.render_only else total, desc="audit", unit="audit", dynamic_ncols=True)
+
+    def progress(r):
+        bar.write(f"{r.mechanism}: claimed {r.claimed_eps:.4g}, eps_LB {r.eps_lb:.3f} ({r.trials} trials, "
+                  f"{r.seconds:.0f} s)")
+        bar.set_postfix_str(f"{r.mechanism} eps={r.claimed_eps:g}")
+        bar.update(1)
+
+    rows = [] if args.render_only else run_suite(only=args.only, seed=args.seed, progress=progress)
+    bar.close()
     rows_path = Path(args.rows)
     if args.only and rows_path.exists():
         kept = [MechanismAudit.from_dict(d) for d in json.loads(rows_path.read_text())]

@@ -25,6 +25,8 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_compl
 
 from tqdm import tqdm
 
+from dppo.training.rundir import holds_run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (family, experiment, eps, paper mean final, paper std, paper best-epoch mean)
 ROWS = [
@@ -119,6 +121,8 @@ def run_in_process(exp: str, eps, seed: int, path: str) -> tuple[str, int, float
 
 def launch(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
     args = [sys.executable, os.path.join(ROOT, "train.py"), *overrides(exp, eps, seed), f"hydra.run.dir={path}"]
+    if holds_run(path):  # an interrupted run: continue it (a new run may not reuse its directory)
+        args = [sys.executable, os.path.join(ROOT, "train.py"), f"resume={path}", "progress=false"]
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     t0 = time.perf_counter()
     res = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)

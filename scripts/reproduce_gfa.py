@@ -21,6 +21,7 @@ import os
 import time
 
 import torch
+from tqdm.auto import tqdm
 
 from dppo.algos.gfa import GFAOutcomeLearner
 from dppo.data.sampler import OnePassUserSampler
@@ -117,11 +118,14 @@ def main():
     torch.set_num_threads(1)
     t0 = time.time()
     results, curves, info = {}, {}, {}
+    bar = tqdm(total=len(ROWS) * len(VARIANTS) * args.seeds, desc="main table", unit="run", dynamic_ncols=True)
     for label, eps, bs, comp, over in ROWS:
         for variant in VARIANTS:
             plats, finals, last, cums = [], [], [], []
             for seed in range(args.seeds):
+                bar.set_postfix_str(f"{label[:40]} {variant} s{seed}")
                 regret, learner, spent = run_one(variant, eps, bs, comp, seed, args, **over)
+                bar.update(1)
                 plats.append(plateau_episode(regret))
                 finals.append(float(regret.sum()))
                 last.append(float(regret[-1]))
@@ -130,9 +134,9 @@ def main():
                                        torch.tensor(last))
             curves[label, variant] = torch.stack(cums)
             info[label] = (learner.B, learner.sensitivity, learner.eps_schedule, learner.beta, spent)
-            print(f"{label:52s} {variant}: plateau {fmt(results[label, variant][0])}  "
-                  f"cum regret {fmt(results[label, variant][1], 1)}  last {fmt(results[label, variant][2], 3)}",
-                  flush=True)
+            bar.write(f"{label:52s} {variant}: plateau {fmt(results[label, variant][0])}  "
+                      f"cum regret {fmt(results[label, variant][1], 1)}  last {fmt(results[label, variant][2], 3)}")
+    bar.close()
     elapsed = time.time() - t0
     extra = []
     if not args.no_diagnostics:

@@ -21,6 +21,7 @@ import sys
 import time
 
 import torch
+from tqdm.auto import tqdm
 
 from dppo.algos.ucb import PUCB, UBEV
 from dppo.data.sampler import OnePassUserSampler
@@ -66,19 +67,21 @@ def _key(env, algo, eps, seed, T, bound):
 def run_grid(args) -> None:
     os.makedirs(args.out, exist_ok=True)
     configs = ([] if args.no_ubev else [("ubev", None)]) + [("pucb", e) for e in args.eps]
-    for T in args.T:
-        for seed in args.seeds:
-            for env in args.envs:
-                for algo, eps in configs:
-                    path = os.path.join(args.out, _key(env, algo, eps, seed, T, args.bound) + ".json")
-                    if os.path.exists(path):
-                        continue
-                    res = run_one(env, algo, eps, seed, T, args.bound)
-                    with open(path + ".tmp", "w") as f:
-                        json.dump(res, f)
-                    os.replace(path + ".tmp", path)
-                    print(f"{os.path.basename(path)}: regret {res['cumulative_regret']:.1f} "
-                          f"eps {res['epsilon_spent']:.3g} {res['episodes_per_s']:.0f} ep/s", flush=True)
+    jobs = [(T, seed, env, algo, eps) for T in args.T for seed in args.seeds for env in args.envs
+            for algo, eps in configs]
+    bar = tqdm(jobs, desc="tabular grid", unit="run", dynamic_ncols=True)
+    for T, seed, env, algo, eps in bar:
+        path = os.path.join(args.out, _key(env, algo, eps, seed, T, args.bound) + ".json")
+        if os.path.exists(path):
+            continue
+        bar.set_postfix_str(os.path.basename(path))
+        res = run_one(env, algo, eps, seed, T, args.bound)
+        with open(path + ".tmp", "w") as f:
+            json.dump(res, f)
+        os.replace(path + ".tmp", path)
+        bar.write(f"{os.path.basename(path)}: regret {res['cumulative_regret']:.1f} "
+                  f"eps {res['epsilon_spent']:.3g} {res['episodes_per_s']:.0f} ep/s")
+    bar.close()
 
 
 def _mean_std(xs):

@@ -100,6 +100,11 @@ class GroupPolicyOptimizer(Learner):
             return [s for s in self.env.reset_seeds(self.seed, users) for _ in range(G)]
         return [s for u in users for s in streams.user_reset_seeds(self.seed, u, G)]
 
+    def action_uniform_shape(self) -> tuple:
+        """Uniforms per step beyond one: (d,) for a continuous policy with d > 1 action dimensions."""
+        d = int(getattr(self.policy, "action_dim", 1)) if getattr(self.policy, "continuous", False) else 1
+        return (d,) if d > 1 else ()
+
     def public_seeds(self, stream: str, round_idx: int, n: int) -> list[int]:
         seeds = streams.public_reset_seeds(self.seed, stream, round_idx, n)
         return [self.env.public_seed(s) for s in seeds] if hasattr(self.env, "public_seed") else seeds
@@ -114,11 +119,12 @@ class GroupPolicyOptimizer(Learner):
         kept in ``self.public_batch``.
         """
         H, k = int(self.env.horizon), self.public_per_round
-        uniforms = [torch.rand(self.group_size, H, generator=streams.user_generator(self.seed, u, round_idx),
+        extra = self.action_uniform_shape()
+        uniforms = [torch.rand((self.group_size, H) + extra, generator=streams.user_generator(self.seed, u, round_idx),
                                dtype=torch.float64) for u in users]
         seeds = self.user_reset_seeds(users)
         if k:
-            uniforms.append(torch.rand(k, H, generator=streams.public_generator(self.seed, "fisher", round_idx),
+            uniforms.append(torch.rand((k, H) + extra, generator=streams.public_generator(self.seed, "fisher", round_idx),
                                        dtype=torch.float64))
             seeds = seeds + self.public_seeds("fisher", round_idx, k)
         both = self.rollouts.run(self.policy, seeds, torch.cat(uniforms), reward_bound=self.reward_bound)
@@ -129,7 +135,8 @@ class GroupPolicyOptimizer(Learner):
     def public_episodes(self, stream: str, round_idx: int, n: int, greedy: bool = False) -> Episodes:
         """``n`` rollouts of the current (released) policy from public seeds, public sampling stream."""
         gen = streams.public_generator(self.seed, stream, round_idx)
-        uniforms = None if greedy else torch.rand(n, int(self.env.horizon), generator=gen, dtype=torch.float64)
+        uniforms = None if greedy else torch.rand((n, int(self.env.horizon)) + self.action_uniform_shape(),
+                                                  generator=gen, dtype=torch.float64)
         return self.rollouts.run(self.policy, self.public_seeds(stream, round_idx, n), uniforms, reward_bound=None)
 
     def step_advantages(self, batch: Episodes) -> tuple[torch.Tensor, float]:

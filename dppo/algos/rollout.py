@@ -102,7 +102,8 @@ class _ListBackend:
         obs, rew = cur.copy(), np.zeros(len(self.envs))
         done = ~active
         for i in np.flatnonzero(active):
-            o, r, term, trunc, _ = self.envs[i].step(int(actions[i]))
+            a = actions[i] if actions.dtype.kind == "f" else int(actions[i])  # Box actions stay vectors
+            o, r, term, trunc, _ = self.envs[i].step(a)
             obs[i], rew[i], done[i] = np.asarray(o, dtype=np.float32), float(r), bool(term or trunc)
         return obs, rew, done
 
@@ -196,7 +197,8 @@ class RolloutEngine:
     @torch.no_grad()
     def run(self, policy, seeds: list[int], uniforms: torch.Tensor | None, *, reward_bound: float | None,
             group_size: int = 1) -> Episodes:
-        """One episode per seed; ``uniforms`` (N, horizon) drive the sampling (None: greedy).
+        """One episode per seed; ``uniforms`` (N, horizon) drive the sampling (None: greedy); for a continuous
+        policy (N, horizon, d) or (N, horizon) when d = 1, mapped to Gaussian samples by the inverse normal CDF.
 
         Rewards are clipped to [-reward_bound, reward_bound] as they arrive, before anything else sees them.
         Raises ``DataError`` on NaN/inf observations or rewards, or if the env raises mid-episode.
@@ -206,7 +208,9 @@ class RolloutEngine:
             backend = self.backend(n)
             cur = backend.reset(seeds)
             obs_buf = np.zeros((n, horizon) + cur.shape[1:], dtype=np.float32)
-            act_buf = np.zeros((n, horizon), dtype=np.int64)
+            continuous = bool(getattr(policy, "continuous", False))  # Box actions (GaussianMLPPolicy)
+            act_buf = (np.zeros((n, horizon, int(policy.action_dim)), dtype=np.float32) if continuous
+                       else np.zeros((n, horizon), dtype=np.int64))
             rew_buf = np.zeros((n, horizon), dtype=np.float64)
             lengths = np.zeros(n, dtype=np.int64)
             active = np.ones(n, dtype=bool)
@@ -215,10 +219,17 @@ class RolloutEngine:
                     break
                 if not np.isfinite(cur).reshape(n, -1).all(1)[active].all():
                     raise DataError("the environment returned a NaN/inf observation; this round's data is discarded")
-                logits = policy.logits(pad_rows(torch.from_numpy(cur)))[:n]  # batch-invariant rows (MIN_ROWS)
-                actions = inverse_cdf_actions(logits, None if uniforms is None else uniforms[:, t]).numpy()
+                u_t = None if uniforms is None else uniforms[:, t]
+                obs_t = pad_rows(torch.from_numpy(cur))  # batch-invariant rows (MIN_ROWS)
+                if continuous:  # the stored action is the Gaussian sample, the env gets it squashed/clipped
+                    u_pad = None if u_t is None else pad_rows(u_t.reshape(n, -1))
+                    samples = policy.sample_from_uniforms(obs_t, u_pad)[:n]
+                    act_buf[:, t] = samples.numpy()
+                    actions = policy.env_action(samples).numpy().astype(np.float32)
+                else:
+                    actions = inverse_cdf_actions(policy.logits(obs_t)[:n], u_t).numpy()
+                    act_buf[:, t] = actions
                 obs_buf[:, t] = cur  # rows of finished episodes are masked out below
-                act_buf[:, t] = actions
                 nxt, rew, done = backend.step(actions, active, cur)
                 rew_buf[:, t] = np.where(active, rew, 0.0)
                 lengths += active

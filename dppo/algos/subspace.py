@@ -99,7 +99,14 @@ class PolicySubspace:
         return phi if self.projection is None else (pad_rows(phi) @ self.projection)[:n]
 
     def fisher(self, obs: torch.Tensor) -> torch.Tensor:
-        """F = mean_s sum_a pi(a|s) phi(s, a) phi(s, a)^T at the given states (dim x dim)."""
+        """F = mean_s sum_a pi(a|s) phi(s, a) phi(s, a)^T at the given states (dim x dim); for a continuous
+        policy E_{a ~ pi(.|s)} phi phi^T by Monte Carlo (4 samples per state from a fixed public generator)."""
+        if getattr(self.policy, "continuous", False):
+            gen = torch.Generator().manual_seed(2718)
+            reps = obs.repeat_interleave(4, dim=0)
+            actions, _ = self.policy.sample(reps, generator=gen)
+            phi = self.features(reps, actions)
+            return phi.T @ phi / max(reps.shape[0], 1)
         with torch.no_grad():
             probs = torch.softmax(self.policy.logits(obs), -1).double()
         F = torch.zeros(self.dim, self.dim, dtype=torch.float64)

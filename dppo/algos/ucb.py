@@ -220,7 +220,7 @@ class TabularUCB(torch.nn.Module, Learner):
         native = self.mdp.to_native_return(torch.tensor(returns, dtype=torch.float64))
         self.episode_return[t0:t0 + K] = native
         metrics = {"diag/return": float(native.mean()), "rollout/users": float(K),
-                   "rollout/episodes": float(self.episodes_done),
+                   "rollout/episodes": float(K),
                    "counters/error_bound": float(self.count_error_bound())}
         if self.optimal is not None:
             regret = self.mdp.to_native_regret(self.optimal - values)

@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_suite(fast=args.fast, only=args.only, seed=args.seed, trials=args.trials,
                      progress=lambda r: print(f"{r.mechanism}: claimed eps {r.claimed_eps:.4g}, eps_LB {r.eps_lb:.3f}, "
                                               f"{r.trials} trials, {r.seconds:.1f} s", file=sys.stderr, flush=True))
-    text = markdown(rows)
+    text = markdown(rows, reduced_trials=args.fast or args.trials is not None)
     print(text)
     if args.out:
         with open(args.out, "w") as f:

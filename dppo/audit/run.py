@@ -97,8 +97,14 @@ def power_checks(rows: list[MechanismAudit]) -> list[tuple[str, float, float, bo
             for r in rows if r.gaussian]
 
 
-def markdown(rows: list[MechanismAudit], title: str = "Privacy audit") -> str:
-    """The audit table and the power checks as markdown."""
+def markdown(rows: list[MechanismAudit], title: str = "Privacy audit", reduced_trials: bool = False) -> str:
+    """The audit table and the power checks as markdown.
+
+    ``reduced_trials`` (``--fast`` / ``--trials``): the power checks are informational only. With few trials
+    the Clopper-Pearson bound is loose, so eps_LB stays well under 0.5 x claimed even for an exactly
+    calibrated mechanism; those rows say so instead of a bold NO. Only the full audit's counts
+    (``python scripts/audit.py``) test power. The privacy check (eps_LB <= claimed) is valid at any count.
+    """
     out = [f"# {title}", "",
            "eps_LB: lower bound on eps at the mechanism's delta, 95% confidence (Clopper-Pearson on both error",
            "rates, threshold chosen on half of the trials, evaluated on the other half). A correct mechanism",
@@ -118,9 +124,14 @@ def markdown(rows: list[MechanismAudit], title: str = "Privacy audit") -> str:
                    f"{t.false_neg:,} / {t.n_alt:,} | {t.alpha_hi:.3g} | {t.beta_hi:.3g} |")
     checks = power_checks(rows)
     if checks:
-        out += ["", f"## Power checks (Gaussian mechanisms, white-box): eps_LB >= {POWER_RATIO} x claimed eps", "",
-                "| mechanism | claimed eps | eps_LB / claimed | passed |", "|---|---|---|---|"]
-        out += [f"| {m} | {_g(e)} | {ratio:.3f} | {'yes' if ok else '**NO**'} |" for m, e, ratio, ok in checks]
+        out += ["", f"## Power checks (Gaussian mechanisms, white-box): eps_LB >= {POWER_RATIO} x claimed eps", ""]
+        if reduced_trials:
+            out += ["Informational at these trial counts: a power failure is expected here (the 95% bound is "
+                    "loose with few trials) and is not a privacy problem; `python scripts/audit.py` runs the full "
+                    "counts at which power is tested.", ""]
+        out += ["| mechanism | claimed eps | eps_LB / claimed | passed |", "|---|---|---|---|"]
+        fail = "no (expected at these trial counts)" if reduced_trials else "**NO**"
+        out += [f"| {m} | {_g(e)} | {ratio:.3f} | {'yes' if ok else fail} |" for m, e, ratio, ok in checks]
     return "\n".join(out) + "\n"
 
 

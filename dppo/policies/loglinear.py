@@ -28,7 +28,7 @@ class LogLinearPolicy(Policy):
         if not isinstance(observation_space, gym.spaces.Box) or not isinstance(action_space, gym.spaces.Discrete):
             raise ConfigError("the log-linear policy needs a Box observation space and a Discrete action space")
         self.n_actions = int(action_space.n)
-        shape = tuple(observation_space.shape)
+        shape = self.observation_shape = tuple(observation_space.shape)
         self.given_features = len(shape) == 2 and shape[0] == self.n_actions
         if self.given_features:
             self.feature_dim = shape[1]

@@ -28,9 +28,11 @@ class MLPPolicy(Policy):
             raise ConfigError(f"the MLP policy needs a Box observation space, got {type(observation_space).__name__}; "
                               f"use a tabular learner (algo=ubev|pucb) for discrete observations")
         if not isinstance(action_space, gym.spaces.Discrete):
-            raise ConfigError(f"the MLP policy needs a Discrete action space, got {type(action_space).__name__}")
+            hint = "; for Box (continuous) actions use policy=gaussian" if isinstance(action_space, gym.spaces.Box) else ""
+            raise ConfigError(f"the MLP policy needs a Discrete action space, got {type(action_space).__name__}{hint}")
         if activation not in _ACT:
             raise ConfigError(f"policy.activation must be one of {sorted(_ACT)}, got '{activation}'")
+        self.observation_shape = tuple(observation_space.shape)
         sizes = [int(torch.tensor(observation_space.shape).prod())] + [int(h) for h in hidden_sizes]
         layers: list[nn.Module] = []
         for a, b in zip(sizes[:-1], sizes[1:]):

@@ -60,9 +60,27 @@ class CallbackList(Callback):
             c.on_train_end(trainer)
 
 
+class EvalCallback(Callback):
+    """Adds ``eval/return`` (held-out public episodes, the released policy) every ``every`` rounds.
+
+    The last round is left to the trainer's final evaluation (``final_return``), logged at the same step.
+    """
+
+    def __init__(self, every: int | None, episodes: int, greedy: bool = False):
+        self.every, self.episodes, self.greedy = every, int(episodes), bool(greedy)
+
+    def on_round_end(self, trainer, round_idx, metrics):
+        last = round_idx + 1 >= trainer.learner.num_rounds
+        if self.every and self.episodes > 0 and (round_idx + 1) % self.every == 0 and not last:
+            metrics["eval/return"] = float(trainer.learner.evaluate(self.episodes, self.greedy))
+        return True
+
+
 class LoggingCallback(Callback):
-    """Sends each round's metrics plus ``privacy/epsilon`` and ``perf/users_per_s`` to the logger (which
-    drops ``diag/*`` keys when ``logger.diagnostics=false``)."""
+    """Sends each round's metrics plus ``rollout/round`` and ``perf/users_per_s`` to the logger (which drops
+    ``diag/*`` keys when ``logger.diagnostics=false``) at ``global_step`` (``dppo.training.steps``); at the end
+    of a session that ran rounds, the final ``eval/return`` and the resolved hyper-parameters with the final
+    metrics (TensorBoard HParams)."""
 
     def on_round_start(self, trainer, round_idx):
         self._t0 = time.perf_counter()
@@ -73,10 +91,27 @@ class LoggingCallback(Callback):
         # timing depends on this round's episode lengths: a diagnostic, logged only with diagnostics on
         if users is not None and "perf/users_per_s" not in metrics and getattr(trainer.logger, "diagnostics", True):
             metrics["perf/users_per_s"] = users / dt
+        metrics["rollout/round"] = round_idx
         trainer.logger.record_many(metrics)
-        trainer.logger.dump(round_idx)
+        trainer.logger.dump(global_step(trainer))
         maybe_kill("after_dump", round_idx)
         return True
+
+    def on_train_end(self, trainer):
+        if trainer.round <= trainer.start_round:  # nothing ran in this session: write nothing
+            return
+        summary = getattr(trainer, "summary", {}) or {}
+        final = {"eval/return": summary.get("final_return"), "privacy/epsilon": summary.get("epsilon_spent"),
+                 "privacy/delta": summary.get("delta_spent")}
+        step = global_step(trainer)
+        if final["eval/return"] is not None:
+            trainer.logger.record("eval/return", final["eval/return"])
+        trainer.logger.dump(step)
+        trainer.logger.log_hparams(getattr(trainer, "hparams", {}) or {}, final, step)
+
+
+def global_step(trainer) -> int:
+    return trainer.steps.global_step(getattr(trainer.logger, "diagnostics", True))
 
 
 class ReleasedMetricsCallback(Callback):

@@ -1,10 +1,37 @@
-"""One logger for every learner: ``record(key, value)`` then ``dump(step)`` to pluggable outputs."""
+"""One logger for every learner: ``record(key, value)`` then ``dump(step)`` to pluggable outputs.
+
+The step of every dump is ``global_step``: the cumulative number of environment steps (as in CleanRL and SB3),
+or, with ``logger.diagnostics=false``, the cumulative number of episodes (env steps would reveal the users'
+episode lengths). The round index is logged as the scalar ``rollout/round``. Keys ``diag/*`` are raw statistics
+of the round's users; they are dropped when ``diagnostics=false``.
+
+Outputs are created lazily: nothing is written to the run directory (no event file) until the first dump, so
+a resume that has nothing left to do leaves the run untouched. ``log_hparams(hparams)`` at the start only
+remembers the resolved hyper-parameters; ``log_hparams(hparams, metrics)`` at the end of a session writes them
+with the final metrics (TensorBoard's HParams tab, a text table, W&B config/summary).
+"""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import math
 import os
 import sys
+
+from dppo.errors import ConfigError
+
+STEP_COLUMN = "global_step"
+DIAG_PREFIX = "diag/"
+TIMING_PREFIX = "perf/"  # wall-clock rates depend on this round's episode / completion lengths
+
+
+def hparam_value(v):
+    """A value the HParams plugin accepts (bool, int, float, str); None -> 'null', lists -> their text."""
+    if v is None:
+        return "null"
+    if isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)
 
 
 class Output:
@@ -12,34 +39,68 @@ class Output:
 
     def write(self, metrics: dict[str, float], step: int) -> None: ...
 
-    def write_hparams(self, hparams: dict) -> None: ...
+    def write_hparams(self, hparams: dict, metrics: dict | None = None, step: int = 0) -> None: ...
+
+    def purge_after(self, step: int) -> None:
+        """Forget what an interrupted session logged after ``step`` (the resumed checkpoint's step)."""
+
+    def write_text(self, key: str, text: str, step: int) -> None: ...
 
     def close(self) -> None: ...
 
 
 class TensorBoardOutput(Output):
-    """TensorBoard event files in ``log_dir``; hyper-parameters as a markdown text table."""
+    """TensorBoard event files in ``log_dir`` (writer opened at the first write); HParams + a text table."""
 
     def __init__(self, log_dir: str, purge_step: int | None = None):
-        from torch.utils.tensorboard import SummaryWriter
+        self.log_dir, self.purge_step = log_dir, purge_step
+        self.writer = None
 
-        self.writer = SummaryWriter(log_dir=log_dir, purge_step=purge_step)
+    def _writer(self):
+        if self.writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=self.purge_step)
+        return self.writer
+
+    def purge_after(self, step):
+        if self.writer is None:
+            self.purge_step = int(step) + 1
 
     def write(self, metrics, step):
+        w = self._writer()
         for k, v in metrics.items():
-            self.writer.add_scalar(k, v, step)
+            w.add_scalar(k, v, step)
+        w.flush()
+
+    def write_hparams(self, hparams, metrics=None, step=0):
+        """HParams plugin data (experiment, session start/end) for the resolved values; the final metrics'
+        values are the run's own scalars with those tags (``eval/return``, ``privacy/epsilon``)."""
+        if metrics is None:  # start of a session: nothing is written yet
+            return
+        from torch.utils.tensorboard.summary import hparams as hparams_summary
+
+        w = self._writer()
+        hp = {k: hparam_value(v) for k, v in hparams.items()}
+        final = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
+        exp, ssi, sei = hparams_summary(hp, final)
+        for s in (exp, ssi, sei):
+            w.file_writer.add_summary(s)
+        rows = "\n".join(f"|{k}|{v}|" for k, v in hp.items())
+        w.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows, step)
+        w.flush()
+
+    def write_text(self, key, text, step):
+        self.writer.add_text(key, text, step)
         self.writer.flush()
 
-    def write_hparams(self, hparams):
-        rows = "\n".join(f"|{k}|{v}|" for k, v in hparams.items())
-        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows, 0)
-
     def close(self):
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
 class CSVOutput(Output):
-    """``progress.csv`` with one row per dump; new keys extend the header."""
+    """``progress.csv`` with one row per step (a second dump at the same step fills the same row)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -51,11 +112,17 @@ class CSVOutput(Output):
                 self.keys = list(reader.fieldnames or [])
                 self.rows = list(reader)
 
+    def purge_after(self, step):
+        self.rows = [r for r in self.rows if float(r.get(STEP_COLUMN) or -1) <= step]
+
     def write(self, metrics, step):
-        row = {"step": step, **metrics}
-        self.rows = [r for r in self.rows if int(float(r.get("step", -1))) < step] + [row]
-        new = [k for k in row if k not in self.keys]
-        self.keys += new
+        if self.rows and float(self.rows[-1].get(STEP_COLUMN) or -1) == step:
+            self.rows[-1].update(metrics)
+            row = self.rows[-1]
+        else:
+            row = {STEP_COLUMN: step, **metrics}
+            self.rows.append(row)
+        self.keys += [k for k in row if k not in self.keys]
         with open(self.path + ".tmp", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=self.keys)
             w.writeheader()
@@ -69,14 +136,54 @@ class ConsoleOutput(Output):
     def __init__(self, every: int = 10, stream=None):
         self.every = max(1, int(every))
         self.stream = stream or sys.stdout
+        self.dumps = 0
 
     def write(self, metrics, step):
-        if step % self.every == 0:
+        if self.dumps % self.every == 0:
             parts = [f"{k}={v:.4g}" for k, v in metrics.items() if isinstance(v, (int, float))]
             print(f"[{step}] " + " ".join(parts), file=self.stream, flush=True)
+        self.dumps += 1
 
 
-DIAG_PREFIX = "diag/"
+class WandbOutput(Output):
+    """Weights & Biases (``logger=wandb``): ``wandb`` is imported, and the run started, at the first write.
+
+    Scalars are logged with ``global_step`` as their step metric; the resolved hyper-parameters go to the
+    run's config, the final metrics to its summary. ``mode`` is W&B's (online | offline | disabled).
+    """
+
+    def __init__(self, run_dir: str | None, project: str = "dppo", mode: str | None = None,
+                 entity: str | None = None, group: str | None = None):
+        self.run_dir, self.project, self.mode, self.entity, self.group = run_dir, project, mode, entity, group
+        self.hparams: dict = {}
+        self.run = None
+
+    def _run(self):
+        if self.run is None:
+            import wandb
+
+            name = os.path.basename(os.path.normpath(self.run_dir)) if self.run_dir else None
+            self.run = wandb.init(project=self.project, entity=self.entity, group=self.group, name=name,
+                                  dir=self.run_dir, mode=self.mode, config=dict(self.hparams), reinit=True)
+            self.run.define_metric(STEP_COLUMN)
+            self.run.define_metric("*", step_metric=STEP_COLUMN)
+        return self.run
+
+    def write(self, metrics, step):
+        self._run().log({**metrics, STEP_COLUMN: step})
+
+    def write_hparams(self, hparams, metrics=None, step=0):
+        self.hparams = {k: hparam_value(v) for k, v in hparams.items()}
+        if metrics is None:
+            return
+        run = self._run()
+        run.config.update(self.hparams, allow_val_change=True)
+        run.summary.update({k: v for k, v in metrics.items() if v is not None})
+
+    def close(self):
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
 
 
 class Logger:
@@ -84,7 +191,12 @@ class Logger:
 
     Keys under ``diag/`` are raw statistics of this round's users (not covered by the privacy guarantee);
     with ``diagnostics=False`` they are dropped here, before any output (TensorBoard, CSV, console, the
-    progress bar) sees them.
+    progress bar) sees them, and so are the ``perf/*`` timings (users/s, tokens/s), which depend on
+    the lengths of this round's episodes or completions.
+
+    Args:
+        outputs: the sinks.
+        diagnostics: keep ``diag/*`` and ``perf/*`` keys; false drops them.
     """
 
     def __init__(self, outputs: list[Output] | None = None, diagnostics: bool = True):
@@ -94,10 +206,9 @@ class Logger:
         self.last: dict[str, float] = {}
 
     def record(self, key: str, value) -> None:
-        if not self.diagnostics and key.startswith(DIAG_PREFIX):
+        if not self.diagnostics and key.startswith((DIAG_PREFIX, TIMING_PREFIX)):
             return
-        v = float(value)
-        self.values[key] = v
+        self.values[key] = float(value)
 
     def record_many(self, metrics: dict) -> None:
         for k, v in metrics.items():
@@ -106,14 +217,25 @@ class Logger:
 
     def dump(self, step: int) -> None:
         clean = {k: v for k, v in self.values.items() if math.isfinite(v)}
-        for out in self.outputs:
-            out.write(clean, step)
+        if clean:
+            for out in self.outputs:
+                out.write(clean, int(step))
         self.last = dict(self.values)
         self.values = {}
 
-    def log_hparams(self, hparams: dict) -> None:
+    def log_hparams(self, hparams: dict, metrics: dict | None = None, step: int = 0) -> None:
+        """Resolved hyper-parameters; with ``metrics`` (end of a session) they are written with those results."""
         for out in self.outputs:
-            out.write_hparams(hparams)
+            out.write_hparams(hparams, metrics, int(step))
+
+    def purge_after(self, step: int) -> None:
+        for out in self.outputs:
+            out.purge_after(int(step))
+
+    def text(self, key: str, text: str, step: int) -> None:
+        """A text record (e.g. completions of public prompts) written at once to the outputs that take text."""
+        for out in self.outputs:
+            out.write_text(key, text, step)
 
     def close(self) -> None:
         for out in self.outputs:
@@ -121,8 +243,10 @@ class Logger:
 
 
 def make_logger(run_dir: str | None, tensorboard: bool = True, csv: bool = True, console: bool = False,
-                console_every: int = 10, purge_step: int | None = None, diagnostics: bool = True) -> Logger:
-    """The standard logger of a run directory: TensorBoard + CSV (+ console)."""
+                console_every: int = 10, purge_step: int | None = None, diagnostics: bool = True,
+                wandb: bool = False, wandb_project: str = "dppo", wandb_mode: str | None = None,
+                wandb_entity: str | None = None, wandb_group: str | None = None) -> Logger:
+    """The standard logger of a run directory: TensorBoard + CSV (+ console, + W&B)."""
     outputs: list[Output] = []
     if run_dir is not None:
         if tensorboard:
@@ -131,4 +255,9 @@ def make_logger(run_dir: str | None, tensorboard: bool = True, csv: bool = True,
             outputs.append(CSVOutput(os.path.join(run_dir, "progress.csv")))
     if console:
         outputs.append(ConsoleOutput(console_every))
+    if wandb:
+        if "wandb" not in sys.modules and importlib.util.find_spec("wandb") is None:
+            raise ConfigError("logger=wandb needs the wandb package (pip install wandb), or use logger=default")
+    if wandb and run_dir is not None:
+        outputs.append(WandbOutput(run_dir, wandb_project, wandb_mode, wandb_entity, wandb_group))
     return Logger(outputs, diagnostics=diagnostics)

@@ -8,13 +8,14 @@ import time
 import sys
 
 from dppo.errors import BudgetExhausted, DataError, DPPOError, PrivacyError
-from dppo.training.callbacks import (Callback, CallbackList, LoggingCallback, ProgressBarCallback,
+from dppo.training.callbacks import (Callback, CallbackList, EvalCallback, LoggingCallback, ProgressBarCallback,
                                      ReleasedMetricsCallback)
 from dppo.training.checkpoint import (atomic_write_bytes, atomic_write_json, check_fingerprint,
                                       load_latest_checkpoint, rng_state, save_checkpoint, set_rng_state)
 from dppo.training import distributed
 from dppo.training.journal import JOURNAL_NAME, UserJournal
 from dppo.training.runlock import RunLock
+from dppo.training.steps import StepCounter
 
 SEEDED_WARNING = ("dppo: warning: privacy.secure_rng=false: the noise is seeded (reproducible); the privacy "
                   "guarantee does not hold against anyone who knows the seed")
@@ -41,14 +42,17 @@ class Trainer:
 
     def __init__(self, learner, privacy, logger, *, sampler=None, callbacks=(), run_dir: str | None = None,
                  checkpoint_every: int = 10, eval_episodes: int = 20, eval_greedy: bool = False,
-                 progress: bool = True, meta: dict | None = None, fingerprint=""):
+                 progress: bool = True, meta: dict | None = None, fingerprint="", eval_every: int | None = None,
+                 hparams: dict | None = None):
         self.learner, self.privacy, self.logger, self.sampler = learner, privacy, logger, sampler
         self.run_dir = run_dir
         self.eval_episodes, self.eval_greedy = int(eval_episodes), bool(eval_greedy)
         self.meta = dict(meta or {})
         self.fingerprint = fingerprint
         self.journal = None if run_dir is None else UserJournal(os.path.join(run_dir, JOURNAL_NAME))
-        builtin = [LoggingCallback(), ProgressBarCallback(progress)]
+        self.hparams = dict(hparams or {})  # resolved hyper-parameters (TensorBoard HParams, W&B config)
+        self.steps = StepCounter()  # the logging axis global_step (env steps, or episodes without diagnostics)
+        builtin = [EvalCallback(eval_every, eval_episodes, eval_greedy), LoggingCallback(), ProgressBarCallback(progress)]
         if run_dir is not None:
             builtin.append(CheckpointCallback(checkpoint_every))
         # user callbacks of a private run see only released quantities (the Callback docstring's rule)
@@ -72,7 +76,7 @@ class Trainer:
         return {"format": "dppo-ckpt-1", "round": self.round, "fingerprint": self.fingerprint,
                 "learner": self.learner.state_dict(), "privacy": self.privacy.state_dict(),
                 "sampler": None if self.sampler is None else self.sampler.state_dict(),
-                "rng": rng_state(), "best_round_return": self.best_round_return,
+                "rng": rng_state(), "best_round_return": self.best_round_return, "steps": self.steps.state_dict(),
                 "wall_time_s": self.wall_time(),
                 "journal_offset": None if self.journal is None else self.journal.offset}
 
@@ -86,6 +90,11 @@ class Trainer:
         self.round = self.start_round = int(state["round"])
         self.best_round_return = float(state["best_round_return"])
         self.wall_time_prev = float(state["wall_time_s"])
+        self.steps.load_state_dict(state.get("steps"))
+        # what an interrupted session logged after this checkpoint is redone: drop it from the logs
+        purge = getattr(self.logger, "purge_after", None)
+        if purge is not None:
+            purge(self.steps.global_step(getattr(self.logger, "diagnostics", True)))
         self.recover_journal(state.get("journal_offset") or 0)
 
     def recover_journal(self, offset: int) -> None:
@@ -123,6 +132,9 @@ class Trainer:
             return None
         try:
             path = save_checkpoint(self.ckpt_dir, self.round, self.state_dict())
+            export = getattr(self.learner, "export_artifacts", None)  # e.g. a LoRA adapter in peft's layout
+            if export is not None:
+                export(self.run_dir, self.round)
             self.write_summary()
         except OSError as err:
             raise DPPOError(f"cannot write a checkpoint in {self.ckpt_dir}: {err.strerror or err}; "
@@ -202,6 +214,7 @@ class Trainer:
                 self.save_checkpoint()
                 raise
             self.round = r + 1
+            self.steps.update(metrics, self.learner)
             metrics.setdefault("privacy/epsilon", self.privacy.spent()[0])
             if "diag/return" in metrics:
                 self.best_round_return = max(self.best_round_return, metrics["diag/return"])

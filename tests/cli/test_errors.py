@@ -32,6 +32,8 @@ CASES = [
     (["algo=gfa", "env=riverswim", "privacy.accountant=parallel"], "accounts its releases by composition"),
     (["algo=dp_pg", "privacy.max_epsilon=1"], "is below eps=5.0"),
     (["algo=pucb", "env=riverswim", "privacy.max_epsilon=2"], "is below eps=5.0"),
+    (["algo=dp_pg", "privacy.multi_pass=true", "privacy.population_size=100", "privacy.max_epsilon=0.01"],
+     "that the first multi-pass round spends"),
     (["algo=pucb", "env=riverswim", "privacy.multi_pass=true", "privacy.population_size=100",
       "privacy.accountant=rdp"], "makes pure-DP releases"),
     (["algo=gfa", "env=riverswim", "privacy.accountant=advanced", "privacy.composition=zcdp"], "contradicts"),

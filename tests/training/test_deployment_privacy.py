@@ -278,3 +278,21 @@ def test_secure_resume_charges_learners_whose_releases_span_rounds(tmp_path):
     _crashed_attempt(str(tmp_path / "gfa"), 2, list(range(20, 30)), dict(part["ledger"][-1], round=2))
     done = dppo.train(gfa, run_dir=str(tmp_path / "gfa"), resume=True)
     assert done["releases_lost"] == 1 and done["epsilon_spent"] > full["epsilon_spent"] + 1e-9
+
+
+def test_timings_are_dropped_with_the_diagnostics():
+    """perf/* rates depend on this round's episode lengths: logger.diagnostics=false drops them too."""
+    from dppo.training.logger import Logger, Output
+
+    class Sink(Output):
+        def __init__(self):
+            self.seen = {}
+
+        def write(self, metrics, step):
+            self.seen.update(metrics)
+
+    sink = Sink()
+    log = Logger([sink], diagnostics=False)
+    log.record_many({"perf/tokens_per_s": 10.0, "perf/users_per_s": 3.0, "diag/return": 1.0, "privacy/epsilon": 5.0})
+    log.dump(0)
+    assert sink.seen == {"privacy/epsilon": 5.0}

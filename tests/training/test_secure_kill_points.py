@@ -57,4 +57,6 @@ def test_secure_run_killed_and_resumed_never_releases_a_user_twice(tmp_path, poi
     assert len({(e["incarnation"], e["round"]) for e in releases}) == len(releases)
     assert summary["epsilon_spent"] == pytest.approx(5.0) and summary["noise_source"] == "os_csprng"
     rows = list(csv.DictReader(open(run / "progress.csv")))
-    assert [int(float(row["step"])) for row in rows] == list(range(8))   # one output row per round
+    assert [int(float(row["rollout/round"])) for row in rows] == list(range(8))   # one output row per round
+    steps = [int(float(row["global_step"])) for row in rows]                  # cumulative env steps (C7)
+    assert steps == sorted(steps) and len(set(steps)) == 8

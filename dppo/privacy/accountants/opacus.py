@@ -70,3 +70,15 @@ def multi_pass_noise_multiplier(eps: float, delta: float, sample_rate: float, st
     except (ValueError, RuntimeError) as err:
         raise ConfigError(f"multi-pass eps={eps} cannot be met over {steps} rounds at sample rate "
                           f"{sample_rate:.3g} ({err}); raise eps or population_size, or lower rounds") from None
+
+
+def multi_pass_first_release_epsilon(eps: float, delta: float, sample_rate: float, steps: int,
+                                     accountant: str = "rdp") -> float:
+    """eps spent by the first of ``steps`` Poisson-sampled Gaussian releases calibrated to (eps, delta)
+    overall: what a budget cap (``privacy.max_epsilon``) must admit for the run to make any round."""
+    from opacus.accountants import create_accountant
+
+    z = multi_pass_noise_multiplier(eps, delta, sample_rate, steps, accountant)
+    probe = create_accountant(accountant)
+    probe.history = [(z, sample_rate, 1)]
+    return float(probe.get_epsilon(delta=delta))

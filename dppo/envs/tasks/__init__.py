@@ -1,0 +1,1 @@
+"""Verifiable synthetic tasks for ``env=prompts``: prompt generators and programmatic rewards."""

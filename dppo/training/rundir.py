@@ -1,0 +1,44 @@
+"""Run directories: what makes a directory hold a run, refusing to start a new run in one, its config layout.
+
+Layout (the same from the CLI and the Python API): ``.hydra/config.yaml`` (the composed config),
+``.hydra/overrides.yaml``, ``checkpoints/``, ``users.journal``, ``summary.json``, ``progress.csv``, TensorBoard
+event files, ``policy.pt``. A directory that already holds a run (checkpoints, summary, progress.csv or
+event files) is refused for a new run: continue it with
+``resume=<dir>`` (or ``dppo.train(cfg, dir, resume=True)``), or choose another directory. Nothing is reused
+silently: a new run in an old directory would overwrite its checkpoints and mix two runs' event files.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import yaml
+from omegaconf import OmegaConf
+
+from dppo.errors import ConfigError
+
+
+def holds_run(run_dir: str) -> bool:
+    """True if ``run_dir`` has a summary, a checkpoint, a progress.csv or an event file. A user journal alone
+    (a crash before the first checkpoint) does not count: a fresh start there burns what it journalled."""
+    return (os.path.isfile(os.path.join(run_dir, "summary.json"))
+            or os.path.isfile(os.path.join(run_dir, "progress.csv"))
+            or bool(glob.glob(os.path.join(run_dir, "checkpoints", "ckpt_*.pt")))
+            or bool(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))))
+
+
+def check_fresh(run_dir: str) -> None:
+    """Refuse to start a new run in a directory that holds one (one line, before anything is written)."""
+    if run_dir and os.path.isdir(run_dir) and holds_run(run_dir):
+        raise ConfigError(f"the run directory {run_dir} already holds a run; continue it with resume={run_dir} "
+                          f"(API: dppo.train(cfg, run_dir, resume=True)) or choose another directory "
+                          f"(hydra.run.dir=...)")
+
+
+def write_layout(run_dir: str, cfg, overrides: list[str] | None = None) -> None:
+    """``.hydra/config.yaml`` and ``.hydra/overrides.yaml`` as Hydra writes them, so the CLI can resume it."""
+    d = os.path.join(run_dir, ".hydra")
+    os.makedirs(d, exist_ok=True)
+    OmegaConf.save(cfg, os.path.join(d, "config.yaml"))
+    with open(os.path.join(d, "overrides.yaml"), "w") as f:
+        yaml.safe_dump(list(overrides or []), f)

@@ -1,0 +1,146 @@
+"""Private vs non-private update cost of the LM learners, side by side in one run: ``python scripts/bench_lm.py``.
+
+For one round's data (m prompts x G sampled completions) it times, after a warm-up and as the median of
+``--repeats``:
+  non-private: one backward pass of the summed GRPO objective (``summed_gradient``);
+  private:     per-user adapter gradients (``per_user_gradients``: forward/backward + per-layer einsums),
+               per-user clipping and the noisy sum (``GaussianSumPrivatizer.release_mean``),
+and the peak memory of each call above its start (CPU: the peak of the running sum of the tensor
+allocations ``torch.profiler`` records; CUDA: ``torch.cuda.max_memory_allocated``).
+With ``--device cuda`` (or ``auto`` on a GPU machine) it also benchmarks ``--large`` config (a wider
+Llama built in code, random weights: cost only).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from dppo.algos.prompt_po import group_advantages  # noqa: E402
+from dppo.envs.prompts import PromptsEnv  # noqa: E402
+from dppo.policies.lm import LMPolicy, pick_device  # noqa: E402
+from dppo.policies.lm_grads import per_user_gradients, summed_gradient  # noqa: E402
+from dppo.privacy import NoiseSource, PrivacyContext  # noqa: E402
+from dppo.privacy.accountants import make_accountant  # noqa: E402
+from dppo.privacy.clipping import GaussianSumPrivatizer  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                               "down_proj"]}
+
+
+def large_model_dir(device) -> str:
+    """A wider Llama (hidden 512, 4 layers, 8 heads) with the tiny model's tokenizer, random weights."""
+    from transformers import AutoTokenizer
+
+    from dppo.policies.tiny_lm import tiny_llama
+
+    tok = AutoTokenizer.from_pretrained(os.path.join(ROOT, "assets", "lm", "tiny-addition"))
+    torch.manual_seed(0)
+    model = tiny_llama(tok, hidden=512, layers=4, heads=8, intermediate=2048)
+    path = tempfile.mkdtemp(prefix="dppo_bench_lm_")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def peak_memory(fn, device) -> tuple[float, float]:
+    """(seconds, peak MiB above the start) of one call."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t, (torch.cuda.max_memory_allocated() - base) / 2**20
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted(((e.time_range.start, e.cpu_memory_usage) for e in prof.events() if e.cpu_memory_usage),
+                    key=lambda x: x[0])
+    cur = peak = 0
+    for _, delta in events:
+        cur += delta
+        peak = max(peak, cur)
+    return float("nan"), peak / 2**20
+
+
+def bench(path: str, device: str, users: int, group: int, repeats: int, label: str) -> None:
+    policy = LMPolicy(path, lora=LORA, max_new_tokens=5, device=device)
+    env = PromptsEnv(os.path.join(ROOT, "assets", "lm", "addition.jsonl.gz"), "dppo.envs.tasks.addition.digit_reward")
+    rows = env.user_rows(range(users))
+    pid, pm = policy.encode(env.prompts(rows))
+    g = torch.Generator().manual_seed(0)
+    u = torch.rand(users * group, policy.max_new_tokens, generator=g, dtype=torch.float64)
+    t = time.perf_counter()
+    comp = policy.sample(pid, pm, u, group=group)
+    gen_s = time.perf_counter() - t
+    rewards, _ = env.rewards(rows, comp.texts, group, 1.0)
+    A = (group_advantages(torch.as_tensor(rewards)).reshape(-1) / group).float()
+
+    def objective(us):
+        sl = slice(us.start * group, us.stop * group)
+        lp = policy.token_log_probs(pid[us], pm[us], comp.ids[sl], comp.mask[sl], group=group)
+        return A[sl].to(lp.device) * lp.sum(1)
+
+    privacy = PrivacyContext(8.0, 1e-5, accountant=make_accountant("parallel"), noise=NoiseSource(0, secure=False))
+    privatizer = GaussianSumPrivatizer(privacy, 1.0)
+    dev = pick_device(device)
+
+    def non_private():
+        return summed_gradient(policy, objective, users, group) / users
+
+    def private():
+        return privatizer.release_mean(per_user_gradients(policy, objective, users, group), 0)[0]
+
+    times = {"non-private": [], "private": []}
+    fns = {"non-private": non_private, "private": private}
+    for name in fns:  # warm-up
+        fns[name]()
+    for _ in range(repeats):
+        for name, fn in fns.items():  # interleaved, so load changes hit both alike
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - t)
+    mem = {name: peak_memory(fn, dev)[1] for name, fn in fns.items()}
+    tp, tn = statistics.median(times["private"]), statistics.median(times["non-private"])
+    print(f"\n[{label}] {sum(p.numel() for p in policy.model.parameters())} parameters, "
+          f"{policy.num_trainable()} trainable (LoRA r=4, all projections); m={users} prompts x G={group}; "
+          f"device {dev}; generation {comp.tokens / gen_s:,.0f} tokens/s (KV cache)")
+    print(f"{'update':<14}{'time (s)':>10}{'peak MiB':>10}")
+    print(f"{'non-private':<14}{tn:>10.3f}{mem['non-private']:>10.1f}")
+    print(f"{'private':<14}{tp:>10.3f}{mem['private']:>10.1f}")
+    print(f"ratio private / non-private: time {tp / tn:.2f}x, peak memory {mem['private'] / max(mem['non-private'], 1e-9):.2f}x "
+          f"(median of {repeats}, interleaved)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--users", type=int, default=512)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--large", action="store_true", help="also the larger config (default on a GPU)")
+    args = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    bench(os.path.join(ROOT, "assets", "lm", "tiny-addition"), args.device, args.users, args.group, args.repeats,
+          "tiny-addition")
+    if args.large or pick_device(args.device).type == "cuda":
+        bench(large_model_dir(args.device), args.device, args.users, args.group, args.repeats, "large (hidden 512)")
+
+
+if __name__ == "__main__":
+    main()

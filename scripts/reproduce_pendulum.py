@@ -1,0 +1,138 @@
+"""Pendulum-v1 (continuous actions, Gaussian MLP policy): PG / NPG / REBEL and their DP twins at eps = 5.
+
+    nice -n 10 python scripts/reproduce_pendulum.py            # run the grid (resumable), then report
+    python scripts/reproduce_pendulum.py --report              # table from the runs on disk
+
+Each cell is ``python train.py +experiment=pendulum_<algo> seed=<seed>`` (configs in conf/experiment/,
+hyper-parameters chosen on seed 100, reported on seeds 0, 1, 2), two at a time, one torch thread each, with
+seeded noise (``privacy.secure_rng=false``) so the table reproduces.
+The report writes ``runs/reference/pendulum.md``: the return of the initial policy and of the final policy
+on the same held-out evaluation episodes, the eps spent and the wall time per run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+
+from tqdm import tqdm
+
+from dppo.training.rundir import holds_run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROWS = [("PG", "pendulum_pg"), ("DP-PG", "pendulum_dp_pg"), ("NPG", "pendulum_npg"),
+        ("DP-NPG", "pendulum_dp_npg"), ("REBEL", "pendulum_rebel"), ("DP-REBEL", "pendulum_dp_rebel")]
+
+
+def run_dir(out: str, exp: str, seed: int) -> str:
+    return os.path.join(out, f"{exp}_s{seed}")
+
+
+def complete(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "summary.json")) as f:
+            return bool(json.load(f).get("complete"))
+    except (OSError, ValueError):
+        return False
+
+
+def launch(exp: str, seed: int, path: str) -> tuple[str, int, float]:
+    args = [sys.executable, os.path.join(ROOT, "train.py"), f"+experiment={exp}", f"seed={seed}", "progress=false",
+            "privacy.secure_rng=false", f"hydra.run.dir={path}"]  # seeded noise: a reproducible reference table
+    if holds_run(path):
+        args = [sys.executable, os.path.join(ROOT, "train.py"), f"resume={path}", "progress=false"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    t0 = time.perf_counter()
+    res = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["?"]
+        print(f"FAILED {os.path.basename(path)}: {tail[0]}", file=sys.stderr, flush=True)
+    return path, res.returncode, time.perf_counter() - t0
+
+
+def initial_return(path: str) -> float:
+    """The untrained policy of the run (same seed, same init) on the run's held-out evaluation episodes."""
+    import dppo
+    from dppo.build import build
+    from dppo.training.logger import Logger
+
+    cfg = dppo.load_run_config(path)
+    cfg.progress = False
+    return float(build(cfg, None, logger=Logger([])).learner.evaluate(int(cfg.eval_episodes), bool(cfg.eval.greedy)))
+
+
+def _mean_std(xs):
+    m = sum(xs) / len(xs)
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0)
+
+
+def report(args) -> str:
+    lines = ["# Pendulum-v1: continuous actions", "",
+             "Gaussian MLP policy (1 x 16 tanh, state-independent log-std, tanh-squashed to [-2, 2]); users = one "
+             "200-step episode each; rewards clipped to [-16.3, 16.3] (the native range, so no reward is changed); "
+             "delta = 1e-5; seeds " + ", ".join(map(str, args.seeds)) + " (hyper-parameters chosen on seed 100). "
+             "Initial / final: mean return of the initial / final stochastic policy on the same held-out "
+             "evaluation episodes (mean +- std over seeds). Configs: `conf/experiment/pendulum_*.yaml`.", "",
+             "| algorithm | eps | initial return | final return | eps spent | rounds x users | seeds | wall s/run |",
+             "|---|---|---|---|---|---|---|---|"]
+    for label, exp in ROWS:
+        paths = [run_dir(args.out, exp, s) for s in args.seeds if complete(run_dir(args.out, exp, s))]
+        if not paths:
+            lines.append(f"| {label} | | (not run) ||||||")
+            continue
+        sums = [json.load(open(os.path.join(p, "summary.json"))) for p in paths]
+        cfg = dppo_config(paths[0])
+        init = _mean_std([initial_return(p) for p in paths])
+        fin = _mean_std([s["final_return"] for s in sums])
+        eps = "-" if sums[0]["eps"] is None else f"{sums[0]['eps']:g}"
+        spent = sum(s["epsilon_spent"] for s in sums) / len(sums)
+        wall = sum(s["wall_time_s"] for s in sums) / len(sums)
+        lines.append(f"| {label} | {eps} | {init[0]:.1f} +- {init[1]:.1f} | {fin[0]:.1f} +- {fin[1]:.1f} | "
+                     f"{spent:.3g} | {cfg.rounds} x {cfg.users_per_round} | {len(sums)} | {wall:.0f} |")
+    lines += ["", "Command: `python scripts/reproduce_pendulum.py` (runs under " + os.path.relpath(args.out, ROOT) + ")."]
+    return "\n".join(lines) + "\n"
+
+
+def dppo_config(path: str):
+    import dppo
+
+    return dppo.load_run_config(path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "pendulum"))
+    ap.add_argument("--md", default=os.path.join(ROOT, "runs", "reference", "pendulum.md"))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--only", nargs="+", metavar="EXPERIMENT")
+    ap.add_argument("--report", action="store_true", help="only write the report from the runs on disk")
+    args = ap.parse_args()
+    if not args.report:
+        jobs = [(exp, s, run_dir(args.out, exp, s)) for _, exp in ROWS for s in args.seeds
+                if not args.only or exp in args.only]
+        todo = [j for j in jobs if not complete(j[2])]
+        with ThreadPoolExecutor(args.workers) as pool, tqdm(total=len(jobs), initial=len(jobs) - len(todo),
+                                                             desc="pendulum runs", unit="run") as bar:
+            for fut in as_completed([pool.submit(launch, *j) for j in todo]):
+                path, rc, wall = fut.result()
+                bar.set_postfix_str(f"{os.path.basename(path)} {wall:.0f}s rc={rc}")
+                bar.update(1)
+    import torch
+
+    torch.set_num_threads(1)
+    text = report(args)
+    os.makedirs(os.path.dirname(args.md), exist_ok=True)
+    with open(args.md, "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
