@@ -2,6 +2,9 @@
 
     python scripts/bench_tabular.py                      # default budgets, prints a markdown table
     python scripts/bench_tabular.py --riverswim 100000   # the full 100k-episode RiverSwim target
+    python scripts/bench_tabular.py --baseline /path/to/other/checkout --algos dp_ubev --big 0
+                                                         # before/after: that checkout's code vs this one,
+                                                         # alternating runs in fresh processes, with ratios
 
 Times whole trainer rounds of the real learners (planning + simulation + counter release + exact
 regret bookkeeping), single-threaded, and splits one episode's cost into its parts. The machine load
@@ -13,6 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -72,12 +78,17 @@ def main() -> None:
     p.add_argument("--big", type=int, default=100, help="episodes on the S=100, A=5, H=20 random MDP")
     p.add_argument("--json", default="runs/tabular_repro/bench.json")
     p.add_argument("--algos", nargs="+", default=["ubev", "pucb", "dp_ubev"], choices=["ubev", "pucb", "dp_ubev"])
+    p.add_argument("--baseline", default=None, help="another checkout: time its code and this one side by side")
+    p.add_argument("--repeats", type=int, default=2, help="with --baseline: alternating runs per code")
     args = p.parse_args()
+    if args.baseline:
+        return compare(args)
     rows = []
     p_algos = args.algos
     for algo in p_algos:
         rows.append(bench(algo, "riverswim", riverswim(20), args.riverswim))
-        rows.append(bench(algo, "random_mdp", random_mdp(S=100, A=5, H=20, seed=0), args.big))
+        if args.big > 0:
+            rows.append(bench(algo, "random_mdp", random_mdp(S=100, A=5, H=20, seed=0), args.big))
     print("| algo | env (S, A, H) | episodes | episodes/s | 100k episodes (s) | plan us | simulate us | "
           "counter update us | load avg |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -88,6 +99,36 @@ def main() -> None:
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     with open(args.json, "w") as f:
         json.dump(rows, f, indent=1)
+
+
+def compare(args) -> None:
+    """Run this script on the baseline checkout's code and on this one, alternating (fresh processes,
+    one thread each), and print each measurement and the baseline / this ratio of the medians."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    codes = {"baseline": os.path.abspath(args.baseline), "this": here}
+    results = {k: [] for k in codes}
+    for rep in range(args.repeats):
+        for name, root in codes.items():
+            with tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "bench.json")
+                env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+                subprocess.run([sys.executable, os.path.abspath(__file__), "--riverswim", str(args.riverswim),
+                                "--big", str(args.big), "--algos", *args.algos, "--json", out],
+                               env=env, check=True, stdout=subprocess.DEVNULL, cwd=tmp)
+                with open(out) as f:
+                    results[name].append(json.load(f))
+    print(f"| code | run | algo | env | episodes | 100k episodes (s) | plan us | counter update us | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in codes:
+        for rep, rows in enumerate(results[name]):
+            for r in rows:
+                print(f"| {name} | {rep} | {r['algo'].upper()} | {r['env']} | {r['episodes']:,} | "
+                      f"{r['time_for_100k_s']:,.1f} | {r['plan_us']:,.0f} | {r['counter_update_us']:,.0f} | "
+                      f"{r['load_avg_1min']:.1f} |")
+    for i, r in enumerate(results["this"][0]):
+        med = {k: float(np.median([rows[i]["time_for_100k_s"] for rows in results[k]])) for k in codes}
+        print(f"{r['algo'].upper()} {r['env']}: median 100k-episode time baseline {med['baseline']:.1f} s, "
+              f"this {med['this']:.1f} s, speed-up x{med['baseline'] / med['this']:.2f}")
 
 
 if __name__ == "__main__":

@@ -231,12 +231,13 @@ class _GaussianCounter(torch.nn.Module):
         return self._v
 
     def _next_noise(self) -> np.ndarray:
+        d = self.__dict__               # plain attributes: skip torch.nn.Module.__setattr__ on every step
         if self._chunk is None or self._pos >= self._chunk.shape[0]:
             rows = max(1, min(self._planned, self.max_chunk // max(1, self.num_streams)))
-            self._chunk = self.noise.gaussian((rows, self.num_streams), self.sigma).numpy()
-            self._pos = 0
+            d["_chunk"] = self.noise.gaussian((rows, self.num_streams), self.sigma).numpy()
+            d["_pos"] = 0
         z = self._chunk[self._pos]
-        self._pos += 1
+        d["_pos"] = self._pos + 1
         return z
 
     def clip_increment(self, idx, vals):
@@ -290,7 +291,7 @@ class _GaussianCounter(torch.nn.Module):
             np.round(out, out=out)
             out *= GRID
             out += v["counts"]                      # exact: both are grid points (module docstring)
-            self._planned = max(0, self._planned - 1)
+            self.__dict__["_planned"] = max(0, self._planned - 1)      # (plain attribute, per step)
 
     def _advance_noise(self, v: dict, t: int, z: np.ndarray) -> None:
         raise NotImplementedError
