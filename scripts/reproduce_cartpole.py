@@ -17,7 +17,6 @@ import csv
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 import multiprocessing
@@ -25,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_compl
 
 from tqdm import tqdm
 
-from dppo.training.rundir import holds_run
+from dppo.training.rundir import launch_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (family, experiment, eps, paper mean final, paper std, paper best-epoch mean)
@@ -120,16 +119,7 @@ def run_in_process(exp: str, eps, seed: int, path: str) -> tuple[str, int, float
 
 
 def launch(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
-    args = [sys.executable, os.path.join(ROOT, "train.py"), *overrides(exp, eps, seed), f"hydra.run.dir={path}"]
-    if holds_run(path):  # an interrupted run: continue it (a new run may not reuse its directory)
-        args = [sys.executable, os.path.join(ROOT, "train.py"), f"resume={path}", "progress=false"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    t0 = time.perf_counter()
-    res = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
-    if res.returncode != 0:
-        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["?"]
-        print(f"FAILED {os.path.basename(path)}: {tail[0]}", file=sys.stderr, flush=True)
-    return path, res.returncode, time.perf_counter() - t0
+    return launch_train(ROOT, overrides(exp, eps, seed), path)
 
 
 def run_grid(args) -> float:

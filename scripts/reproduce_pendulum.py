@@ -15,14 +15,12 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
-from dppo.training.rundir import holds_run
+from dppo.training.rundir import launch_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = [("PG", "pendulum_pg"), ("DP-PG", "pendulum_dp_pg"), ("NPG", "pendulum_npg"),
@@ -42,17 +40,9 @@ def complete(path: str) -> bool:
 
 
 def launch(exp: str, seed: int, path: str) -> tuple[str, int, float]:
-    args = [sys.executable, os.path.join(ROOT, "train.py"), f"+experiment={exp}", f"seed={seed}", "progress=false",
-            "privacy.secure_rng=false", f"hydra.run.dir={path}"]  # seeded noise: a reproducible reference table
-    if holds_run(path):
-        args = [sys.executable, os.path.join(ROOT, "train.py"), f"resume={path}", "progress=false"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    t0 = time.perf_counter()
-    res = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
-    if res.returncode != 0:
-        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["?"]
-        print(f"FAILED {os.path.basename(path)}: {tail[0]}", file=sys.stderr, flush=True)
-    return path, res.returncode, time.perf_counter() - t0
+    # seeded noise: a reproducible reference table
+    return launch_train(ROOT, [f"+experiment={exp}", f"seed={seed}", "progress=false", "privacy.secure_rng=false"],
+                        path)
 
 
 def initial_return(path: str) -> float:

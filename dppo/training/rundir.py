@@ -42,3 +42,24 @@ def write_layout(run_dir: str, cfg, overrides: list[str] | None = None) -> None:
     OmegaConf.save(cfg, os.path.join(d, "config.yaml"))
     with open(os.path.join(d, "overrides.yaml"), "w") as f:
         yaml.safe_dump(list(overrides or []), f)
+
+
+def launch_train(root: str, overrides: list[str], path: str) -> tuple[str, int, float]:
+    """Run ``python train.py OVERRIDES hydra.run.dir=PATH`` in a one-thread subprocess, or ``resume=PATH``
+    when PATH already holds an interrupted run (a new run may not reuse its directory). Used by the
+    reproduction scripts; prints the failure's last line. Returns (path, exit code, seconds)."""
+    import subprocess
+    import sys
+    import time
+
+    train = os.path.join(root, "train.py")
+    args = [sys.executable, train, *overrides, f"hydra.run.dir={path}"]
+    if holds_run(path):
+        args = [sys.executable, train, f"resume={path}", "progress=false"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    t0 = time.perf_counter()
+    res = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
+    if res.returncode != 0:
+        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["?"]
+        print(f"FAILED {os.path.basename(path)}: {tail[0]}", file=sys.stderr, flush=True)
+    return path, res.returncode, time.perf_counter() - t0
