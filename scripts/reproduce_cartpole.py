@@ -24,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_compl
 
 from tqdm import tqdm
 
-from dppo.training.rundir import launch_train
+from dppo.training.rundir import complete, launch_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (family, experiment, eps, paper mean final, paper std, paper best-epoch mean)
@@ -61,14 +61,6 @@ def run_dir(out: str, exp: str, eps, seed: int) -> str:
 def label(exp: str) -> str:
     base, _, proto = exp.partition("@")
     return LABEL[base] + (f" ({proto}, paper protocol)" if proto else "")
-
-
-def complete(path: str) -> bool:
-    try:
-        with open(os.path.join(path, "summary.json")) as f:
-            return bool(json.load(f).get("complete"))
-    except (OSError, ValueError):
-        return False
 
 
 def overrides(exp: str, eps, seed: int) -> list[str]:

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
-from dppo.training.rundir import launch_train
+from dppo.training.rundir import complete, launch_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = [("PG", "pendulum_pg"), ("DP-PG", "pendulum_dp_pg"), ("NPG", "pendulum_npg"),
@@ -29,14 +29,6 @@ ROWS = [("PG", "pendulum_pg"), ("DP-PG", "pendulum_dp_pg"), ("NPG", "pendulum_np
 
 def run_dir(out: str, exp: str, seed: int) -> str:
     return os.path.join(out, f"{exp}_s{seed}")
-
-
-def complete(path: str) -> bool:
-    try:
-        with open(os.path.join(path, "summary.json")) as f:
-            return bool(json.load(f).get("complete"))
-    except (OSError, ValueError):
-        return False
 
 
 def launch(exp: str, seed: int, path: str) -> tuple[str, int, float]:

@@ -63,3 +63,14 @@ def launch_train(root: str, overrides: list[str], path: str) -> tuple[str, int, 
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["?"]
         print(f"FAILED {os.path.basename(path)}: {tail[0]}", file=sys.stderr, flush=True)
     return path, res.returncode, time.perf_counter() - t0
+
+
+def complete(path: str) -> bool:
+    """Whether the run directory holds a finished run (its summary.json says ``complete``)."""
+    import json
+
+    try:
+        with open(os.path.join(path, "summary.json")) as f:
+            return bool(json.load(f).get("complete"))
+    except (OSError, ValueError):
+        return False
