@@ -1,6 +1,7 @@
 """Private vs non-private update cost of the LM learners, side by side in one run: ``python scripts/bench_lm.py``.
 
-For one round's data (m prompts x G sampled completions) it times, after a warm-up and as the median of
+For one round's data (m prompts x G sampled completions; by default the m, G and LoRA config of
+``+experiment=lm_addition``, and LoRA r = 4 on all seven projections beside it) it times, after a warm-up and as the median of
 ``--repeats``:
   non-private: one backward pass of the summed GRPO objective (``summed_gradient``);
   private:     per-user adapter gradients (``per_user_gradients``: forward/backward + per-layer einsums),
@@ -32,8 +33,18 @@ from dppo.privacy.accountants import make_accountant  # noqa: E402
 from dppo.privacy.clipping import GaussianSumPrivatizer  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                               "down_proj"]}
+WIDE_LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                    "down_proj"]}
+
+
+def experiment_lora() -> tuple[dict, int, int]:
+    """The LoRA config, prompts per round and G of ``+experiment=lm_addition`` (what the reference runs use)."""
+    from omegaconf import OmegaConf
+
+    from dppo.api import make_config
+
+    cfg = make_config(["+experiment=lm_addition"])
+    return OmegaConf.to_container(cfg.policy.lora), int(cfg.users_per_round), int(cfg.group_size)
 
 
 def large_model_dir(device) -> str:
@@ -74,8 +85,8 @@ def peak_memory(fn, device) -> tuple[float, float]:
     return float("nan"), peak / 2**20
 
 
-def bench(path: str, device: str, users: int, group: int, repeats: int, label: str) -> None:
-    policy = LMPolicy(path, lora=LORA, max_new_tokens=5, device=device)
+def bench(path: str, device: str, users: int, group: int, repeats: int, label: str, lora: dict) -> dict:
+    policy = LMPolicy(path, lora=lora, max_new_tokens=5, device=device)
     env = PromptsEnv(os.path.join(ROOT, "assets", "lm", "addition.jsonl.gz"), "dppo.envs.tasks.addition.digit_reward")
     rows = env.user_rows(range(users))
     pid, pm = policy.encode(env.prompts(rows))
@@ -102,8 +113,11 @@ def bench(path: str, device: str, users: int, group: int, repeats: int, label: s
     def private():
         return privatizer.release_mean(per_user_gradients(policy, objective, users, group), 0)[0]
 
-    times = {"non-private": [], "private": []}
-    fns = {"non-private": non_private, "private": private}
+    def grads_only():
+        return per_user_gradients(policy, objective, users, group)
+
+    times = {"non-private": [], "private": [], "per-user grads": []}
+    fns = {"non-private": non_private, "private": private, "per-user grads": grads_only}
     for name in fns:  # warm-up
         fns[name]()
     for _ in range(repeats):
@@ -115,31 +129,45 @@ def bench(path: str, device: str, users: int, group: int, repeats: int, label: s
             if dev.type == "cuda":
                 torch.cuda.synchronize()
             times[name].append(time.perf_counter() - t)
-    mem = {name: peak_memory(fn, dev)[1] for name, fn in fns.items()}
-    tp, tn = statistics.median(times["private"]), statistics.median(times["non-private"])
-    print(f"\n[{label}] {sum(p.numel() for p in policy.model.parameters())} parameters, "
-          f"{policy.num_trainable()} trainable (LoRA r=4, all projections); m={users} prompts x G={group}; "
-          f"device {dev}; generation {comp.tokens / gen_s:,.0f} tokens/s (KV cache)")
-    print(f"{'update':<14}{'time (s)':>10}{'peak MiB':>10}")
-    print(f"{'non-private':<14}{tn:>10.3f}{mem['non-private']:>10.1f}")
-    print(f"{'private':<14}{tp:>10.3f}{mem['private']:>10.1f}")
-    print(f"ratio private / non-private: time {tp / tn:.2f}x, peak memory {mem['private'] / max(mem['non-private'], 1e-9):.2f}x "
+    mem = {name: peak_memory(fn, dev)[1] for name, fn in fns.items() if name != "per-user grads"}
+    med = {name: statistics.median(v) for name, v in times.items()}
+    tp, tn = med["private"], med["non-private"]
+    targets = ",".join(t.replace("_proj", "") for t in lora["target_modules"])
+    print(f"\n[{label}, LoRA r={lora['r']} on {targets}] {sum(p.numel() for p in policy.model.parameters())} "
+          f"parameters, {policy.num_trainable()} trainable; m={users} prompts x G={group}; device {dev}; "
+          f"generation {comp.tokens / gen_s:,.0f} tokens/s (KV cache)")
+    print(f"{'update':<34}{'time (s)':>10}{'peak MiB':>10}")
+    print(f"{'non-private (one backward)':<34}{tn:>10.3f}{mem['non-private']:>10.1f}")
+    print(f"{'private (per-user, clip, noise)':<34}{tp:>10.3f}{mem['private']:>10.1f}")
+    print(f"{'  of which per-user gradients':<34}{med['per-user grads']:>10.3f}{'':>10}")
+    ratio = {"time": tp / tn, "memory": mem["private"] / max(mem["non-private"], 1e-9)}
+    print(f"ratio private / non-private: time {ratio['time']:.2f}x, peak memory {ratio['memory']:.2f}x "
           f"(median of {repeats}, interleaved)")
+    return ratio
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--users", type=int, default=512)
-    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--users", type=int, default=None, help="prompts per round (default: the experiment's)")
+    ap.add_argument("--group", type=int, default=None, help="G (default: the experiment's)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--large", action="store_true", help="also the larger config (default on a GPU)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    bench(os.path.join(ROOT, "assets", "lm", "tiny-addition"), args.device, args.users, args.group, args.repeats,
-          "tiny-addition")
+    lora, users, group = experiment_lora()
+    users, group = args.users or users, args.group or group
+    tiny = os.path.join(ROOT, "assets", "lm", "tiny-addition")
+    rows = [("tiny-addition (experiment lm_addition)", tiny, lora)]
+    if lora != WIDE_LORA:
+        rows.append(("tiny-addition", tiny, WIDE_LORA))
     if args.large or pick_device(args.device).type == "cuda":
-        bench(large_model_dir(args.device), args.device, args.users, args.group, args.repeats, "large (hidden 512)")
+        rows.append(("large (hidden 512)", large_model_dir(args.device), lora))
+    ratios = [(label, lo, bench(path, args.device, users, group, args.repeats, label, lo)) for label, path, lo in rows]
+    print("\nsummary (private / non-private update, side by side in this run):")
+    for label, lo, r in ratios:
+        print(f"  {label:<40} LoRA r={lo['r']} x {len(lo['target_modules'])} modules: time {r['time']:.2f}x, "
+              f"peak memory {r['memory']:.2f}x")
 
 
 if __name__ == "__main__":
