@@ -12,8 +12,8 @@ every trainable parameter must be the weight (or bias) of an ``nn.Linear`` - LoR
 since J_b depends on sequence b only, dJ/dy_{b,t} from one backward pass of the *summed* objective is
 sequence b's own backprop, and user i's gradient is the sum over its rows and their tokens: one einsum
 over (user, rows*tokens) per call of the layer (a layer called on the prompt and then on the completions
-contributes both). Exact (no approximation); one forward and one backward pass, plus the
-einsums. Users are processed in chunks of ``policy.micro_batch`` sequences.
+contributes both). Exact (no approximation); one forward pass and one backward pass to the layers'
+*outputs* (the batch-summed weight gradients are never formed), plus the einsums. Users are processed in chunks of ``policy.micro_batch`` sequences.
 """
 from __future__ import annotations
 
@@ -62,38 +62,41 @@ def per_user_gradients(policy, objective: Callable[[slice], torch.Tensor], users
 
 
 def _chunk_gradients(policy, objective, owners, order, start, n, G):
-    saved: dict[int, list] = {}
+    saved: dict[int, list] = {}  # id(layer) -> [(input, output)] per call of the layer
     handles = []
 
     def fwd_hook(module, inputs, output):  # a layer called k times contributes k (input, backprop) pairs
-        entry = [inputs[0].detach(), None]
-        saved.setdefault(id(module), []).append(entry)
-        output.register_hook(lambda g, e=entry: e.__setitem__(1, g.detach()))
+        saved.setdefault(id(module), []).append((inputs[0].detach(), output))
 
     for module, _, _ in owners:
         handles.append(module.register_forward_hook(fwd_hook))
     try:
         values = objective(slice(start, start + n))
-        params = [p for _, p in policy.trainable()]
-        torch.autograd.grad(values.sum(), params, allow_unused=True)  # fires the hooks; result unused
     finally:
         for h in handles:
             h.remove()
+    calls = [(module, k) for module, _, _ in owners for k in range(len(saved.get(id(module), [])))]
+    outputs = [saved[id(m)][k][1] for m, k in calls]
+    # backprop to the layers' outputs only: the adapter weights' own (batch-summed) gradients, which a
+    # backward to the parameters would compute and this function would discard, are never formed
+    backprops = dict(zip([(id(m), k) for m, k in calls],
+                         torch.autograd.grad(values.sum(), outputs, allow_unused=True))) if outputs else {}
     grads: list[torch.Tensor | None] = [None] * len(order)
     for module, w_train, b_train in owners:
-        # in the layer's dtype (a sum over one user's G*T tokens), then float64 for the clipping and the sum
+        # per-user sums over the user's G*T tokens in the layer's dtype, then float64 for the clipping and the sum
         pairs = [(x.reshape(n, -1, x.shape[-1]), g.reshape(n, -1, g.shape[-1]).to(x.dtype))
-                 for x, g in saved.get(id(module), []) if g is not None]  # no backprop: not on the path
+                 for k, (x, _) in enumerate(saved.get(id(module), []))
+                 if (g := backprops.get((id(module), k))) is not None]  # no backprop: not on the path
         if w_train:
-            gw = torch.zeros(n, *module.weight.shape, dtype=torch.float64, device=module.weight.device)
-            for x, g in pairs:
-                gw += torch.bmm(g.transpose(1, 2), x).double()
-            grads[order[id(module.weight)]] = gw
+            gw = sum(torch.bmm(g.transpose(1, 2), x) for x, g in pairs) if pairs else None
+            grads[order[id(module.weight)]] = (gw.double() if gw is not None else
+                                               torch.zeros(n, *module.weight.shape, dtype=torch.float64,
+                                                           device=module.weight.device))
         if b_train:
-            gb = torch.zeros(n, *module.bias.shape, dtype=torch.float64, device=module.bias.device)
-            for _, g in pairs:
-                gb += g.sum(1).double()
-            grads[order[id(module.bias)]] = gb
+            gb = sum(g.sum(1) for _, g in pairs) if pairs else None
+            grads[order[id(module.bias)]] = (gb.double() if gb is not None else
+                                             torch.zeros(n, *module.bias.shape, dtype=torch.float64,
+                                                         device=module.bias.device))
     return torch.cat([gr.reshape(n, -1).cpu() for gr in grads], dim=1)
 
 
