@@ -30,8 +30,22 @@ import numpy as np
 from dppo.errors import ConfigError, DataError, PrivacyError
 
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def resolve_file(path: str) -> str:
+    """``path`` as given (absolute or relative to the working directory), else relative to the repository
+    root (so the shipped ``assets/`` work from any directory)."""
+    if path and not os.path.isfile(path) and not os.path.isabs(path):
+        cand = os.path.join(REPO_ROOT, path)
+        if os.path.isfile(cand):
+            return cand
+    return path
+
+
 def load_rows(path: str) -> list[dict]:
     """Rows of a JSONL file (``.gz``: gzip); one line error on a missing file or a bad line."""
+    path = resolve_file(path)
     if not path or not os.path.isfile(path):
         raise ConfigError(f"env.path={path} is not a file; give a JSONL file of prompts (one JSON object a line)")
     opener = gzip.open if path.endswith(".gz") else open
