@@ -114,3 +114,11 @@ def test_a_prompt_is_never_used_twice_across_rounds_and_resume(small_prompts, tm
     assert summary["rounds_done"] == 4 and len(summary["ledger"]) == 4
     assert len(seen) == 4 * 8 == len(set(seen))  # 4 rounds x 8 users, all distinct
     assert summary["users_seen"] == 32
+
+
+def test_shipped_prompts_file_loads_from_any_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an empty directory: the relative default resolves against the repository
+    env = PromptsEnv("assets/lm/addition.jsonl.gz", REWARD)
+    assert len(env.public) == 512 and len(env.private) == 16384
+    with pytest.raises(ConfigError, match="is not a file"):
+        PromptsEnv("assets/lm/missing.jsonl", REWARD)
