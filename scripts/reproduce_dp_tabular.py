@@ -249,6 +249,9 @@ def report(args) -> None:
                 if (H, T) not in groups}
     old_keys |= {f"(runs of T = {T:,}, RiverSwim H = {H})" for H, T in ((20, 10 ** 5), (10, 10 ** 6))
                  if (H, T) not in groups}
+    bounds = os.path.join(args.out, "bounds.md")
+    if not os.path.exists(bounds):
+        old_keys.add("Count-error bounds")
     carried = _old_subsections(args.md, old_keys)
     lines = [BEGIN, "", "## DP-UBEV (Gaussian continual counters) beside UBEV and PUCB, RiverSwim",
              "", "Produced by `python scripts/reproduce_dp_tabular.py` (see docs/tabular.md): delta = 1e-5, eps from "
@@ -256,13 +259,13 @@ def report(args) -> None:
              "uses at the last episode (exact release std x union quantile over the 4 S A T released quantities its "
              "plans read; PUCB: the reference's E_eps). Ratio = regret / UBEV's regret at the same T and seeds "
              "(UBEV per step, the paper's); the per-seed column gives the range of the seeds' own ratios.", ""]
-    bounds = os.path.join(args.out, "bounds.md")
     if os.path.exists(bounds):
         lines += ["### Count-error bounds (`--bound-check`)", "", open(bounds).read().strip(), ""]
     for title, block in carried.items():
         if "Regret ratio" not in title:
-            lines += [block, "", "(carried over from the previous regeneration: no run JSON for this (H, T) in "
+            lines += [block, "", "(carried over from the previous regeneration: its run records / bounds are not in "
                       f"`{args.out}` this time)", ""]
+    separate = []                                   # (H, tag, T, ratio) of every paired row: the plot's markers
     for H, T in groups:
         sel = [r for r in runs if r["H"] == H and r["T"] == T]
         base = [r for r in sel if r["algo"] == "ubev"]
@@ -283,6 +286,8 @@ def report(args) -> None:
             E = "-" if tag == "ubev" else f"{rs[0]['final_E']:.4g}"
             speed = sum(r["episodes_per_s"] for r in rs) / len(rs)
             eps = "-" if rs[0]["eps"] is None else f"{rs[0]['eps']:g}"
+            if paired:
+                separate.append((H, tag, T, float(ratio)))
             lines.append(f"| {tag} | {eps} | {','.join(map(str, seeds))} | {m:,.1f} +- {sd:,.1f} | {ratio} | {per} | "
                          f"{E} | {gate} | {speed:,.0f} |")
         lines.append("")
@@ -340,11 +345,11 @@ def report(args) -> None:
         text = text[:text.index(BEGIN)] + text[text.index(END) + len(END):].lstrip("\n")
     with open(args.md, "w") as f:
         f.write(text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
-    _plot(curve_rows, args.png)
+    _plot(curve_rows, args.png, separate)
     print("\n".join(lines))
 
 
-def _plot(curve_rows, png) -> None:
+def _plot(curve_rows, png, separate=()) -> None:
     if not curve_rows:
         return
     import matplotlib
@@ -356,7 +361,10 @@ def _plot(curve_rows, png) -> None:
     for H, tag, rs, b in curve_rows:
         t = rs[0]["rounds"]
         ratio = [sum(_at(r, x) for r in rs) / sum(_at(r, x) for r in b) for x in t]
-        ax1.semilogx(t, ratio, label=f"{tag}, H={H} ({len(rs)} seeds)")
+        line, = ax1.semilogx(t, ratio, label=f"{tag}, H={H} ({len(rs)} seeds)")
+        pts = [(T, q) for h, g, T, q in separate if h == H and g == tag]
+        if pts:
+            ax1.semilogx(*zip(*pts), "o", color=line.get_color(), label=f"{tag}, H={H}: separate runs of length T")
         if rs[0]["gate_open_fraction"][0] is not None:
             gate = [sum(r["gate_open_fraction"][i] for r in rs) / len(rs) for i in range(len(t))]
             ax2.semilogx(t, gate, label=f"{tag}, H={H}")
@@ -365,7 +373,7 @@ def _plot(curve_rows, png) -> None:
     ax1.set_ylabel("cumulative regret / UBEV's")
     ax1.set_title("regret ratio to UBEV")
     ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=7, loc="upper right")
     ax2.set_xlabel("episodes t")
     ax2.set_ylabel("share of (s, a) with n~ > E")
     ax2.set_title("gate-open fraction (from released counts)")
