@@ -237,7 +237,9 @@ def _old_subsections(md: str, keep: set) -> dict:
         title = block.split("\n", 1)[0]
         for key in keep:
             if key in title:
-                out[title] = "### " + block.rstrip().replace("\n\n![DP-UBEV", "\n\n![DP-UBEV").split("\n![DP-UBEV")[0].rstrip()
+                body = block.split("\n![DP-UBEV")[0]
+                body = "\n".join(l for l in body.splitlines() if not l.startswith("(carried over"))
+                out[title] = "### " + body.rstrip()
     return out
 
 

@@ -59,6 +59,8 @@ def test_report_pairs_seeds_and_carries_over_missing_groups(tmp_path):
     md.write_text(old)
     mod.report(types.SimpleNamespace(out=str(out), md=str(md), png=str(tmp_path / "t.png")))
     text = md.read_text()
+    mod.report(types.SimpleNamespace(out=str(out), md=str(md), png=str(tmp_path / "t.png")))
+    assert md.read_text() == text                           # regenerating is idempotent (one label per block)
     assert text.startswith("# grid") and text.count(mod.BEGIN) == 1
     row = next(l for l in text.splitlines() if l.startswith("| dp_ubev_eps1_gaussian | 1 | 0,1 |"))
     assert "| 2.00 | 2.00-2.00 |" in row                  # ratio of means and each seed's own ratio
