@@ -3,7 +3,7 @@ under --out, then a section of runs/reference/tabular.md (between markers; the P
 is scripts/reproduce_tabular.py's) and runs/reference/tabular_dp.png.
 
     python scripts/reproduce_dp_tabular.py --H 20 --T 100000 --seeds 0 1 2 3 4 --eps 1 5        # table rows
-    python scripts/reproduce_dp_tabular.py --H 10 --T 1000000 --seeds 0 --eps 1 5                # ratio curve
+    python scripts/reproduce_dp_tabular.py --H 10 --T 1000000 --seeds 0 1 2 3 4 --eps 1 5      # ratio curve
     python scripts/reproduce_dp_tabular.py --gym FrozenLake-v1:20:20000 Taxi-v4:20:300 --eps 1    # toy-text envs
     python scripts/reproduce_dp_tabular.py --report                                              # section + plot
 
