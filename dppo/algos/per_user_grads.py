@@ -567,12 +567,13 @@ def _hook_gradients(policy, params: dict, obs, actions, weights, groups: Groups,
         if policy in owner:  # parameters used directly by the policy: vmap over users for those only
             _, names = owner[policy]
             direct = {n: getattr(policy, n) for n in names}
-            for n, v in _root_func(policy, direct, obs, actions, weights, groups).items():
-                lo, hi = columns[id(direct[n])]
-                groups.add_into(flat[:, lo:hi], v)
+            with torch.no_grad():
+                for n, v in _root_func(policy, direct, obs, actions, weights, groups).items():
+                    lo, hi = columns[id(direct[n])]
+                    groups.add_into(flat[:, lo:hi], v.detach())
     finally:
         cap.remove()
-    return flat
+    return flat.detach()
 
 
 def _root_func(policy, direct: dict, obs, actions, weights, groups: Groups) -> dict:
