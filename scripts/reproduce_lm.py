@@ -1,10 +1,12 @@
 """Reproduce the LM reference: ``python scripts/reproduce_lm.py`` -> runs/reference/lm.md and lm.png.
 
 Private RL fine-tuning of the tiny addition model (``+experiment=lm_addition``): mean reward on the 512
-held-out *public* prompts (4 sampled completions each, from a fixed public stream; greedy in a second
-column) for the SFT start, non-private RL (``eps=null``) and DP-PG at eps = 8 and eps = 3
-(delta = 1e-5 < 1/N), seeds 0-2. The gain kept is (private - SFT) / (non-private - SFT) per seed,
-averaged. Hyper-parameters were chosen on seeds 100-102 (``--seeds 100 101 102``).
+held-out *public* prompts (``env.eval_samples`` sampled completions each, from a fixed public stream; greedy
+in a second column) for the SFT start, non-private RL (``eps=null``) and DP-PG at eps = 8 and eps = 3
+(delta = 1e-5 < 1/N), seeds 0-2, ``--jobs`` runs at a time (each a one-thread ``train.py`` subprocess;
+finished run directories under ``--work`` are reused, interrupted ones resumed). The gain kept is
+(private - SFT) / (non-private - SFT) per seed, averaged. Hyper-parameters were chosen on seeds 100-102
+(``--seeds 100 101 102``; the sweep is recorded in conf/experiment/lm_addition.yaml).
 """
 from __future__ import annotations
 
