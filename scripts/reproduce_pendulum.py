@@ -25,7 +25,7 @@ from dppo.training.rundir import complete, launch_train
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = [("PG", "pendulum_pg"), ("DP-PG", "pendulum_dp_pg"), ("NPG", "pendulum_npg"),
         ("DP-NPG", "pendulum_dp_npg"), ("REBEL", "pendulum_rebel"), ("DP-REBEL", "pendulum_dp_rebel")]
-TUNING_SEEDS = "100"  # where conf/experiment/pendulum_*.yaml's values were selected
+TUNING_SEEDS = "seed 100 (40-round runs)"  # where conf/experiment/pendulum_*.yaml's values were selected
 
 
 def run_dir(out: str, exp: str, seed: int) -> str:
@@ -58,11 +58,14 @@ def describe(cfg) -> str:
     """The setting of the table, read from a run's saved config (so the text cannot drift from the runs)."""
     hidden = list(cfg.policy.hidden_sizes)
     body = f"{len(hidden)} x {hidden[0]} {cfg.policy.activation}" if hidden else "linear"
-    G = cfg.group_size if cfg.group_size is not None else cfg.algo.group_size
     return (f"Gaussian MLP policy ({body}, state-independent log-std, {cfg.policy.squash}-squashed to the torque "
-            f"Box [-2, 2]); each user runs G = {G} rollouts of 200 steps from its own start state (one privacy "
-            f"unit); rewards clipped to [-{cfg.reward_bound:g}, {cfg.reward_bound:g}] (the native range, so no "
-            f"reward is changed); delta = {cfg.delta:g}")
+            f"Box [-2, 2]); each user runs G rollouts of 200 steps from its own start state (one privacy unit; "
+            f"G per row below); rewards clipped to [-{cfg.reward_bound:g}, {cfg.reward_bound:g}] (the native "
+            f"range, so no reward is changed); delta = {float(cfg.delta):.0e}")
+
+
+def group_size(cfg) -> int:
+    return int(cfg.group_size if cfg.group_size is not None else cfg.algo.group_size)
 
 
 def report(args) -> str:
@@ -81,17 +84,17 @@ def report(args) -> str:
         spent = sum(s["epsilon_spent"] for s in sums) / len(sums)
         wall = sum(s["wall_time_s"] for s in sums) / len(sums)
         rows.append(f"| {label} | {eps} | {init[0]:.1f} +- {init[1]:.1f} | {fin[0]:.1f} +- {fin[1]:.1f} | "
-                    f"{spent:.3g} | {cfg.rounds} x {cfg.users_per_round} | {len(sums)} | {wall:.0f} |")
+                    f"{spent:.3g} | {cfg.rounds} x {cfg.users_per_round} x {group_size(cfg)} | {len(sums)} | {wall:.0f} |")
     lines = ["# Pendulum-v1: continuous actions", "",
              (setting or "Gaussian MLP policy") + "; seeds " + ", ".join(map(str, args.seeds)) + " (hyper-parameters "
-             f"chosen on seeds {TUNING_SEEDS} only; the selected values and what was compared are in the comments of "
+             f"chosen on {TUNING_SEEDS} only; the selected values and what was compared are in the comments of "
              "`conf/experiment/pendulum_*.yaml`). Initial / final: mean return of the initial / final stochastic "
              "policy on the same held-out evaluation episodes (mean +- std over seeds); seeded noise "
              "(`privacy.secure_rng=false`) so the table reproduces.", "",
-             "| algorithm | eps | initial return | final return | eps spent | rounds x users | seeds | wall s/run |",
+             "| algorithm | eps | initial return | final return | eps spent | rounds x users x G | seeds | wall s/run |",
              "|---|---|---|---|---|---|---|---|", *rows,
-             "", "Command: `python scripts/reproduce_pendulum.py --jobs " + str(args.jobs) + "` (runs under "
-             + os.path.relpath(args.out, ROOT) + ")."]
+             "", "Command: `python scripts/reproduce_pendulum.py --jobs 2` (runs under " + os.path.relpath(args.out, ROOT)
+             + "; resumable, so the grid may also run in chunks with `--only`, then `--report`)."]
     return "\n".join(lines) + "\n"
 
 
