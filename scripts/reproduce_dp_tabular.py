@@ -3,15 +3,17 @@ under --out, then a section of runs/reference/tabular.md (between markers; the P
 is scripts/reproduce_tabular.py's) and runs/reference/tabular_dp.png.
 
     python scripts/reproduce_dp_tabular.py --H 20 --T 100000 --seeds 0 1 2 3 4 --eps 1 5        # table rows
-    python scripts/reproduce_dp_tabular.py --H 10 --T 1000000 --seeds 0 --eps 1 5                # ratio curve
+    python scripts/reproduce_dp_tabular.py --H 10 --T 1000000 --seeds 0 1 2 3 4 --eps 1 5      # ratio curve
+    python scripts/reproduce_dp_tabular.py --gym FrozenLake-v1:20:20000 Taxi-v4:20:300 --eps 1    # toy-text envs
     python scripts/reproduce_dp_tabular.py --report                                              # section + plot
 
 Each run uses the real learners through the Python API (one fresh user per episode from the one-pass
 sampler, releases in the ledger, eps from the zCDP accountant at delta = 1e-5). The noise is seeded
 (``NoiseSource(seed, secure=False)``, the CLI's ``privacy.secure_rng=false``) so that runs reproduce.
 Every run records its cumulative regret, count-error bound E and gate-open fraction after every round
-(1000 episodes), so one run of length T gives the curve against t <= T (its counters are calibrated for
-T, so the early part is slightly noisier than a run of that length would be).
+(1000 episodes), so one run of length T gives the curve against t <= T - approximately: DP-UBEV's bound is
+not anytime (its counters and union bound are calibrated for T), so the early part is noisier than a run of
+that length would be (E at t = T/10 is ~1.14x; the report prints it); UBEV's curve is exact.
 """
 from __future__ import annotations
 
@@ -63,6 +65,52 @@ def run_one(H: int, algo: str, eps, seed: int, T: int, counter: str, pool: bool)
             "gate_open_fraction": gate, "E": E, "final_E": learner.count_error_bound(),
             "epsilon_spent": privacy.spent()[0], "delta": privacy.spent()[1], "wall_s": wall,
             "episodes_per_s": T / wall, "noise_std": learner.noise_std() if algo == "dp_ubev" else None}
+
+
+def run_gym(env_id: str, H: int, algo: str, eps, seed: int, T: int) -> dict:
+    """One run on a toy-text gymnasium env through its exact model (``dppo.envs.tabular.from_gym``): the
+    final greedy policy's exact expected return beside the optimal and the uniformly random policy's."""
+    import gymnasium as gym
+
+    from dppo.envs.tabular import from_gym
+
+    mdp = from_gym(gym.make(env_id), H)
+    privacy = PrivacyContext(eps, 1e-5, accountant=make_accountant("basic" if algo == "ubev" else "zcdp"),
+                             noise=NoiseSource(seed, secure=False))
+    common = dict(privacy=privacy, sampler=OnePassUserSampler(1000, seed=seed), seed=seed, episodes=T,
+                  episodes_per_round=min(1000, T))
+    learner = UBEV(mdp, **common) if algo == "ubev" else DPUBEV(mdp, **common)
+    t0 = time.perf_counter()
+    for r in range(learner.num_rounds):
+        m = learner.train_round(r)
+    wall = time.perf_counter() - t0
+    native = lambda v: float(mdp.to_native_return(torch.tensor(v, dtype=torch.float64)))
+    greedy = torch.as_tensor(learner.greedy_policy())
+    uniform = torch.full((mdp.S, mdp.A), 1.0 / mdp.A, dtype=torch.float64)
+    return {"env_id": env_id, "H": H, "algo": algo, "eps": eps, "seed": seed, "T": T, "S": mdp.S, "A": mdp.A,
+            "cumulative_regret": float(learner.episode_regret.sum()), "greedy_return": native(mdp.policy_value(greedy)),
+            "random_return": native(mdp.policy_value(uniform)), "optimal_return": native(learner.optimal),
+            "last_round_return": m["diag/return"], "gate_open_fraction": m.get("counters/gate_open_fraction"),
+            "final_E": learner.count_error_bound(), "epsilon_spent": privacy.spent()[0], "wall_s": wall}
+
+
+def gym_rows(out: str) -> list[str]:
+    runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(out, "gym_*.json")))]
+    if not runs:
+        return []
+    rows = ["### Discrete gymnasium envs (`--gym`, exact model, one seed)", "",
+            "Expected H-step return (native units, exact policy evaluation) of the greedy policy after T episodes, "
+            "beside the optimal policy's and the uniformly random policy's.", "",
+            "| env | H | algo | eps | seed | T | greedy return | random policy | optimal | regret | E at T | "
+            "open gates at T | wall (s) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        eps = "-" if r["eps"] is None else f"{r['eps']:g}"
+        gate = "-" if r["gate_open_fraction"] is None else f"{r['gate_open_fraction']:.2f}"
+        E = "-" if r["algo"] == "ubev" else f"{r['final_E']:.4g}"
+        rows.append(f"| {r['env_id']} (S={r['S']}, A={r['A']}) | {r['H']} | {r['algo']} | {eps} | {r['seed']} | "
+                    f"{r['T']:,} | {r['greedy_return']:.4g} | {r['random_return']:.4g} | {r['optimal_return']:.4g} | "
+                    f"{r['cumulative_regret']:,.0f} | {E} | {gate} | {r['wall_s']:.0f} |")
+    return rows + [""]
 
 
 def _tag(r):
@@ -137,37 +185,115 @@ def _at(r, t):
     return r["curve"][r["rounds"].index(t)]
 
 
+POINTS = (1000, 2000, 5000, 10 ** 4, 2 * 10 ** 4, 5 * 10 ** 4, 10 ** 5, 2 * 10 ** 5, 5 * 10 ** 5, 10 ** 6)
+
+
+def _crossover(ts: list, ratio) -> str:
+    """First t from which the ratio stays <= 1.5; if it is above 1.5 at the end, a log-log extrapolation
+    of the ratio's last decade (or '> T' when it is not falling)."""
+    above = [t for t in ts if ratio(t) > 1.5]
+    if not above:
+        return f"{ts[0]:,}"
+    if above[-1] != ts[-1]:
+        return f"{next(t for t in ts if t > above[-1]):,}"
+    t1 = ts[-1]
+    t0 = next((t for t in ts if t >= t1 / 10), ts[0])
+    r0, r1 = ratio(t0), ratio(t1)
+    if t0 == t1 or r1 >= r0:
+        return f"> {t1:,} (not falling)"
+    slope = math.log(r1 / r0) / math.log(t1 / t0)
+    return f"> {t1:,} (extrapolated ~{t1 * (1.5 / r1) ** (1 / slope):,.3g})"
+
+
+def _anytime_note(H: int, T: int, eps_values: list, runs: list) -> list[str]:
+    """E at t inside a run planned for T beside E of a run planned for t: the bound is not anytime."""
+    rows = ["| eps | t | E at t in the T = {:,} run | E at the end of a run of T = t | ratio |".format(T),
+            "|---|---|---|---|---|"]
+    mdp = riverswim(horizon=H)
+    for eps in eps_values:
+        rs = [r for r in runs if r["algo"] == "dp_ubev" and r["eps"] == eps and r["T"] == T]
+        if not rs:
+            continue
+        for t in (10 ** 4, 10 ** 5):
+            if t >= T or t not in rs[0]["rounds"]:
+                continue
+            inside = rs[0]["E"][rs[0]["rounds"].index(t)]
+            ctx = PrivacyContext(eps, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(0, secure=False))
+            alone = DPUBEV(mdp, privacy=ctx, seed=0, episodes=t, counter=rs[0]["counter"],
+                           pool_steps=rs[0]["pool"]).final_count_error_bound()
+            rows.append(f"| {eps:g} | {t:,} | {inside:.4g} | {alone:.4g} | {inside / alone:.2f} |")
+    return rows
+
+
+def _old_subsections(md: str, keep: set) -> dict:
+    """Subsections (``### ...`` blocks) of the current section whose (H, T) has no run JSON in --out: kept
+    as they are (labelled) so that regenerating one part does not drop the others."""
+    if not os.path.exists(md):
+        return {}
+    text = open(md).read()
+    if BEGIN not in text:
+        return {}
+    sec = text[text.index(BEGIN):text.index(END)]
+    out = {}
+    for block in sec.split("\n### ")[1:]:
+        title = block.split("\n", 1)[0]
+        for key in keep:
+            if key in title:
+                body = block.split("\n![DP-UBEV")[0]
+                body = "\n".join(l for l in body.splitlines() if not l.startswith("(carried over"))
+                out[title] = "### " + body.rstrip()
+    return out
+
+
 def report(args) -> None:
     runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.out, "riverswim_h*_T*.json")))]
+    groups = sorted({(r["H"], r["T"]) for r in runs})
+    # (H, T) groups of the previous section that have no JSON here are carried over (their titles)
+    old_keys = {f"RiverSwim H = {H}, T = {T:,} episodes" for H, T in ((20, 10 ** 5), (10, 10 ** 6))
+                if (H, T) not in groups}
+    old_keys |= {f"(runs of T = {T:,}, RiverSwim H = {H})" for H, T in ((20, 10 ** 5), (10, 10 ** 6))
+                 if (H, T) not in groups}
+    bounds = os.path.join(args.out, "bounds.md")
+    if not os.path.exists(bounds):
+        old_keys.add("Count-error bounds")
+    carried = _old_subsections(args.md, old_keys)
     lines = [BEGIN, "", "## DP-UBEV (Gaussian continual counters) beside UBEV and PUCB, RiverSwim",
              "", "Produced by `python scripts/reproduce_dp_tabular.py` (see docs/tabular.md): delta = 1e-5, eps from "
              "the zCDP accountant, seeded noise (`privacy.secure_rng=false`). `E` = the count-error bound the learner "
              "uses at the last episode (exact release std x union quantile over the 4 S A T released quantities its "
              "plans read; PUCB: the reference's E_eps). Ratio = regret / UBEV's regret at the same T and seeds "
-             "(UBEV per step, the paper's).", ""]
-    bounds = os.path.join(args.out, "bounds.md")
+             "(UBEV per step, the paper's); the per-seed column gives the range of the seeds' own ratios.", ""]
     if os.path.exists(bounds):
         lines += ["### Count-error bounds (`--bound-check`)", "", open(bounds).read().strip(), ""]
-    groups = sorted({(r["H"], r["T"]) for r in runs})
+    for title, block in carried.items():
+        if "Regret ratio" not in title:
+            lines += [block, "", "(carried over from the previous regeneration: its run records / bounds are not in "
+                      f"`{args.out}` this time)", ""]
+    separate = []                                   # (H, tag, T, ratio) of every paired row: the plot's markers
     for H, T in groups:
         sel = [r for r in runs if r["H"] == H and r["T"] == T]
         base = [r for r in sel if r["algo"] == "ubev"]
         lines += [f"### RiverSwim H = {H}, T = {T:,} episodes", "",
-                  "| algo | eps | seeds | regret (mean +- std) | / UBEV | E at T | open gates at T | ep/s |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| algo | eps | seeds | regret (mean +- std) | / UBEV | per-seed ratio (min-max) | E at T | "
+                  "open gates at T | ep/s |", "|---|---|---|---|---|---|---|---|---|"]
         for tag in sorted({_tag(r) for r in sel}, key=lambda t: (t != "ubev", t)):
             rs = [r for r in sel if _tag(r) == tag]
             seeds = [r["seed"] for r in rs]
             m, sd = _mean_std([r["cumulative_regret"] for r in rs])
-            b = [r["cumulative_regret"] for r in base if r["seed"] in seeds]
-            ratio = "-" if tag == "ubev" or len(b) != len(rs) else f"{m / _mean_std(b)[0]:.2f}"
+            bmap = {r["seed"]: r["cumulative_regret"] for r in base}
+            paired = tag != "ubev" and all(s in bmap for s in seeds)
+            ratio = f"{m / _mean_std([bmap[s] for s in seeds])[0]:.2f}" if paired else "-"
+            per = [r["cumulative_regret"] / bmap[r["seed"]] for r in rs] if paired else []
+            per = f"{min(per):.2f}-{max(per):.2f}" if per else "-"
             gate = rs[0]["gate_open_fraction"][-1]
             gate = "-" if gate is None else f"{sum(r['gate_open_fraction'][-1] for r in rs) / len(rs):.2f}"
             E = "-" if tag == "ubev" else f"{rs[0]['final_E']:.4g}"
             speed = sum(r["episodes_per_s"] for r in rs) / len(rs)
             eps = "-" if rs[0]["eps"] is None else f"{rs[0]['eps']:g}"
-            lines.append(f"| {tag} | {eps} | {','.join(map(str, seeds))} | {m:,.1f} +- {sd:,.1f} | {ratio} | {E} | "
-                         f"{gate} | {speed:,.0f} |")
+            if paired:
+                separate.append((H, tag, T, float(ratio)))
+            lines.append(f"| {tag} | {eps} | {','.join(map(str, seeds))} | {m:,.1f} +- {sd:,.1f} | {ratio} | {per} | "
+                         f"{E} | {gate} | {speed:,.0f} |")
         lines.append("")
     # ratio against t from the longest runs at each H
     curve_rows = []
@@ -177,37 +303,57 @@ def report(args) -> None:
         base = [r for r in sel if r["algo"] == "ubev"]
         if not base:
             continue
-        points = [t for t in (1000, 2000, 5000, 10 ** 4, 2 * 10 ** 4, 5 * 10 ** 4, 10 ** 5, 2 * 10 ** 5, 5 * 10 ** 5, 10 ** 6)
-                  if t <= T]
-        lines += [f"### Regret ratio to UBEV against t (runs of T = {T:,}, RiverSwim H = {H})", "",
-                  "| algo | seeds | " + " | ".join(f"t={t:,}" for t in points) + " | crossover t (ratio <= 1.5 from t on) |",
-                  "|---|---|" + "---|" * (len(points) + 1)]
+        points = [t for t in POINTS if t <= T]
+        head = "| algo | seeds | " + " | ".join(f"t={t:,}" for t in points)
+        ratio_lines = [f"### Regret ratio to UBEV against t (runs of T = {T:,}, RiverSwim H = {H})", "",
+                       head + " | crossover t (ratio <= 1.5 from t on) |", "|---|---|" + "---|" * (len(points) + 1)]
+        gate_lines = [f"### Gate-open fraction and E against t (runs of T = {T:,}, RiverSwim H = {H})", "",
+                      "Share of pooled (s, a) with `n~ > E` after t episodes (mean over the seeds; from released counts "
+                      "only), and the count-error bound E the learner used at t.", "",
+                      "| algo | quantity | " + " | ".join(f"t={t:,}" for t in points) + " |",
+                      "|---|---|" + "---|" * len(points)]
         for tag in sorted({_tag(r) for r in sel if r["algo"] != "ubev"}):
             rs = [r for r in sel if _tag(r) == tag]
-            seeds = [r["seed"] for r in rs]
-            b = [r for r in base if r["seed"] in seeds]
-            if len(b) != len(rs):
+            bmap = {r["seed"]: r for r in base}
+            rs = [r for r in rs if r["seed"] in bmap]
+            if not rs:
                 continue
-            ratio = lambda t: sum(_at(r, t) for r in rs) / max(1e-12, sum(_at(r, t) for r in b))
-            ts = rs[0]["rounds"]                        # crossover: the ratio stays <= 1.5 from there on
-            above = [t for t in ts if ratio(t) > 1.5]
-            cross = ts[0] if not above else next((t for t in ts if t > above[-1]), None)
+            seeds = [r["seed"] for r in rs]
+            b = [bmap[s] for s in seeds]
+            ratio = lambda t, rs=rs, b=b: sum(_at(r, t) for r in rs) / max(1e-12, sum(_at(r, t) for r in b))
+            ts = rs[0]["rounds"]
             cells = [f"{ratio(t):.2f}" for t in points]
-            lines.append(f"| {tag} | {','.join(map(str, seeds))} | " + " | ".join(cells) + " | "
-                         + (f"{cross:,}" if cross else f"> {T:,}") + " |")
+            ratio_lines.append(f"| {tag} | {','.join(map(str, seeds))} | " + " | ".join(cells) + " | "
+                               + _crossover(ts, ratio) + " |")
+            if rs[0]["gate_open_fraction"][0] is not None:
+                idx = [ts.index(t) for t in points]
+                gate_lines.append(f"| {tag} | open gates | " + " | ".join(
+                    f"{sum(r['gate_open_fraction'][i] for r in rs) / len(rs):.2f}" for i in idx) + " |")
+                gate_lines.append(f"| {tag} | E | " + " | ".join(f"{rs[0]['E'][i]:.4g}" for i in idx) + " |")
             curve_rows.append((H, tag, rs, b))
-        lines.append("")
+        lines += ratio_lines + [""] + gate_lines + [""]
+        eps_values = sorted({r["eps"] for r in sel if r["algo"] == "dp_ubev" and r["eps"] is not None})
+        note = _anytime_note(H, T, eps_values, sel) if T > 10 ** 4 else []
+        if len(note) > 2:
+            lines += [f"Not anytime: E at t in a run planned for T = {T:,} is larger than in a run planned for t "
+                      "(the union quantile z covers 4 S A T releases and the square-root counter's sensitivity "
+                      "kappa grows with T), so the curve above is the regret of the T-calibrated learner at t, an "
+                      "upper estimate for a separate run of length t:", ""] + note + [""]
+    for title, block in carried.items():
+        if "Regret ratio" in title:
+            lines += [block, "", "(carried over from the previous regeneration)", ""]
+    lines += gym_rows(args.out)
     lines += ["![DP-UBEV vs UBEV](tabular_dp.png)", "", END]
     text = open(args.md).read() if os.path.exists(args.md) else ""
     if BEGIN in text:
         text = text[:text.index(BEGIN)] + text[text.index(END) + len(END):].lstrip("\n")
     with open(args.md, "w") as f:
         f.write(text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
-    _plot(curve_rows, args.png)
+    _plot(curve_rows, args.png, separate)
     print("\n".join(lines))
 
 
-def _plot(curve_rows, png) -> None:
+def _plot(curve_rows, png, separate=()) -> None:
     if not curve_rows:
         return
     import matplotlib
@@ -219,7 +365,10 @@ def _plot(curve_rows, png) -> None:
     for H, tag, rs, b in curve_rows:
         t = rs[0]["rounds"]
         ratio = [sum(_at(r, x) for r in rs) / sum(_at(r, x) for r in b) for x in t]
-        ax1.semilogx(t, ratio, label=f"{tag}, H={H} ({len(rs)} seeds)")
+        line, = ax1.semilogx(t, ratio, label=f"{tag}, H={H} ({len(rs)} seeds)")
+        pts = [(T, q) for h, g, T, q in separate if h == H and g == tag]
+        if pts:
+            ax1.semilogx(*zip(*pts), "o", color=line.get_color(), label=f"{tag}, H={H}: separate runs of length T")
         if rs[0]["gate_open_fraction"][0] is not None:
             gate = [sum(r["gate_open_fraction"][i] for r in rs) / len(rs) for i in range(len(t))]
             ax2.semilogx(t, gate, label=f"{tag}, H={H}")
@@ -228,7 +377,7 @@ def _plot(curve_rows, png) -> None:
     ax1.set_ylabel("cumulative regret / UBEV's")
     ax1.set_title("regret ratio to UBEV")
     ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=7, loc="upper right")
     ax2.set_xlabel("episodes t")
     ax2.set_ylabel("share of (s, a) with n~ > E")
     ax2.set_title("gate-open fraction (from released counts)")
@@ -256,6 +405,9 @@ def main() -> None:
     p.add_argument("--out", default="runs/tabular_dp")
     p.add_argument("--md", default="runs/reference/tabular.md")
     p.add_argument("--png", default="runs/reference/tabular_dp.png")
+    p.add_argument("--gym", nargs="*", default=None, metavar="ENV_ID:H:T",
+                   help="runs on toy-text gymnasium envs (UBEV and dp_ubev at each --eps, seed --seeds[0]), "
+                        "e.g. FrozenLake-v1:20:20000")
     p.add_argument("--report", action="store_true", help="only write the section and plot from existing runs")
     p.add_argument("--bound-check", action="store_true", help="E of every counter at --H, --T[0], eps=--eps[0], "
                    "and the empirical fraction of releases outside it (written to --out/bounds.md)")
@@ -266,6 +418,20 @@ def main() -> None:
         with open(os.path.join(args.out, "bounds.md"), "w") as f:
             f.write(f"RiverSwim H = {args.H}, T = {args.T[0]:,}, eps = {args.eps[0]:g}, delta = 1e-5\n\n" + "\n".join(rows) + "\n")
         print("\n".join(rows))
+        return
+    if args.gym is not None:
+        os.makedirs(args.out, exist_ok=True)
+        for spec in args.gym:
+            env_id, H, T = spec.split(":")
+            for algo, eps in [("ubev", None)] * (not args.no_ubev) + [("dp_ubev", e) for e in args.eps]:
+                path = os.path.join(args.out, f"gym_{env_id}_h{H}_{algo}_{'exact' if eps is None else f'eps{eps:g}'}"
+                                    f"_s{args.seeds[0]}_T{T}.json")
+                if os.path.exists(path):
+                    continue
+                res = run_gym(env_id, int(H), algo, eps, args.seeds[0], int(T))
+                with open(path, "w") as f:
+                    json.dump(res, f)
+                print(json.dumps(res), flush=True)
         return
     if not args.report:
         run_grid(args)
