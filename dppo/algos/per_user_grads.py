@@ -20,6 +20,12 @@ inputs and errors; parameters owned by the policy module itself (e.g. the log-li
 Gaussian head's log-std) use a vmap over users of the whole objective restricted to those parameters.
 ``method="func"`` computes everything with the original vmap over users (the reference).
 
+Cost: one forward with hooks on the parameter-owning modules, one ``torch.autograd.grad`` to the
+layer outputs only (the engine then skips every parameter-gradient product of an ordinary backward),
+and per layer one batched matmul per bucket of users with equal row counts (``Groups``: the flops of
+the weight-gradient matmuls the backward skipped), added straight into the (users, P) output. When the
+users' rows arrive in id order (the learners' layout) the layout is a few tensor ops.
+
 Only parameters with ``requires_grad`` get gradients; rows are their concatenation in
 ``named_parameters()`` order. Assumption (as in Opacus): a parameter is used only inside the forward of
 the module that owns it; a module output or input modified in place after the forward is detected and
@@ -76,19 +82,24 @@ class Groups:
     """
 
     def __init__(self, user: torch.Tensor, num_users: int, pad_multiple: int = PAD_MULTIPLE,
-                 keep: torch.Tensor | None = None):
+                 keep: torch.Tensor | None = None, sorted_users: bool = False, rows_per_user: int | None = None):
+        m, B = int(num_users), int(pad_multiple)
+        self.num_users = m
+        self._slot_user = None
+        if B == 1 and self._init_sorted(user, m, keep, sorted_users, rows_per_user):
+            return
         user = np.asarray(user, dtype=np.int64)  # index book-keeping in numpy: cheaper on small arrays
         n_all = len(user)
         rows = np.arange(n_all) if keep is None else np.flatnonzero(np.asarray(keep))  # rows that take part
         user = user[rows]
-        m, B, N = int(num_users), int(pad_multiple), len(user)
+        N = len(user)
         counts = np.bincount(user, minlength=m)[:m] if N else np.zeros(m, dtype=np.int64)
         lens = (counts + B - 1) // B * B
         phantom = max(0, -(-(MIN_ROWS - int(lens.sum())) // B) * B)
         counts, lens = np.append(counts, 0), np.append(lens, phantom)
         ends = np.cumsum(lens)  # users laid out in id order (the phantom last)
         start = ends - lens
-        self.num_users, self.num_slots = m, int(ends[-1])
+        self.num_slots = int(ends[-1])
         is_sorted = N < 2 or bool(np.all(user[1:] >= user[:-1]))
         rorder = np.arange(N) if is_sorted else np.argsort(user, kind="stable")
         cstart = np.cumsum(counts) - counts
@@ -106,18 +117,79 @@ class Groups:
         weight_src = np.full(self.num_slots, n_all, dtype=np.int64)  # ... with weight 0
         weight_src[slot_of_row] = rows
         src = rows[src] if N else np.zeros(self.num_slots, dtype=np.int64)
-        self.slot_user, self.src, self.weight_src = (torch.from_numpy(a) for a in (slot_user, src, weight_src))
-        self.buckets = []  # runs of consecutive users with equal padded length: (first slot, users, length)
-        active = np.flatnonzero(lens[:m])  # the phantom user's slots are computed but never summed
-        if len(active):
-            change = np.flatnonzero(np.diff(lens[active])) + 1
-            for lo, hi in zip(np.r_[0, change], np.r_[change, len(active)]):
-                users = active[lo:hi]
-                self.buckets.append((int(start[users[0]]), torch.from_numpy(users.copy()), int(lens[users[0]])))
+        self._slot_user, self.src, self.weight_src = (torch.from_numpy(a) for a in (slot_user, src, weight_src))
+        self._set_buckets(lens[:m].tolist(), start.tolist())
+
+    def _init_sorted(self, user, m: int, keep, known_sorted: bool, rows_per_user: int | None = None) -> bool:
+        """The common layout without padding (``pad_multiple=1``), users' rows already in id order: slots
+        are the kept rows themselves (plus phantom rows up to ``MIN_ROWS``), built with a few tensor ops.
+        Returns False (nothing set) when the rows are not sorted by user."""
+        user = torch.as_tensor(user)
+        n_all = user.shape[0]
+        if keep is not None and bool(keep.all()):
+            keep = None
+        rows = None if keep is None else keep.nonzero().squeeze(1)
+        if rows_per_user is not None:  # padded users (m, T): user u owns rows u*T .. (u+1)*T-1
+            counts = torch.full((m,), rows_per_user, dtype=torch.long) if keep is None else \
+                keep.view(m, rows_per_user).sum(1)
+            N = n_all if rows is None else rows.shape[0]
+        else:
+            kept_user = user if rows is None else user[rows]
+            N = kept_user.shape[0]
+            if not known_sorted and N > 1 and not bool((kept_user[1:] >= kept_user[:-1]).all()):
+                return False
+            counts = torch.bincount(kept_user, minlength=m)[:m] if N else torch.zeros(m, dtype=torch.long)
+        phantom = max(0, MIN_ROWS - N)
+        self.num_slots = N + phantom
+        self.identity = rows is None and phantom == 0
+        if not self.identity:
+            base = torch.arange(n_all) if rows is None else rows
+            first = base[:1] if N else torch.zeros(1, dtype=torch.long)
+            self.src = torch.cat([base, first.expand(phantom)]) if phantom else base
+            self.weight_src = torch.cat([base, torch.full((phantom,), n_all, dtype=torch.long)]) if phantom else base
+        self._counts, self._phantom = counts, phantom
+        lens = counts.tolist()
+        start, acc = [], 0
+        for n in lens:
+            start.append(acc)
+            acc += n
+        self._set_buckets(lens, start)
+        return True
+
+    def _set_buckets(self, lens: list, start: list) -> None:
+        """Runs of consecutive users (skipping users without rows) with equal padded length."""
+        self.buckets = []  # (first slot, users, length); users as a tensor and as a range (consecutive ids)
+        self._ranges = []
+        run: list = []
+        for u, L in enumerate(lens):
+            if L == 0:  # a user without rows ends the run: every bucket is a range of consecutive users
+                if run:
+                    self._close(run, lens, start)
+                    run = []
+                continue
+            if run and lens[run[0]] != L:
+                self._close(run, lens, start)
+                run = []
+            run.append(u)
+        if run:
+            self._close(run, lens, start)
+
+    def _close(self, run, lens, start):
+        self.buckets.append((start[run[0]], torch.tensor(run), lens[run[0]]))
+        self._ranges.append((run[0], run[-1] + 1) if run[-1] - run[0] + 1 == len(run) else None)
+
+    @property
+    def slot_user(self) -> torch.Tensor:
+        """User of each slot (``num_users`` on the phantom user's slots)."""
+        if self._slot_user is None:
+            m = self.num_users
+            self._slot_user = torch.repeat_interleave(torch.arange(m + 1),
+                                                      torch.cat([self._counts, torch.tensor([self._phantom])]))
+        return self._slot_user
 
     def layout(self, t: torch.Tensor) -> torch.Tensor:
         """Rows (N, ...) in slot layout (slots, ...)."""
-        return t if self.identity else t[self.src]
+        return t if self.identity else t.index_select(0, self.src)
 
     def layout_weights(self, w: torch.Tensor) -> torch.Tensor:
         """Row weights in slot layout, 0 on padding slots (and for rows left out)."""
@@ -126,14 +198,17 @@ class Groups:
     def per_user(self, fn, *tensors) -> torch.Tensor:
         """(users, ...) from ``fn(*bucket views)``, each view (users of the bucket, L * ..., ...)."""
         out = None
-        for s0, users, L in self.buckets:
+        for (s0, users, L), rng in zip(self.buckets, self._ranges):
             n = len(users)
             r = fn(*[t[s0:s0 + n * L].reshape(n, L, *t.shape[1:]) for t in tensors])
             if n == self.num_users:  # one bucket holds every user, in order
                 return r
             if out is None:
                 out = r.new_zeros((self.num_users,) + tuple(r.shape[1:]))
-            out[users] = r
+            if rng is not None:
+                out[rng[0]:rng[1]] = r
+            else:
+                out[users] = r
         return out
 
     def block_matmul(self, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -146,9 +221,81 @@ class Groups:
             return torch.bmm(gb.transpose(1, 2), xb)
         return self.per_user(mm, g, x)
 
+    def linear(self, g: torch.Tensor, x: torch.Tensor | None) -> tuple:
+        """Per user: (sum of g^T x, sum of g) over its slots and inner positions, in one pass over the
+        buckets (``x=None``: the bias part only). g (slots, *inner, out), x (slots, *inner, in)."""
+        d_out = g.shape[-1]
+        d_in = None if x is None else x.shape[-1]
+        wide_last = d_in is not None and d_in < d_out  # the faster orientation: the wider factor last
+        ws, bs = [], []
+        for s0, users, L in self.buckets:
+            n = len(users)
+            gb = g.narrow(0, s0, n * L).reshape(n, -1, d_out)
+            if d_in is not None:
+                xb = x.narrow(0, s0, n * L).reshape(n, -1, d_in)
+                ws.append(torch.bmm(xb.transpose(1, 2), gb).transpose(1, 2) if wide_last
+                          else torch.bmm(gb.transpose(1, 2), xb))
+            bs.append(gb.sum(1))
+        return (None if d_in is None else self.parts(ws)), self.parts(bs)
+
+    def linear_into(self, g: torch.Tensor, x: torch.Tensor | None, w_out: torch.Tensor | None,
+                    b_out: torch.Tensor | None) -> None:
+        """``linear`` written straight into the output columns: w_out (users, out * in), b_out (users, out)
+        (either may be None). Every bucket is a range of consecutive users (``_set_buckets``)."""
+        d_out = g.shape[-1]
+        d_in = x.shape[-1] if w_out is not None else None
+        wide_last = d_in is not None and d_in < d_out  # the faster orientation: the wider factor last
+        for (s0, users, L), (u0, u1) in zip(self.buckets, self._ranges):
+            n = u1 - u0
+            gb = g.narrow(0, s0, n * L).reshape(n, -1, d_out)
+            if w_out is not None:
+                xb = x.narrow(0, s0, n * L).reshape(n, -1, d_in)
+                dst = w_out[u0:u1].view(n, d_out, d_in)
+                if wide_last:
+                    torch.bmm(xb.transpose(1, 2), gb, out=dst.transpose(1, 2))
+                else:
+                    torch.bmm(gb.transpose(1, 2), xb, out=dst)
+            if b_out is not None:
+                torch.sum(gb, 1, out=b_out[u0:u1])
+
+    def parts(self, parts: list):
+        """The buckets' results as (users, ...) when one bucket holds every user, else as ``BucketParts``
+        (added into the output where they belong, without materializing a zero-padded copy)."""
+        if len(parts) == 1 and parts[0].shape[0] == self.num_users:
+            return parts[0]
+        return BucketParts(parts)
+
+    def add_into(self, out: torch.Tensor, v) -> None:
+        """out (users, k) += v, a (users, ...) tensor or ``BucketParts``."""
+        if not isinstance(v, BucketParts):
+            out += v.reshape(out.shape)
+            return
+        for (_, users, _), rng, r in zip(self.buckets, self._ranges, v.parts):
+            if rng is not None:
+                out[rng[0]:rng[1]] += r.reshape(rng[1] - rng[0], -1)
+            else:
+                out.index_add_(0, users, r.reshape(len(users), -1))
+
     def sum(self, t: torch.Tensor, inner: int = 1) -> torch.Tensor:
         """Per-user sum over slots (and ``inner`` dims after the first) of (slots, *inner, ...) -> (users, ...)."""
         return self.per_user(lambda tb: tb.reshape(tb.shape[0], -1, *tb.shape[1 + inner:]).sum(1), t)
+
+
+class BucketParts:
+    """Per-bucket results of a rule (rows = the bucket's users), in ``Groups.buckets`` order."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list):
+        self.parts = parts
+
+    def full(self, groups: "Groups") -> torch.Tensor:
+        out = self.parts[0].new_zeros((groups.num_users,) + tuple(self.parts[0].shape[1:]))
+        groups.add_into(out.view(groups.num_users, -1), self)
+        return out
+
+    def __add__(self, other):
+        raise TypeError("BucketParts are added into an output with Groups.add_into")
 
 
 def pad_users(t: torch.Tensor, user: torch.Tensor, num_users: int) -> torch.Tensor:
@@ -170,11 +317,13 @@ def pad_users(t: torch.Tensor, user: torch.Tensor, num_users: int) -> torch.Tens
 def _linear(module, inputs, output, g, groups: Groups, names) -> dict:
     if not inputs:
         raise Unsupported("Linear called with keyword input")
+    # per user: sum_r g_r^T x_r and sum_r g_r
+    w, b = groups.linear(g, inputs[0] if "weight" in names else None)
     out = {}
     if "weight" in names:
-        out["weight"] = groups.block_matmul(g, inputs[0])  # per user: sum_r g_r^T x_r
+        out["weight"] = w
     if "bias" in names:
-        out["bias"] = groups.sum(g, inner=g.dim() - 1)
+        out["bias"] = b
     return out
 
 
@@ -320,7 +469,8 @@ def per_user_gradients(policy, obs, actions, weights, user_index: torch.Tensor |
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got '{method}'")
-    if user_index is None:
+    padded = user_index is None
+    if padded:
         m, T = weights.shape[:2]
         user_index = torch.arange(m).repeat_interleave(T)
         obs, actions, weights = obs.reshape(m * T, *obs.shape[2:]), actions.reshape(m * T, *actions.shape[2:]), \
@@ -336,13 +486,12 @@ def per_user_gradients(policy, obs, actions, weights, user_index: torch.Tensor |
         return torch.zeros(m, P, dtype=dtype)
     if method == "func":
         return _func_over_users(policy, obs, actions, weights, user_index, keep, m)
-    groups = Groups(user_index, m, pad_multiple, keep)
+    groups = Groups(user_index, m, pad_multiple, keep, sorted_users=padded, rows_per_user=T if padded else None)
     try:
-        grads = _hook_gradients(policy, params, groups.layout(obs), groups.layout(actions),
-                                groups.layout_weights(weights), groups)
+        return _hook_gradients(policy, params, groups.layout(obs), groups.layout(actions),
+                               groups.layout_weights(weights), groups, P, dtype)
     except Unsupported:
         return _func_over_users(policy, obs, actions, weights, user_index, keep, m)
-    return torch.cat([grads[k].detach().reshape(m, -1) for k in params], dim=1)
 
 
 def _func_over_users(policy, obs, actions, weights, user_index, keep, m):
@@ -353,24 +502,32 @@ def _func_over_users(policy, obs, actions, weights, user_index, keep, m):
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _plan(policy, params: dict) -> tuple[dict, list]:
-    """{module: trainable direct parameter names} and the modules to hook (cached per policy)."""
-    key = tuple((k, id(p)) for k, p in params.items())
+def _plan(policy, params: dict) -> tuple[dict, list, dict]:
+    """{module: trainable direct parameter names}, the modules to hook, and {id(param): its columns
+    (lo, hi) in the flattened output} (cached per policy)."""
+    key = tuple((k, id(p), p.shape) for k, p in params.items())
     cached = _PLANS.get(policy)
     if cached is not None and cached[0] == key:
-        return cached[1], cached[2]
+        return cached[1:]
     owner = {}
     for mod_name, mod in policy.named_modules():
         names = {n for n, p in mod.named_parameters(recurse=False) if p.requires_grad}
         if names:
             owner[mod] = (mod_name, names)
     hooked = [mod for mod in owner if mod is not policy]
-    _PLANS[policy] = (key, owner, hooked)
-    return owner, hooked
+    columns, lo = {}, 0
+    for p in params.values():
+        columns[id(p)] = (lo, lo + p.numel())
+        lo += p.numel()
+    _PLANS[policy] = (key, owner, hooked, columns)
+    return owner, hooked, columns
 
 
-def _hook_gradients(policy, params: dict, obs, actions, weights, groups: Groups) -> dict:
-    owner, hooked = _plan(policy, params)
+def _hook_gradients(policy, params: dict, obs, actions, weights, groups: Groups, P: int, dtype) -> torch.Tensor:
+    """(users, P): every trainable parameter's per-user gradient, added into its columns."""
+    owner, hooked, columns = _plan(policy, params)
+    m = groups.num_users
+    flat = torch.zeros(m, P, dtype=dtype)
     cap = _Capture(hooked)
     try:
         with torch.enable_grad():
@@ -379,11 +536,11 @@ def _hook_gradients(policy, params: dict, obs, actions, weights, groups: Groups)
         for mod, args, _, out, versions, out_version in cap.records:
             if out._version != out_version or any(v is not None and a._version != v for a, v in zip(args, versions)):
                 raise Unsupported(f"{type(mod).__name__}: a captured tensor was modified in place")
-        outputs = [rec[3] for rec in cap.records]
-        needed = [o for o in outputs if o.requires_grad]
+        needed = [rec[3] for rec in cap.records if rec[3].requires_grad]
+        # errors at the layer outputs only: the autograd engine skips every parameter-gradient product
         errs = torch.autograd.grad((logp * weights).sum(), needed, allow_unused=True) if needed else []
         err_of = dict(zip([id(o) for o in needed], errs))
-        by_param: dict[int, torch.Tensor] = {}
+        written: set = set()  # ids of the parameters whose columns hold a contribution already
         with torch.no_grad():
             for mod, args, kwargs, out, _, _ in cap.records:
                 g = err_of.get(id(out))
@@ -391,23 +548,32 @@ def _hook_gradients(policy, params: dict, obs, actions, weights, groups: Groups)
                     continue
                 mod_name, names = owner[mod]
                 rule = RULES.get(type(mod)) or RULES.get(type(mod).__name__)
+                if rule is _linear and args and id(mod.weight) not in written and \
+                        (mod.bias is None or id(mod.bias) not in written):  # first use: write in place
+                    cols = {n: columns[id(getattr(mod, n))] for n in names}
+                    w_cols, b_cols = cols.get("weight"), cols.get("bias")
+                    groups.linear_into(g, args[0], None if w_cols is None else flat[:, w_cols[0]:w_cols[1]],
+                                       None if b_cols is None else flat[:, b_cols[0]:b_cols[1]])
+                    written.update(id(getattr(mod, n)) for n in names)
+                    continue
                 contrib = rule(mod, args, out, g, groups, names) if rule is not None else None
                 if contrib is None:
                     with torch.enable_grad():
                         contrib = _module_vjp(mod, names, args, kwargs, g, groups)
                 for n, v in contrib.items():
-                    key = id(getattr(mod, n))
-                    by_param[key] = v if key not in by_param else by_param[key] + v
+                    lo, hi = columns[id(getattr(mod, n))]
+                    groups.add_into(flat[:, lo:hi], v)
+                    written.add(id(getattr(mod, n)))
         if policy in owner:  # parameters used directly by the policy: vmap over users for those only
             _, names = owner[policy]
             direct = {n: getattr(policy, n) for n in names}
-            for n, v in _root_func(policy, direct, obs, actions, weights, groups).items():
-                key = id(direct[n])
-                by_param[key] = v if key not in by_param else by_param[key] + v
+            with torch.no_grad():
+                for n, v in _root_func(policy, direct, obs, actions, weights, groups).items():
+                    lo, hi = columns[id(direct[n])]
+                    groups.add_into(flat[:, lo:hi], v.detach())
     finally:
         cap.remove()
-    return {k: by_param.get(id(p), torch.zeros((groups.num_users,) + tuple(p.shape), dtype=p.dtype))
-            for k, p in params.items()}
+    return flat.detach()
 
 
 def _root_func(policy, direct: dict, obs, actions, weights, groups: Groups) -> dict:
@@ -420,5 +586,14 @@ def _root_func(policy, direct: dict, obs, actions, weights, groups: Groups) -> d
     return _block_func(objective, detached, [obs, actions, weights], groups)
 
 
+_TRAINABLE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def _trainable(policy) -> dict:
-    return {k: p for k, p in policy.named_parameters() if p.requires_grad}
+    """{name: parameter} of the trainable parameters (cached per policy while the set is unchanged)."""
+    key = tuple((id(p), p.requires_grad) for p in policy.parameters())
+    cached = _TRAINABLE.get(policy)
+    if cached is None or cached[0] != key:
+        cached = (key, {k: p for k, p in policy.named_parameters() if p.requires_grad})
+        _TRAINABLE[policy] = cached
+    return cached[1]

@@ -278,3 +278,17 @@ def test_a_tiny_llama_with_its_rmsnorm_rule_matches_brute_force():
         pug._module_vjp = original
     assert used == []  # every trainable layer of the Llama has a rule
     assert torch.allclose(got, brute_force(policy, prompts, completions, w), **TOL)
+
+
+def test_the_sorted_fast_layout_equals_the_general_layout(monkeypatch):
+    """Users' rows in id order (the learners' layout): the few-op layout gives the general one's slots."""
+    g = torch.Generator().manual_seed(5)
+    user = torch.tensor([0] * 7 + [1] * 7 + [3] * 4 + [4] * 30)  # user 2 has no rows, 5 is past the last row
+    keep = torch.rand(len(user), generator=g) > 0.2
+    fast = Groups(user, 6, keep=keep)
+    monkeypatch.setattr(Groups, "_init_sorted", lambda *a: False)
+    general = Groups(user, 6, keep=keep)
+    assert general.src.tolist() == fast.src.tolist() and general.weight_src.tolist() == fast.weight_src.tolist()
+    assert general.slot_user.tolist() == fast.slot_user.tolist() and general.num_slots == fast.num_slots
+    assert [(s, u.tolist(), L) for s, u, L in general.buckets] == [(s, u.tolist(), L) for s, u, L in fast.buckets]
+    assert fast.identity is False and Groups(user[:40], 5).identity is True  # 40 rows >= MIN_ROWS, nothing left out
