@@ -42,10 +42,10 @@ ROWS = [
 COST = {"cartpole_npg": 3.0, "cartpole_dp_npg": 3.0, "cartpole_rebel": 2.0, "cartpole_dp_rebel": 2.0}  # rough
 # paper-protocol rows (G <= 2: one episode per user, or REBEL's pair), run with --paper-protocol
 PAPER_ROWS = [
-    ("PG", "cartpole_pg@G1", None, None, None, None),
-    ("PG", "cartpole_dp_pg@G1", 5.0, None, None, None),
-    ("NPG", "cartpole_npg@G1", None, None, None, None),
-    ("NPG", "cartpole_dp_npg@G1", 5.0, None, None, None),
+    ("PG", "cartpole_pg@G1", None, 334.37, 25.25, 361.70),       # the paper's rows again: its protocol is G = 1
+    ("PG", "cartpole_dp_pg@G1", 5.0, 190.34, 52.91, 199.17),
+    ("NPG", "cartpole_npg@G1", None, 492.90, 10.04, 500.00),
+    ("NPG", "cartpole_dp_npg@G1", 5.0, 478.73, 28.05, 494.70),
     ("REBEL", "cartpole_rebel@G2", None, None, None, None),
     ("REBEL", "cartpole_dp_rebel@G2", 5.0, None, None, None),
 ]
