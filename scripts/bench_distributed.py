@@ -1,10 +1,11 @@
-"""Rounds per second of DP-PG on CartPole with 1 and 2 processes (torchrun, gloo, one thread each).
+"""Rounds per second on CartPole with 1 and 2 processes (torchrun, gloo, one thread each), per learner
+family (``--algos``: DP-PG, DP-NPG with the ssp oracle, DP-REBEL with dp_gd, or any other algo).
 
 Each configuration is the same run (seeded noise, same seed): ``torchrun --nproc_per_node=N train.py
-algo=dp_pg ...``; rounds/s is ``rounds_done / wall_time_s`` of its summary.json (the training loop,
+algo=<algo> ...``; rounds/s is ``rounds_done / wall_time_s`` of its summary.json (the training loop,
 without process start-up), the start-up is reported apart. It also checks that the runs end with the
 same ``policy_sha256`` (the multi-process run is the single-process run, computed in shards).
-Usage: python scripts/bench_distributed.py [--procs 1 2] [--users 40] [--rounds 8]
+Usage: python scripts/bench_distributed.py [--algos dp_pg dp_npg dp_rebel] [--procs 1 2] [--users 40] [--rounds 8]
 """
 from __future__ import annotations
 
@@ -41,27 +42,29 @@ def run(n: int, args: list[str], run_dir: str) -> tuple[dict, float]:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--procs", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--algos", nargs="+", default=["dp_pg"])
     ap.add_argument("--users", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--group-size", type=int, default=None, help="rollouts per user (if the learner has group_size)")
     a = ap.parse_args()
-    args = ["algo=dp_pg", "privacy.secure_rng=false", f"users_per_round={a.users}", f"rounds={a.rounds}",
-            "eval_episodes=0", "progress=false", "checkpoint_every=1000", "logger.tensorboard=false"]
-    if a.group_size:
-        args.append(f"group_size={a.group_size}")
-    print(f"DP-PG CartPole, {a.users} users/round, {a.rounds} rounds, seeded noise; cpus on this machine: "
-          f"{os.cpu_count()}")
-    base, sha = None, None
-    with tempfile.TemporaryDirectory() as tmp:
-        for n in a.procs:
-            summary, wall = run(n, args, os.path.join(tmp, f"n{n}"))
-            rps = summary["rounds_done"] / max(summary["wall_time_s"], 1e-9)
-            base = base or rps
-            same = "" if sha is None else ("  same policy_sha256" if summary["policy_sha256"] == sha else
-                                           "  DIFFERENT policy_sha256")
-            sha = sha or summary["policy_sha256"]
-            print(f"  {n} process(es): {rps:7.3f} rounds/s  ({rps / base:4.2f}x)   loop {summary['wall_time_s']:6.1f} s, "
-                  f"start-up and exit {wall - summary['wall_time_s']:5.1f} s{same}")
+    print(f"CartPole, {a.users} users/round, {a.rounds} rounds, seeded noise; cpus on this machine: {os.cpu_count()}")
+    for algo in a.algos:
+        args = [f"algo={algo}", "privacy.secure_rng=false", f"users_per_round={a.users}", f"rounds={a.rounds}",
+                "eval_episodes=0", "progress=false", "checkpoint_every=1000", "logger.tensorboard=false"]
+        if a.group_size:
+            args.append(f"group_size={a.group_size}")
+        print(f"{algo}:")
+        base, sha = None, None
+        with tempfile.TemporaryDirectory() as tmp:
+            for n in a.procs:
+                summary, wall = run(n, args, os.path.join(tmp, f"n{n}"))
+                rps = summary["rounds_done"] / max(summary["wall_time_s"], 1e-9)
+                base = base or rps
+                same = "" if sha is None else ("  same policy_sha256" if summary["policy_sha256"] == sha else
+                                               "  DIFFERENT policy_sha256")
+                sha = sha or summary["policy_sha256"]
+                print(f"  {n} process(es): {rps:7.3f} rounds/s  ({rps / base:4.2f}x)   loop {summary['wall_time_s']:6.1f} s, "
+                      f"start-up and exit {wall - summary['wall_time_s']:5.1f} s{same}")
 
 
 if __name__ == "__main__":

@@ -102,9 +102,13 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         return self.space.fisher(obs)
 
     def update(self, batch, round_idx: int) -> dict:
-        if batch is None:
-            raise DataError("NPG/REBEL rounds need at least one user")
-        rows, stats = self.regression_rows(batch)
+        if batch is None:  # no users on this rank: fine under torchrun (the oracle gathers every rank's rows)
+            if not getattr(self.oracle, "sharded", False):
+                raise DataError("NPG/REBEL rounds need at least one user")
+            self.public_batch = None
+            rows, stats = [], {}
+        else:
+            rows, stats = self.regression_rows(batch)
         F = self.public_fisher(round_idx)
         w = self.oracle.solve(rows, privacy=self.privacy, round=round_idx, public_gram=F)
         if not torch.isfinite(w).all():

@@ -1,13 +1,16 @@
 """Multi-process training under ``torchrun``: ranks, user shards, and the collectives of one release.
 
-``torchrun --nproc_per_node=N train.py ...`` starts N copies of the run (gloo on CPU, NCCL on GPU). Each
+``torchrun --nproc_per_node=N train.py ...`` starts N copies of the run. Backend (``from_env``): NCCL when
+CUDA is available with a GPU per local rank (collective buffers then live on the rank's GPU), gloo
+otherwise (CPU); the learners compute on the CPU either way. Each
 round, rank 0's sampler draws the round's users (journalled there before anyone touches them) and
 broadcasts the list; rank r takes the contiguous shard ``shard_bounds(m, N, r)`` of it, so each user's
 whole group of rollouts is collected on one rank, from that user's own random streams (contract C4:
-a user's data is the same on any rank). Each rank computes and clips its users' contributions; they
-are gathered to rank 0 in user order and summed there exactly as a single process sums them; rank 0
-draws the noise once, records the release, and broadcasts the released vector, which every rank
-applies. So the release has exactly the single-process distribution, and with seeded noise
+a user's data is the same on any rank). Each rank computes its users' contributions (PG / DP-PG:
+their clipped gradients; NPG / REBEL and their DP twins: their regression rows, which rank 0's oracle
+clips); they are gathered to rank 0 in user order and combined there exactly as a single process
+combines them; rank 0 draws the noise once, records the release, and broadcasts the released vector,
+which every rank applies. So the release has exactly the single-process distribution, and with seeded noise
 (``privacy.secure_rng=false``) an N-process run and a 1-process run with the same seed release the
 same vectors, write the same ledger and end with bit-identical parameters (``policy_sha256``).
 
@@ -32,6 +35,7 @@ import torch
 from dppo import errors
 
 TIMEOUT_ENV = "DPPO_DIST_TIMEOUT_S"
+BACKEND_ENV = "DPPO_DIST_BACKEND"
 
 
 @dataclass(frozen=True)
@@ -67,8 +71,26 @@ def from_env() -> DistInfo:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return SINGLE
-    backend = "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    backend = pick_backend(torch.cuda.is_available(), torch.cuda.device_count() if torch.cuda.is_available() else 0,
+                           local_world, os.environ.get(BACKEND_ENV))
     return DistInfo(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")), backend)
+
+
+def pick_backend(cuda: bool, devices: int, local_world: int, requested: str | None = None) -> str:
+    """NCCL when CUDA is available with at least one GPU per process of this node (and torch has NCCL),
+    gloo otherwise; ``DPPO_DIST_BACKEND=gloo|nccl`` forces one (nccl without enough GPUs is refused)."""
+    import torch.distributed as dist
+
+    nccl_ok = cuda and devices >= local_world and dist.is_available() and dist.is_nccl_available()
+    if requested:
+        if requested not in ("gloo", "nccl"):
+            raise errors.ConfigError(f"{BACKEND_ENV} must be gloo or nccl, got {requested!r}")
+        if requested == "nccl" and not nccl_ok:
+            raise errors.ConfigError(f"{BACKEND_ENV}=nccl needs CUDA, NCCL and one GPU per process "
+                                     f"({devices} GPUs for {local_world} processes on this node)")
+        return requested
+    return "nccl" if nccl_ok else "gloo"
 
 
 def init() -> DistInfo:
@@ -200,6 +222,46 @@ class ShardedRelease:
         return broadcast_tensor(kept.get("vec"), shape, dtype, self.info), stats
 
 
+def gather_objects(obj, info: DistInfo) -> list | None:
+    """Every rank's ``obj`` in rank order on rank 0 (``None`` elsewhere); pickled, any sizes."""
+    if not info.enabled:
+        return [obj]
+    import torch.distributed as dist
+
+    parts = [None] * info.world_size if info.is_main else None
+    dist.gather_object(obj, parts, dst=0)
+    return parts
+
+
+class ShardedOracle:
+    """The least-squares oracle of NPG / REBEL (and their DP twins) under ``torchrun``.
+
+    Each rank builds the regression rows (X_i, y_i) of its own users (their rollouts and features: the
+    per-user work); ``solve`` gathers them to rank 0 in user order (rank 0's shard first: the round's
+    user order), and rank 0's oracle solves exactly as one process does: it clips each user's block,
+    sums the per-user statistics (SSP: X^T X and the clipped X^T y; dp_gd: the clipped per-user
+    gradients of every step), draws the noise once and records the release. The solution w reaches
+    every rank (pickled: bit for bit), so all ranks step identically. Errors rank 0 raises (a refused
+    release) are raised on every rank. Cost: the round's rows, rows x (dim + 1) float64 values (CartPole,
+    8 users x 8 rollouts x 200 steps x dim 8: 0.9 MB), gathered once per round.
+    """
+
+    sharded = True
+
+    def __init__(self, oracle, info: DistInfo):
+        self.inner, self.info = oracle, info
+
+    def solve(self, users, **kwargs):
+        rows = [(torch.as_tensor(X).detach().cpu(), torch.as_tensor(y).detach().cpu()) for X, y in users]
+        parts = gather_objects(rows, self.info)
+        return on_main(lambda: self.inner.solve([r for part in parts for r in part], **kwargs), self.info)
+
+    def __getattr__(self, name):  # name, last_release, state_dict, ... are the wrapped oracle's
+        if name == "inner":  # not set yet (copy / unpickling)
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
 class ShardedSampler:
     """Wraps the run's sampler: rank 0 draws (and journals) the round's users, every rank receives the
     list and gets its contiguous shard; the learner sees only its shard (its whole per-user code is
@@ -231,15 +293,23 @@ class ShardedSampler:
 
 
 def attach(learner, info: DistInfo) -> None:
-    """Make a built learner multi-process: its sampler hands out this rank's shard of each round and its
-    release (``learner.release``, or ``learner.privatizer``) goes through rank 0. Refuses learners whose
-    release is not a mean of clipped per-user vectors (the oracle learners, tabular and GFA learners)."""
+    """Make a built learner multi-process: its sampler hands out this rank's shard of each round, and its
+    release goes through rank 0: a mean of clipped per-user vectors (``learner.release`` or
+    ``learner.privatizer``: PG / DP-PG) through ``ShardedRelease``, a least-squares oracle
+    (``learner.oracle``: NPG / DP-NPG, REBEL / DP-REBEL) through ``ShardedOracle``. Refuses the other
+    learners (tabular, GFA, the prompt NPG/REBEL learners, whose step reads the oracle's state)."""
+    from dppo.algos.npg import NaturalPolicyGradient
+
+    if isinstance(learner, NaturalPolicyGradient):
+        learner.oracle = ShardedOracle(learner.oracle, info)
+        learner.sampler = ShardedSampler(learner.sampler, info)
+        return
     privatizer = getattr(learner, "release", None) or getattr(learner, "privatizer", None)
     if privatizer is None or not hasattr(type(privatizer), "shards") or not hasattr(learner, "sampler"):
         raise errors.ConfigError(
-            f"multi-process training (torchrun, WORLD_SIZE={info.world_size}) supports learners whose update is "
-            f"a (noisy) mean of clipped per-user gradients (algo=pg|dp_pg); {type(learner).__name__} runs in one "
-            f"process")
+            f"multi-process training (torchrun, WORLD_SIZE={info.world_size}) supports the policy-optimization "
+            f"learners on gym environments (algo=pg|dp_pg|npg|dp_npg|rebel|dp_rebel); {type(learner).__name__} runs "
+            f"in one process")
     release = ShardedRelease(info)
     privatizer.shards = release
     learner.sampler = ShardedSampler(learner.sampler, info, release)

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from dppo.training.distributed import shard_bounds
+from dppo.errors import ConfigError
+from dppo.training.distributed import pick_backend, shard_bounds
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECKS = os.path.join(ROOT, "tests", "training", "dist_checks.py")
@@ -57,8 +58,8 @@ def test_a_rank_that_dies_before_the_gather_ends_the_round_without_a_release(tmp
     assert not (tmp_path / "rank1.json").exists()
 
 
-def _train(args, run_dir, n=None, algo="dp_pg"):
-    base = ["train.py", f"algo={algo}", "privacy.secure_rng=false", "users_per_round=5", "eval_episodes=2",
+def _train(args, run_dir, n=None, algo="dp_pg", users=5):
+    base = ["train.py", f"algo={algo}", "privacy.secure_rng=false", f"users_per_round={users}", "eval_episodes=2",
             "progress=false", "env.horizon=40", "checkpoint_every=1", f"hydra.run.dir={run_dir}", *args]
     if n is None:
         r = subprocess.run([sys.executable, *base], cwd=ROOT, capture_output=True, text=True, timeout=240,
@@ -78,6 +79,47 @@ def test_two_process_run_equals_the_single_process_run_bit_for_bit(tmp_path):
     assert two["policy_sha256"] == one["policy_sha256"] and one["policy_sha256"]
     assert two["users_seen"] == one["users_seen"] == 10
     assert not os.path.exists(tmp_path / "two" / "rank1")  # only rank 0 writes the run directory
+
+
+@pytest.mark.parametrize("algo", ["dp_npg", "dp_rebel"])
+def test_two_process_oracle_learners_equal_the_single_process_run_bit_for_bit(tmp_path, algo):
+    """DP-NPG (ssp oracle) and DP-REBEL (dp_gd oracle): each rank builds its users' regression rows, rank 0's
+    oracle clips, sums and noises them once: the same ledger and parameters as one process (2 rounds)."""
+    one = _train(["rounds=2"], str(tmp_path / "one"), algo=algo)
+    two = _train(["rounds=2"], str(tmp_path / "two"), n=2, algo=algo)
+    assert two["world_size"] == 2 and len(one["ledger"]) == 2
+    assert two["ledger"] == one["ledger"] and two["policy_sha256"] == one["policy_sha256"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["npg", "rebel", "dp_npg algo.oracle=dp_gd", "dp_rebel algo.oracle=ssp"])
+def test_two_process_oracle_variants_equal_the_single_process_run(tmp_path, algo):
+    name, *extra = algo.split()
+    one = _train(["rounds=2", *extra], str(tmp_path / "one"), algo=name)
+    two = _train(["rounds=2", *extra], str(tmp_path / "two"), n=2, algo=name)
+    assert two["ledger"] == one["ledger"] and two["policy_sha256"] == one["policy_sha256"]
+
+
+@pytest.mark.slow
+def test_a_rank_without_users_still_takes_part_in_the_oracle_round(tmp_path):
+    """3 processes, 2 users a round: rank 2 holds no user, the release is still the single-process one."""
+    one = _train(["rounds=2"], str(tmp_path / "one"), algo="dp_npg", users=2)
+    three = _train(["rounds=2"], str(tmp_path / "three"), n=3, algo="dp_npg", users=2)
+    assert three["ledger"] == one["ledger"] and three["policy_sha256"] == one["policy_sha256"]
+
+
+def test_the_backend_is_nccl_with_a_gpu_per_process_and_gloo_otherwise():
+    assert pick_backend(cuda=False, devices=0, local_world=2) == "gloo"
+    assert pick_backend(cuda=True, devices=1, local_world=2) == "gloo"  # fewer GPUs than processes
+    assert pick_backend(cuda=False, devices=0, local_world=2, requested="gloo") == "gloo"
+    with pytest.raises(ConfigError):
+        pick_backend(cuda=False, devices=0, local_world=2, requested="nccl")
+    with pytest.raises(ConfigError):
+        pick_backend(cuda=False, devices=0, local_world=2, requested="mpi")
+    import torch.distributed as dist
+
+    if dist.is_nccl_available():  # a CUDA build of torch
+        assert pick_backend(cuda=True, devices=2, local_world=2) == "nccl"
 
 
 @pytest.mark.slow
