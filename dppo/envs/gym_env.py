@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import gymnasium as gym
 
+import dppo.envs.acrobot_vector  # noqa: F401 - registers Acrobot-v1's native vectorized implementation
+
 from dppo.errors import ConfigError
 
 
