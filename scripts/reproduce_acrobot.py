@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reproduce_cartpole import _mean_std, _worker_init, load, run_in_process  # noqa: E402
 
-from dppo.training.rundir import complete  # noqa: E402
+from dppo.training.rundir import complete, write_report  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPS = 5.0
@@ -113,10 +113,7 @@ def report(args, grid_wall: float | None) -> None:
         lines += ["", f"Grid wall time: {grid_wall / 60:.1f} min ({args.jobs} run(s) at a time, one torch thread each)."]
     lines += ["", "One cell: `python train.py +experiment=acrobot_dp_npg seed=0`; the grid: "
                   "`python scripts/reproduce_acrobot.py`.", ""]
-    os.makedirs(os.path.dirname(args.md), exist_ok=True)
-    with open(args.md, "w") as fh:
-        fh.write("\n".join(lines))
-    print("\n".join(lines))
+    write_report(args.md, "\n".join(lines))
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_compl
 
 from tqdm import tqdm
 
-from dppo.training.rundir import complete, launch_train
+from dppo.training.rundir import complete, launch_train, write_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (family, experiment, eps, paper mean final, paper std, paper best-epoch mean)
@@ -191,10 +191,7 @@ def report(args, grid_wall: float | None) -> None:
     lines += ["", f"Sum of the runs' own wall times: {total / 60:.1f} min (divided by the runs at a time, when each has a free core)."]
     lines += ["", "Configs: `conf/experiment/cartpole_<algo>.yaml`; one cell: "
                   "`python train.py +experiment=cartpole_dp_npg eps=5 seed=0`.", ""]
-    os.makedirs(os.path.dirname(args.md), exist_ok=True)
-    with open(args.md, "w") as f:
-        f.write("\n".join(lines))
-    print("\n".join(lines))
+    write_report(args.md, "\n".join(lines))
     plot(curves, args.png)
 
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
-from dppo.training.rundir import complete, launch_train
+from dppo.training.rundir import complete, launch_train, write_report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ROWS = [("PG", "pendulum_pg"), ("DP-PG", "pendulum_dp_pg"), ("NPG", "pendulum_npg"),
@@ -128,10 +128,7 @@ def main() -> int:
 
     torch.set_num_threads(1)
     text = report(args)
-    os.makedirs(os.path.dirname(args.md), exist_ok=True)
-    with open(args.md, "w") as f:
-        f.write(text)
-    print(text)
+    write_report(args.md, text)
     return 0
 
 

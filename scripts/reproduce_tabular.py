@@ -28,6 +28,7 @@ from dppo.data.sampler import OnePassUserSampler
 from dppo.envs.tabular import random_mdp, riverswim
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
+from dppo.training.rundir import write_report
 
 ENVS = {"riverswim": lambda: riverswim(horizon=20), "random_mdp": lambda: random_mdp(S=10, A=3, H=10, seed=0)}
 ENV_LABEL = {"riverswim": "RiverSwim (S=6, A=2, H=20)", "random_mdp": "random MDP (S=10, A=3, H=10)"}
@@ -137,11 +138,8 @@ def report(args) -> None:
     lines.append("")
     lines += _ablation_lines(args)
     lines += _bench_lines(os.path.join(args.out, "bench.json"))
-    os.makedirs(os.path.dirname(args.md), exist_ok=True)
-    with open(args.md, "w") as f:
-        f.write("\n".join(lines))
+    write_report(args.md, "\n".join(lines))
     _plot(runs, args)
-    print("\n".join(lines))
 
 
 def _plot(runs, args) -> None:

@@ -74,3 +74,11 @@ def complete(path: str) -> bool:
             return bool(json.load(f).get("complete"))
     except (OSError, ValueError):
         return False
+
+
+def write_report(path: str, text: str) -> None:
+    """Write a reproduction script's Markdown table to ``path`` (creating its folder) and print it."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    print(text)
