@@ -8,19 +8,23 @@ Policies:
 Rows (each timed as a whole update: per-user gradients, clip, sum, Gaussian noise, mean):
   pg (non-private)   one plain backward of the summed loss
   dp-pg, hooks       per-user gradients from one backward (dppo.algos.per_user_grads, per-layer rules)
-                     ("of which per-user grads": the same without the clip/noise/ledger release)
+                     ("of which per-user grads": the same without the clip/noise/ledger release;
+                     "of which the release": that release alone, clip + float64 noise + ledger, on fixed rows)
   dp-pg, hooks, flat rows  the same from unpadded rows with a user index (how group rollouts arrive)
   dp-pg, torch.func  the vmap over users of the whole objective
   dp-pg, opacus      Opacus GradSampleModule per-step gradients, summed by user (CartPole only)
 The rows are timed round-robin (one call of each in turn, ``--repeats`` times) and the medians are
-reported, so that load from other processes on a shared machine hits every row alike; the ratio is of
-CPU time (``time.thread_time``), wall time is printed next to it. CartPole is also timed at 8192 steps
+reported, so that load from other processes on a shared machine hits every row alike; each repeat
+takes the rows in a new (seeded) random order, because a call's time depends on what ran just before
+it (caches: in a fixed order the row after the slowest one gains or loses up to ~0.3x). The ratio is
+of CPU time (``time.thread_time``), wall time is printed next to it. CartPole is also timed at 8192 steps
 (10 users x 8 rollouts of ~100 steps: group rollouts), where fixed per-call costs weigh less.
 Usage: python scripts/bench_clipping.py [--repeats 30] [--policy cartpole|lm|all]
 """
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
 
@@ -115,12 +119,17 @@ def trainable(policy):
 
 
 def race(fns: dict, repeats: int) -> dict:
-    """Median CPU seconds (and wall seconds) of each function, timed round-robin."""
+    """Median CPU seconds (and wall seconds) of each function, timed round-robin in a new random order
+    each repeat (a row's time depends on what ran just before it: caches; a fixed order biases rows)."""
     for fn in fns.values():
         fn()  # warm-up
     cpu, wall = {k: [] for k in fns}, {k: [] for k in fns}
+    order = random.Random(0)
+    keys = list(fns)
     for _ in range(repeats):
-        for k, fn in fns.items():
+        order.shuffle(keys)
+        for k in keys:
+            fn = fns[k]
             t0, w0 = time.thread_time(), time.perf_counter()
             fn()
             cpu[k].append(time.thread_time() - t0)
@@ -142,6 +151,7 @@ def bench_cartpole(repeats, privatizer, total=1024, opacus=True):
     flat_obs, flat_act, flat_adv = obs[mask], actions[mask], adv[mask]
     user_of_step = torch.arange(obs.shape[0])[:, None].expand_as(mask)[mask]
     m = obs.shape[0]
+    rows = per_user_gradients(policy, obs, actions, adv)  # fixed input of the release-only row
 
     def pg_update():
         policy.zero_grad()
@@ -150,6 +160,7 @@ def bench_cartpole(repeats, privatizer, total=1024, opacus=True):
     fns = {"pg (non-private)": pg_update,
            "dp-pg, hooks": lambda: privatizer.release_mean(per_user_gradients(policy, obs, actions, adv), 0),
            "  of which per-user grads": lambda: per_user_gradients(policy, obs, actions, adv),
+           "  of which the release": lambda: privatizer.release_mean(rows, 0),
            "dp-pg, hooks, flat rows": lambda: privatizer.release_mean(
                per_user_gradients(policy, flat_obs, flat_act, flat_adv, user_of_step, num_users=m), 0),
            "dp-pg, torch.func": lambda: privatizer.release_mean(
@@ -190,11 +201,13 @@ def bench_lm(repeats, privatizer, lora: bool):
         policy.zero_grad()
         (-(policy(prompts, completions) * adv).sum() / m).backward()
 
+    rows = per_user_gradients(policy, prompts, completions, adv, users, num_users=m)
     fns = {"pg (non-private)": pg_update,
            "dp-pg, hooks": lambda: privatizer.release_mean(
                per_user_gradients(policy, prompts, completions, adv, users, num_users=m), 0),
            "  of which per-user grads": lambda: per_user_gradients(policy, prompts, completions, adv, users,
-                                                                 num_users=m)}
+                                                                 num_users=m),
+           "  of which the release": lambda: privatizer.release_mean(rows, 0)}
 
     def func_update():
         privatizer.release_mean(per_user_gradients(policy, prompts, completions, adv, users, num_users=m,
@@ -217,8 +230,9 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     privatizer = GaussianSumPrivatizer(PrivacyContext(5.0, 1e-5, noise=NoiseSource(0, secure=False)), max_grad_norm=1.0)
-    print("one thread; seeded noise; medians of round-robin repeats. cpu = time.thread_time of the call (on a shared\n"
-          "machine a call longer than a scheduler slice waits for other processes, which inflates wall time)")
+    print("one thread; seeded noise; medians of round-robin repeats, rows in a random order each repeat.\n"
+          "cpu = time.thread_time of the call (on a shared machine a call longer than a scheduler slice waits\n"
+          "for other processes, which inflates wall time)")
     if args.policy in ("cartpole", "all"):
         bench_cartpole(args.repeats, privatizer)
         bench_cartpole(max(5, args.repeats // 3), privatizer, total=8192, opacus=False)  # 8 rollouts per user

@@ -20,11 +20,15 @@ inputs and errors; parameters owned by the policy module itself (e.g. the log-li
 Gaussian head's log-std) use a vmap over users of the whole objective restricted to those parameters.
 ``method="func"`` computes everything with the original vmap over users (the reference).
 
-Cost: one forward with hooks on the parameter-owning modules, one ``torch.autograd.grad`` to the
-layer outputs only (the engine then skips every parameter-gradient product of an ordinary backward),
-and per layer one batched matmul per bucket of users with equal row counts (``Groups``: the flops of
-the weight-gradient matmuls the backward skipped), added straight into the (users, P) output. When the
-users' rows arrive in id order (the learners' layout) the layout is a few tensor ops.
+Cost: one forward with hooks on the parameter-owning modules (registered once per module and kept:
+outside a capture they return at once), one ``torch.autograd.grad`` to the layer outputs only (the
+engine then skips every parameter-gradient product of an ordinary backward), and per layer one batched
+matmul per bucket of users with equal row counts (``Groups``: the flops of the weight-gradient matmuls
+the backward skipped). When every trainable module is an ``nn.Linear`` used once (MLP policies, LoRA
+adapters) the products run on strided views of the captured tensors into contiguous per-layer blocks
+(``_linear_layers``); padded episodes whose kept rows are a prefix of each user's rows (the learners'
+layout) are used in place, without gathering rows. What the computation needs to know about a policy
+is cached (``_Plan``) and rebuilt when a parameter is added, replaced, frozen or unfrozen.
 
 Only parameters with ``requires_grad`` get gradients; rows are their concatenation in
 ``named_parameters()`` order. Assumption (as in Opacus): a parameter is used only inside the forward of
@@ -33,6 +37,7 @@ the whole computation then falls back to ``method="func"``.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Callable
 
@@ -86,6 +91,7 @@ class Groups:
         m, B = int(num_users), int(pad_multiple)
         self.num_users = m
         self._slot_user = None
+        self._stride = None  # set by _init_strided: users' slots are rows u * stride .. of the padded input
         if B == 1 and self._init_sorted(user, m, keep, sorted_users, rows_per_user):
             return
         user = np.asarray(user, dtype=np.int64)  # index book-keeping in numpy: cheaper on small arrays
@@ -124,16 +130,19 @@ class Groups:
         """The common layout without padding (``pad_multiple=1``), users' rows already in id order: slots
         are the kept rows themselves (plus phantom rows up to ``MIN_ROWS``), built with a few tensor ops.
         Returns False (nothing set) when the rows are not sorted by user."""
-        user = torch.as_tensor(user)
-        n_all = user.shape[0]
+        n_all = m * rows_per_user if rows_per_user is not None else len(user)
         if keep is not None and bool(keep.all()):
             keep = None
+        if rows_per_user is not None and keep is not None and n_all >= MIN_ROWS and \
+                self._init_strided(keep, m, rows_per_user):
+            return True
         rows = None if keep is None else keep.nonzero().squeeze(1)
         if rows_per_user is not None:  # padded users (m, T): user u owns rows u*T .. (u+1)*T-1
             counts = torch.full((m,), rows_per_user, dtype=torch.long) if keep is None else \
                 keep.view(m, rows_per_user).sum(1)
             N = n_all if rows is None else rows.shape[0]
         else:
+            user = torch.as_tensor(user)
             kept_user = user if rows is None else user[rows]
             N = kept_user.shape[0]
             if not known_sorted and N > 1 and not bool((kept_user[1:] >= kept_user[:-1]).all()):
@@ -156,31 +165,48 @@ class Groups:
         self._set_buckets(lens, start)
         return True
 
-    def _set_buckets(self, lens: list, start: list) -> None:
-        """Runs of consecutive users (skipping users without rows) with equal padded length."""
-        self.buckets = []  # (first slot, users, length); users as a tensor and as a range (consecutive ids)
-        self._ranges = []
-        run: list = []
-        for u, L in enumerate(lens):
-            if L == 0:  # a user without rows ends the run: every bucket is a range of consecutive users
-                if run:
-                    self._close(run, lens, start)
-                    run = []
-                continue
-            if run and lens[run[0]] != L:
-                self._close(run, lens, start)
-                run = []
-            run.append(u)
-        if run:
-            self._close(run, lens, start)
+    def _init_strided(self, keep, m: int, T: int) -> bool:
+        """Padded users (m, T) whose kept rows are a prefix of each user's T rows (the learners' padded
+        episodes): the slots are the padded rows themselves, nothing is gathered, and a bucket's block is
+        the strided view of its users' first L rows (user u's rows start at slot u * T). Returns False
+        (nothing set) when some user's kept rows are not a prefix."""
+        kv = keep.view(m, T)
+        counts = kv.sum(1)
+        if not bool(torch.equal(kv, torch.arange(T) < counts[:, None])):
+            return False
+        self.num_slots, self.identity, self._stride, self._keep = m * T, True, T, keep
+        self._counts, self._phantom = counts, 0
+        self._set_buckets(counts.tolist(), list(range(0, m * T, T)))
+        return True
 
-    def _close(self, run, lens, start):
-        self.buckets.append((start[run[0]], torch.tensor(run), lens[run[0]]))
-        self._ranges.append((run[0], run[-1] + 1) if run[-1] - run[0] + 1 == len(run) else None)
+    def _block(self, t: torch.Tensor, s0: int, n: int, L: int) -> torch.Tensor:
+        """The (n, L, ...) block of a bucket's n users, their L slots each, starting at slot s0."""
+        if self._stride is None:
+            return t.narrow(0, s0, n * L).reshape(n, L, *t.shape[1:])
+        T = self._stride
+        return t.narrow(0, s0, n * T).reshape(n, T, *t.shape[1:])[:, :L]
+
+    def _set_buckets(self, lens: list, start: list) -> None:
+        """Runs of consecutive users (skipping users without rows) with equal padded length, as
+        ``(first slot, range of user ids, length)``: every bucket is a range of consecutive users."""
+        self.buckets = []
+        u0 = None
+        for u, L in enumerate(lens):
+            if u0 is not None and L != lens[u0]:
+                self.buckets.append((start[u0], range(u0, u), lens[u0]))
+                u0 = None
+            if u0 is None and L:
+                u0 = u
+        if u0 is not None:
+            self.buckets.append((start[u0], range(u0, len(lens)), lens[u0]))
+        self.covers_all = sum(len(users) for _, users, _ in self.buckets) == self.num_users  # every user has rows
 
     @property
     def slot_user(self) -> torch.Tensor:
         """User of each slot (``num_users`` on the phantom user's slots)."""
+        if self._slot_user is None and self._stride is not None:  # padding slots: the phantom user
+            m, T = self.num_users, self._stride
+            self._slot_user = torch.arange(m).repeat_interleave(T).masked_fill_(~self._keep, m)
         if self._slot_user is None:
             m = self.num_users
             self._slot_user = torch.repeat_interleave(torch.arange(m + 1),
@@ -198,17 +224,14 @@ class Groups:
     def per_user(self, fn, *tensors) -> torch.Tensor:
         """(users, ...) from ``fn(*bucket views)``, each view (users of the bucket, L * ..., ...)."""
         out = None
-        for (s0, users, L), rng in zip(self.buckets, self._ranges):
+        for s0, users, L in self.buckets:
             n = len(users)
-            r = fn(*[t[s0:s0 + n * L].reshape(n, L, *t.shape[1:]) for t in tensors])
+            r = fn(*[self._block(t, s0, n, L) for t in tensors])
             if n == self.num_users:  # one bucket holds every user, in order
                 return r
             if out is None:
                 out = r.new_zeros((self.num_users,) + tuple(r.shape[1:]))
-            if rng is not None:
-                out[rng[0]:rng[1]] = r
-            else:
-                out[users] = r
+            out[users.start:users.stop] = r
         return out
 
     def block_matmul(self, g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -230,9 +253,9 @@ class Groups:
         ws, bs = [], []
         for s0, users, L in self.buckets:
             n = len(users)
-            gb = g.narrow(0, s0, n * L).reshape(n, -1, d_out)
+            gb = self._block(g, s0, n, L).reshape(n, -1, d_out)
             if d_in is not None:
-                xb = x.narrow(0, s0, n * L).reshape(n, -1, d_in)
+                xb = self._block(x, s0, n, L).reshape(n, -1, d_in)
                 ws.append(torch.bmm(xb.transpose(1, 2), gb).transpose(1, 2) if wide_last
                           else torch.bmm(gb.transpose(1, 2), xb))
             bs.append(gb.sum(1))
@@ -245,11 +268,12 @@ class Groups:
         d_out = g.shape[-1]
         d_in = x.shape[-1] if w_out is not None else None
         wide_last = d_in is not None and d_in < d_out  # the faster orientation: the wider factor last
-        for (s0, users, L), (u0, u1) in zip(self.buckets, self._ranges):
+        for s0, users, L in self.buckets:
+            u0, u1 = users.start, users.stop
             n = u1 - u0
-            gb = g.narrow(0, s0, n * L).reshape(n, -1, d_out)
+            gb = self._block(g, s0, n, L).reshape(n, -1, d_out)
             if w_out is not None:
-                xb = x.narrow(0, s0, n * L).reshape(n, -1, d_in)
+                xb = self._block(x, s0, n, L).reshape(n, -1, d_in)
                 dst = w_out[u0:u1].view(n, d_out, d_in)
                 if wide_last:
                     torch.bmm(xb.transpose(1, 2), gb, out=dst.transpose(1, 2))
@@ -270,11 +294,8 @@ class Groups:
         if not isinstance(v, BucketParts):
             out += v.reshape(out.shape)
             return
-        for (_, users, _), rng, r in zip(self.buckets, self._ranges, v.parts):
-            if rng is not None:
-                out[rng[0]:rng[1]] += r.reshape(rng[1] - rng[0], -1)
-            else:
-                out.index_add_(0, users, r.reshape(len(users), -1))
+        for (_, users, _), r in zip(self.buckets, v.parts):
+            out[users.start:users.stop] += r.reshape(len(users), -1)
 
     def sum(self, t: torch.Tensor, inner: int = 1) -> torch.Tensor:
         """Per-user sum over slots (and ``inner`` dims after the first) of (slots, *inner, ...) -> (users, ...)."""
@@ -427,24 +448,39 @@ def _module_vjp(module, names, args, kwargs, g, groups: Groups) -> dict:
     return _block_func(objective, params, [g.detach()] + [args[i].detach() for i in where], groups)
 
 
-class _Capture:
-    """Forward hooks that record (module, inputs, output) of every module with trainable parameters."""
+# ---- capturing the layers' inputs and outputs ------------------------------------------------------
+# One forward hook per parameter-owning module, registered the first time a policy's per-user gradients
+# are computed and kept (registering and removing hooks on every call cost about as much as a small
+# layer's gradient). The hook records only while a capture of that module is in progress, so outside
+# ``per_user_gradients`` (sampling, evaluation) it returns at once; it is a plain module-level function,
+# so a copied or pickled policy carries nothing that refers back to a capture.
+class _Captures(threading.local):
+    """The captures in progress in this thread: a stack of (modules to record, their records)."""
 
-    def __init__(self, modules):
-        self.records: list = []
-        self.active = True
-        self.handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in modules]
+    def __init__(self):
+        self.stack: list = []
 
-    def _hook(self, module, args, kwargs, output):
-        if self.active:
+
+_CAPTURES = _Captures()
+
+
+def _capture_hook(module, args, kwargs, output):
+    stack = _CAPTURES.stack
+    if stack:
+        modules, records = stack[-1]
+        if module in modules:
             if not isinstance(output, torch.Tensor):
                 raise Unsupported(f"{type(module).__name__} returns {type(output).__name__}, not a tensor")
-            self.records.append((module, args, kwargs, output,
-                                 [a._version if isinstance(a, torch.Tensor) else None for a in args], output._version))
+            records.append((module, args, kwargs, output,
+                            [a._version if isinstance(a, torch.Tensor) else None for a in args], output._version))
 
-    def remove(self):
-        for h in self.handles:
-            h.remove()
+
+def _ensure_hooks(modules) -> None:
+    """Register ``_capture_hook`` on each module that does not carry it yet (a deep copy of a policy
+    carries it already: its modules are not registered twice)."""
+    for mod in modules:
+        if not any(h is _capture_hook for h in mod._forward_hooks.values()):
+            mod.register_forward_hook(_capture_hook, with_kwargs=True)
 
 
 def per_user_gradients(policy, obs, actions, weights, user_index: torch.Tensor | None = None, *,
@@ -472,25 +508,26 @@ def per_user_gradients(policy, obs, actions, weights, user_index: torch.Tensor |
     padded = user_index is None
     if padded:
         m, T = weights.shape[:2]
-        user_index = torch.arange(m).repeat_interleave(T)
         obs, actions, weights = obs.reshape(m * T, *obs.shape[2:]), actions.reshape(m * T, *actions.shape[2:]), \
             weights.reshape(m * T)
     else:
         m = int(num_users) if num_users is not None else int(user_index.max()) + 1 if len(user_index) else 0
     keep = weights != 0  # zero-weight rows (padding) contribute nothing
-    params = _trainable(policy)
-    P = sum(p.numel() for p in params.values())
-    dtype = next(iter(params.values())).dtype
-    weights = weights.to(dtype)
+    plan = _plan(policy)
+    weights = weights.to(plan.dtype)
     if not bool(keep.any()):
-        return torch.zeros(m, P, dtype=dtype)
+        return torch.zeros(m, plan.P, dtype=plan.dtype)
+    if padded:
+        user_index = torch.arange(m).repeat_interleave(T) if method == "func" or pad_multiple != 1 else None
     if method == "func":
         return _func_over_users(policy, obs, actions, weights, user_index, keep, m)
     groups = Groups(user_index, m, pad_multiple, keep, sorted_users=padded, rows_per_user=T if padded else None)
     try:
-        return _hook_gradients(policy, params, groups.layout(obs), groups.layout(actions),
-                               groups.layout_weights(weights), groups, P, dtype)
+        return _hook_gradients(policy, plan, groups.layout(obs), groups.layout(actions),
+                               groups.layout_weights(weights), groups)
     except Unsupported:
+        if user_index is None:
+            user_index = torch.arange(m).repeat_interleave(T)
         return _func_over_users(policy, obs, actions, weights, user_index, keep, m)
 
 
@@ -499,81 +536,166 @@ def _func_over_users(policy, obs, actions, weights, user_index, keep, m):
     return per_user_gradients_func(policy, *(pad_users(t[idx], user_index[idx], m) for t in (obs, actions, weights)))
 
 
+class _Plan:
+    """What ``per_user_gradients`` needs to know about a policy, rebuilt only when its trainable
+    parameters change (``_param_key``): the trainable parameters and their columns in the output, the
+    modules owning them (hooked), and, when every hooked module is an ``nn.Linear`` and the policy owns
+    no parameter directly (MLP policies, LoRA adapters), each layer's output columns for the fast path."""
+
+    def __init__(self, policy, key):
+        self.key = key
+        self.params = {k: p for k, p in policy.named_parameters() if p.requires_grad}
+        self.P = sum(p.numel() for p in self.params.values())
+        self.dtype = next(iter(self.params.values())).dtype if self.params else torch.float32
+        self.owner = {}
+        for mod_name, mod in policy.named_modules():
+            names = {n for n, p in mod.named_parameters(recurse=False) if p.requires_grad}
+            if names:
+                self.owner[mod] = (mod_name, names)
+        self.hooked = frozenset(mod for mod in self.owner if mod is not policy)
+        _ensure_hooks(self.hooked)
+        self.columns, lo = {}, 0
+        for p in self.params.values():
+            self.columns[id(p)] = (lo, lo + p.numel())
+            lo += p.numel()
+        self.linear = None  # {module: (weight columns or None, bias columns or None)}
+        if policy not in self.owner and all(RULES.get(type(mod)) is _linear for mod in self.hooked):
+            self.linear = {}
+            for mod, (_, names) in self.owner.items():
+                self.linear[mod] = tuple(self.columns[id(getattr(mod, n))] if n in names else None
+                                         for n in ("weight", "bias"))
+
+
 _PLANS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _plan(policy, params: dict) -> tuple[dict, list, dict]:
-    """{module: trainable direct parameter names}, the modules to hook, and {id(param): its columns
-    (lo, hi) in the flattened output} (cached per policy)."""
-    key = tuple((k, id(p), p.shape) for k, p in params.items())
-    cached = _PLANS.get(policy)
-    if cached is not None and cached[0] == key:
-        return cached[1:]
-    owner = {}
-    for mod_name, mod in policy.named_modules():
-        names = {n for n, p in mod.named_parameters(recurse=False) if p.requires_grad}
-        if names:
-            owner[mod] = (mod_name, names)
-    hooked = [mod for mod in owner if mod is not policy]
-    columns, lo = {}, 0
-    for p in params.values():
-        columns[id(p)] = (lo, lo + p.numel())
-        lo += p.numel()
-    _PLANS[policy] = (key, owner, hooked, columns)
-    return owner, hooked, columns
+def _param_key(policy) -> tuple:
+    """(id, requires_grad, shape) of every parameter, by a direct walk of the module tree (the cache key
+    of the plan: much cheaper than ``named_parameters``, which builds names and de-duplicates)."""
+    key, stack = [], [policy]
+    while stack:
+        mod = stack.pop()
+        for p in mod._parameters.values():
+            if p is not None:
+                key.append((id(p), p.requires_grad, p.shape))
+        stack.extend(c for c in mod._modules.values() if c is not None)
+    return tuple(key)
 
 
-def _hook_gradients(policy, params: dict, obs, actions, weights, groups: Groups, P: int, dtype) -> torch.Tensor:
+def _plan(policy) -> _Plan:
+    """The policy's cached plan (rebuilt when a parameter is added, replaced, frozen or unfrozen)."""
+    key = _param_key(policy)
+    plan = _PLANS.get(policy)
+    if plan is None or plan.key != key:
+        plan = _PLANS[policy] = _Plan(policy, key)
+    return plan
+
+
+def _hook_gradients(policy, plan: _Plan, obs, actions, weights, groups: Groups) -> torch.Tensor:
     """(users, P): every trainable parameter's per-user gradient, added into its columns."""
-    owner, hooked, columns = _plan(policy, params)
     m = groups.num_users
-    flat = torch.zeros(m, P, dtype=dtype)
-    cap = _Capture(hooked)
+    records: list = []
+    _CAPTURES.stack.append((plan.hooked, records))
     try:
         with torch.enable_grad():
             logp = policy(obs, actions)
-        cap.active = False
-        for mod, args, _, out, versions, out_version in cap.records:
-            if out._version != out_version or any(v is not None and a._version != v for a, v in zip(args, versions)):
-                raise Unsupported(f"{type(mod).__name__}: a captured tensor was modified in place")
-        needed = [rec[3] for rec in cap.records if rec[3].requires_grad]
-        # errors at the layer outputs only: the autograd engine skips every parameter-gradient product
-        errs = torch.autograd.grad((logp * weights).sum(), needed, allow_unused=True) if needed else []
-        err_of = dict(zip([id(o) for o in needed], errs))
-        written: set = set()  # ids of the parameters whose columns hold a contribution already
-        with torch.no_grad():
-            for mod, args, kwargs, out, _, _ in cap.records:
-                g = err_of.get(id(out))
-                if g is None:
-                    continue
-                mod_name, names = owner[mod]
-                rule = RULES.get(type(mod)) or RULES.get(type(mod).__name__)
-                if rule is _linear and args and id(mod.weight) not in written and \
-                        (mod.bias is None or id(mod.bias) not in written):  # first use: write in place
-                    cols = {n: columns[id(getattr(mod, n))] for n in names}
-                    w_cols, b_cols = cols.get("weight"), cols.get("bias")
-                    groups.linear_into(g, args[0], None if w_cols is None else flat[:, w_cols[0]:w_cols[1]],
-                                       None if b_cols is None else flat[:, b_cols[0]:b_cols[1]])
-                    written.update(id(getattr(mod, n)) for n in names)
-                    continue
-                contrib = rule(mod, args, out, g, groups, names) if rule is not None else None
-                if contrib is None:
-                    with torch.enable_grad():
-                        contrib = _module_vjp(mod, names, args, kwargs, g, groups)
-                for n, v in contrib.items():
-                    lo, hi = columns[id(getattr(mod, n))]
-                    groups.add_into(flat[:, lo:hi], v)
-                    written.add(id(getattr(mod, n)))
-        if policy in owner:  # parameters used directly by the policy: vmap over users for those only
-            _, names = owner[policy]
-            direct = {n: getattr(policy, n) for n in names}
-            with torch.no_grad():
-                for n, v in _root_func(policy, direct, obs, actions, weights, groups).items():
-                    lo, hi = columns[id(direct[n])]
-                    groups.add_into(flat[:, lo:hi], v.detach())
     finally:
-        cap.remove()
+        _CAPTURES.stack.pop()
+    for mod, args, _, out, versions, out_version in records:
+        if out._version != out_version or any(v is not None and a._version != v for a, v in zip(args, versions)):
+            raise Unsupported(f"{type(mod).__name__}: a captured tensor was modified in place")
+    needed = [rec[3] for rec in records if rec[3].requires_grad]
+    # errors at the layer outputs only: the autograd engine skips every parameter-gradient product
+    errs = torch.autograd.grad((logp * weights).sum(), needed, allow_unused=True) if needed else []
+    each_layer_once = len(needed) == len(records) == len(plan.linear or ()) == len({id(r[0]) for r in records})
+    if plan.linear is not None and each_layer_once and all(r[1] for r in records) and \
+            all(e is not None for e in errs):
+        return _linear_layers(plan, records, errs, groups)
+    flat = torch.zeros(m, plan.P, dtype=plan.dtype)
+    columns, owner = plan.columns, plan.owner
+    err_of = dict(zip([id(o) for o in needed], errs))
+    written: set = set()  # ids of the parameters whose columns hold a contribution already
+    with torch.no_grad():
+        for mod, args, kwargs, out, _, _ in records:
+            g = err_of.get(id(out))
+            if g is None:
+                continue
+            mod_name, names = owner[mod]
+            rule = RULES.get(type(mod)) or RULES.get(type(mod).__name__)
+            if rule is _linear and args and id(mod.weight) not in written and \
+                    (mod.bias is None or id(mod.bias) not in written):  # first use: write in place
+                cols = {n: columns[id(getattr(mod, n))] for n in names}
+                w_cols, b_cols = cols.get("weight"), cols.get("bias")
+                groups.linear_into(g, args[0], None if w_cols is None else flat[:, w_cols[0]:w_cols[1]],
+                                   None if b_cols is None else flat[:, b_cols[0]:b_cols[1]])
+                written.update(id(getattr(mod, n)) for n in names)
+                continue
+            contrib = rule(mod, args, out, g, groups, names) if rule is not None else None
+            if contrib is None:
+                with torch.enable_grad():
+                    contrib = _module_vjp(mod, names, args, kwargs, g, groups)
+            for n, v in contrib.items():
+                lo, hi = columns[id(getattr(mod, n))]
+                groups.add_into(flat[:, lo:hi], v)
+                written.add(id(getattr(mod, n)))
+    if policy in owner:  # parameters used directly by the policy: vmap over users for those only
+        _, names = owner[policy]
+        direct = {n: getattr(policy, n) for n in names}
+        with torch.no_grad():
+            for n, v in _root_func(policy, direct, obs, actions, weights, groups).items():
+                lo, hi = columns[id(direct[n])]
+                groups.add_into(flat[:, lo:hi], v.detach())
     return flat.detach()
+
+
+def _linear_layers(plan: _Plan, records: list, errs, groups: Groups) -> torch.Tensor:
+    """The fast path: every recorded module is a distinct ``nn.Linear`` owning its columns. Per layer, one
+    batched matmul and one sum per bucket of users, on strided views of the layer's captured input and
+    error (one view op each), into a contiguous (users, out, in) block; the blocks are concatenated in
+    parameter order at the end. The same products, on the same views, as ``Groups.linear_into``."""
+    m = groups.num_users
+    alloc = torch.empty if groups.covers_all else torch.zeros  # users without rows keep zero rows
+    pieces = {}
+    with torch.no_grad():
+        for (mod, args, _, _, _, _), g in zip(records, errs):
+            w_cols, b_cols = plan.linear[mod]
+            d_out = g.shape[-1]
+            g = g.contiguous()
+            x = args[0].contiguous() if w_cols is not None else None
+            d_in = x.shape[-1] if x is not None else None
+            wide_last = d_in is not None and d_in < d_out  # the faster orientation: the wider factor last
+            W = None if x is None else alloc((m, d_in, d_out) if wide_last else (m, d_out, d_in), dtype=g.dtype)
+            B = None if b_cols is None else alloc((m, d_out), dtype=g.dtype)
+            for s0, users, L in groups.buckets:
+                n, u0 = len(users), users.start
+                gT = _bucket_view(g, groups, s0, n, L, transpose=True)  # (n, out, rows)
+                if x is not None:
+                    if wide_last:
+                        torch.bmm(_bucket_view(x, groups, s0, n, L, transpose=True), gT.transpose(1, 2),
+                                  out=W[u0:u0 + n])
+                    else:
+                        torch.bmm(gT, _bucket_view(x, groups, s0, n, L), out=W[u0:u0 + n])
+                if B is not None:
+                    torch.sum(gT, 2, out=B[u0:u0 + n])
+            if W is not None:
+                pieces[w_cols] = (W.transpose(1, 2) if wide_last else W).reshape(m, -1)
+            if B is not None:
+                pieces[b_cols] = B
+    parts = [pieces[c] for c in sorted(pieces)]
+    return (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]).to(plan.dtype)
+
+
+def _bucket_view(t: torch.Tensor, groups: Groups, s0: int, n: int, L: int, transpose: bool = False):
+    """(n, rows, d) view of a contiguous (slots, *inner, d) tensor for the bucket's n users and their L
+    slots each, starting at slot s0 (rows = L * inner positions); (n, d, rows) with ``transpose``."""
+    d = t.shape[-1]
+    q = t.stride(0) if t.dim() > 1 else 1  # elements per slot
+    rows = L * q // d
+    user_stride = (groups._stride or L) * q
+    off = t.storage_offset() + s0 * q
+    if transpose:
+        return t.as_strided((n, d, rows), (user_stride, 1, d), off)
+    return t.as_strided((n, rows, d), (user_stride, d, 1), off)
 
 
 def _root_func(policy, direct: dict, obs, actions, weights, groups: Groups) -> dict:
@@ -586,14 +708,6 @@ def _root_func(policy, direct: dict, obs, actions, weights, groups: Groups) -> d
     return _block_func(objective, detached, [obs, actions, weights], groups)
 
 
-_TRAINABLE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
 def _trainable(policy) -> dict:
-    """{name: parameter} of the trainable parameters (cached per policy while the set is unchanged)."""
-    key = tuple((id(p), p.requires_grad) for p in policy.parameters())
-    cached = _TRAINABLE.get(policy)
-    if cached is None or cached[0] != key:
-        cached = (key, {k: p for k, p in policy.named_parameters() if p.requires_grad})
-        _TRAINABLE[policy] = cached
-    return cached[1]
+    """{name: parameter} of the trainable parameters (from the cached plan)."""
+    return _plan(policy).params

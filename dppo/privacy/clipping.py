@@ -15,8 +15,11 @@ def clip_per_user(per_user: torch.Tensor, max_norm: float) -> tuple[torch.Tensor
     contribution is then bounded too), and the scale carries a 1e-9 relative margin against rounding,
     so the bound holds for any input.
     """
-    per_user = torch.nan_to_num(per_user.double(), nan=0.0, posinf=0.0, neginf=0.0)
-    norms = per_user.norm(dim=1)
+    per_user = per_user.double()
+    norms = torch.linalg.vector_norm(per_user, dim=1)
+    if not bool(torch.isfinite(norms).all()):  # a non-finite entry makes its row's norm non-finite
+        per_user = torch.nan_to_num(per_user, nan=0.0, posinf=0.0, neginf=0.0)
+        norms = torch.linalg.vector_norm(per_user, dim=1)
     scale = (max_norm * (1 - 1e-9) / norms.clamp_min(1e-300)).clamp(max=1.0)
     return per_user * scale[:, None], norms
 

@@ -176,7 +176,7 @@ def test_layout_pads_each_user_with_its_own_first_row_and_sums_per_user():
     # user 0 (2 rows), then user 1 (3 rows + a copy of its first row, row 0)
     assert g.src[:6].tolist() == [1, 4, 0, 2, 3, 0]
     assert g.weight_src[:6].tolist() == [1, 4, 0, 2, 3, 5]  # index 5 = the appended zero weight
-    assert [(s0, u.tolist(), L) for s0, u, L in g.buckets][:2] == [(0, [0], 2), (2, [1], 4)]
+    assert [(s0, list(u), L) for s0, u, L in g.buckets][:2] == [(0, [0], 2), (2, [1], 4)]
     left_out = Groups(torch.tensor([1, 0, 1, 1, 0, 0]), 3, pad_multiple=2, keep=torch.tensor([1, 1, 1, 1, 0, 1]).bool())
     assert left_out.src[:4].tolist() == [1, 5, 0, 2] and left_out.weight_src[:4].tolist() == [1, 5, 0, 2]
     assert g.slot_user[:6].tolist() == [0, 0, 1, 1, 1, 1] and g.num_slots >= 32  # phantom user up to MIN_ROWS
@@ -290,5 +290,94 @@ def test_the_sorted_fast_layout_equals_the_general_layout(monkeypatch):
     general = Groups(user, 6, keep=keep)
     assert general.src.tolist() == fast.src.tolist() and general.weight_src.tolist() == fast.weight_src.tolist()
     assert general.slot_user.tolist() == fast.slot_user.tolist() and general.num_slots == fast.num_slots
-    assert [(s, u.tolist(), L) for s, u, L in general.buckets] == [(s, u.tolist(), L) for s, u, L in fast.buckets]
+    assert general.buckets == fast.buckets
     assert fast.identity is False and Groups(user[:40], 5).identity is True  # 40 rows >= MIN_ROWS, nothing left out
+
+
+def _general_path(monkeypatch):
+    """Force the general per-module loop and the gathered layout (the paths the fast ones must equal)."""
+    import dppo.algos.per_user_grads as pug
+
+    monkeypatch.setattr(pug, "_linear_layers", lambda *a: (_ for _ in ()).throw(AssertionError("fast path")))
+    real_hook = pug._hook_gradients
+
+    def general(policy, plan, *args):
+        saved, plan.linear = plan.linear, None
+        try:
+            return real_hook(policy, plan, *args)
+        finally:
+            plan.linear = saved
+
+    monkeypatch.setattr(pug, "_hook_gradients", general)
+    monkeypatch.setattr(Groups, "_init_strided", lambda *a: False)
+
+
+def _mlp_batch(seed=3, m=7, T=40, empty=(2,), gap=False):
+    g = torch.Generator().manual_seed(seed)
+    obs, actions = torch.randn(m, T, 4, generator=g), torch.randint(0, 3, (m, T), generator=g)
+    lengths = torch.randint(5, T + 1, (m,), generator=g)
+    lengths[list(empty)] = 0  # users without rows
+    w = torch.randn(m, T, generator=g) * (torch.arange(T)[None] < lengths[:, None])
+    if gap:
+        w[0, 1] = 0.0  # a zero-weight row inside user 0's episode: its kept rows are no longer a prefix
+    return obs, actions, w
+
+
+@pytest.mark.parametrize("gap", [False, True])
+@pytest.mark.parametrize("frozen", [None, "body.0.bias", "head.weight"])
+def test_the_linear_fast_path_and_strided_layout_equal_the_general_path_bit_for_bit(frozen, gap, monkeypatch):
+    """MLPs (every trainable module an nn.Linear used once) take the fast path on the padded episodes
+    without gathering rows; the result is the general path's, bit for bit, users without rows included."""
+    torch.manual_seed(0)
+    policy = MLPPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3))
+    if frozen:
+        policy.get_parameter(frozen).requires_grad_(False)
+    obs, actions, w = _mlp_batch(gap=gap)
+    fast = per_user_gradients(policy, obs, actions, w)
+    assert torch.equal(fast[2], torch.zeros_like(fast[2])) and fast.abs().max() > 1e-4
+    with monkeypatch.context() as mp:
+        _general_path(mp)
+        general = per_user_gradients(policy, obs, actions, w)
+    assert torch.equal(fast, general)
+    assert torch.allclose(fast.double(), per_user_gradients_func(policy, obs, actions, w).double(), rtol=1e-4,
+                          atol=1e-6)
+
+
+def test_a_linear_layer_used_twice_or_not_at_all_leaves_the_fast_path():
+    class Odd(Policy):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.unused = nn.Linear(4, 4), nn.Linear(4, 3), nn.Linear(4, 4)
+
+        def logits(self, obs):
+            return self.b(torch.tanh(self.a(torch.tanh(self.a(obs)))))  # a used twice; unused never
+
+    policy = Odd().double()
+    obs, actions = torch.randn(5, 8, 4, dtype=torch.float64), torch.randint(0, 3, (5, 8))
+    w = torch.randn(5, 8, dtype=torch.float64)
+    got = per_user_gradients(policy, obs, actions, w)
+    assert torch.allclose(got, brute_force(policy, obs, actions, w), **TOL)
+    P_unused = sum(p.numel() for p in policy.unused.parameters())
+    assert torch.equal(got[:, -P_unused:], torch.zeros(5, P_unused, dtype=torch.float64))
+
+
+def test_capture_hooks_are_registered_once_and_do_nothing_outside_a_capture():
+    import copy
+
+    import dppo.algos.per_user_grads as pug
+
+    torch.manual_seed(0)
+    policy = MLPPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
+    obs, actions, w = torch.randn(3, 12, 4), torch.randint(0, 2, (3, 12)), torch.randn(3, 12)
+    first = per_user_gradients(policy, obs, actions, w)
+    policy.head.bias.requires_grad_(False)  # a new plan for the same modules: no second hook
+    per_user_gradients(policy, obs, actions, w)
+    policy.head.bias.requires_grad_(True)
+    assert all(len(mod._forward_hooks) == 1 for mod in (policy.body[0], policy.body[2], policy.head))
+    assert not pug._CAPTURES.stack
+    with torch.no_grad():
+        policy.sample(obs[0])  # sampling outside a capture records nothing
+    assert not pug._CAPTURES.stack
+    clone = copy.deepcopy(policy)  # a copy carries the inert hook and gets its own plan
+    assert torch.equal(per_user_gradients(clone, obs, actions, w), first)
+    assert torch.equal(per_user_gradients(policy, obs, actions, w), first)
