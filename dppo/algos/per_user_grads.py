@@ -69,6 +69,9 @@ class Unsupported(Exception):
     """A module the hook path cannot handle (in-place edit of a captured tensor, non-tensor output...)."""
 
 
+# the fast Linear path builds per-layer blocks and concatenates them (a second copy of the output): above
+# this many output elements (users x parameters) the general path writes into the output in place
+FAST_PATH_MAX_ELEMENTS = 1 << 22
 PAD_MULTIPLE = 1  # a user's rows are padded to a multiple of this (1: none; larger: fewer distinct lengths)
 
 
@@ -131,15 +134,21 @@ class Groups:
         are the kept rows themselves (plus phantom rows up to ``MIN_ROWS``), built with a few tensor ops.
         Returns False (nothing set) when the rows are not sorted by user."""
         n_all = m * rows_per_user if rows_per_user is not None else len(user)
-        if keep is not None and bool(keep.all()):
+        counts = None
+        if rows_per_user is not None and keep is not None:  # padded users (m, T): rows u*T .. (u+1)*T-1
+            kv = keep.view(m, rows_per_user)
+            counts = kv.sum(1)
+            lens = counts.tolist()
+            if min(lens, default=rows_per_user) == rows_per_user:
+                keep = None  # every row kept
+            elif n_all >= MIN_ROWS and self._init_strided(keep, kv, counts, lens):
+                return True
+        elif keep is not None and bool(keep.all()):
             keep = None
-        if rows_per_user is not None and keep is not None and n_all >= MIN_ROWS and \
-                self._init_strided(keep, m, rows_per_user):
-            return True
         rows = None if keep is None else keep.nonzero().squeeze(1)
-        if rows_per_user is not None:  # padded users (m, T): user u owns rows u*T .. (u+1)*T-1
-            counts = torch.full((m,), rows_per_user, dtype=torch.long) if keep is None else \
-                keep.view(m, rows_per_user).sum(1)
+        if rows_per_user is not None:
+            if keep is None:
+                counts = torch.full((m,), rows_per_user, dtype=torch.long)
             N = n_all if rows is None else rows.shape[0]
         else:
             user = torch.as_tensor(user)
@@ -165,18 +174,18 @@ class Groups:
         self._set_buckets(lens, start)
         return True
 
-    def _init_strided(self, keep, m: int, T: int) -> bool:
+    def _init_strided(self, keep, kv, counts, lens: list) -> bool:
         """Padded users (m, T) whose kept rows are a prefix of each user's T rows (the learners' padded
-        episodes): the slots are the padded rows themselves, nothing is gathered, and a bucket's block is
-        the strided view of its users' first L rows (user u's rows start at slot u * T). Returns False
-        (nothing set) when some user's kept rows are not a prefix."""
-        kv = keep.view(m, T)
-        counts = kv.sum(1)
-        if not bool(torch.equal(kv, torch.arange(T) < counts[:, None])):
+        episodes; ``kv`` = keep as (m, T), ``counts`` its row sums, ``lens`` as a list): the slots are the
+        padded rows themselves, nothing is gathered, and a bucket's block is the strided view of its
+        users' first L rows (user u's rows start at slot u * T). Returns False (nothing set) when some
+        user's kept rows are not a prefix."""
+        m, T = kv.shape
+        if not torch.equal(kv, torch.arange(T) < counts[:, None]):
             return False
         self.num_slots, self.identity, self._stride, self._keep = m * T, True, T, keep
         self._counts, self._phantom = counts, 0
-        self._set_buckets(counts.tolist(), list(range(0, m * T, T)))
+        self._set_buckets(lens, list(range(0, m * T, T)))
         return True
 
     def _block(self, t: torch.Tensor, s0: int, n: int, L: int) -> torch.Tensor:
@@ -515,13 +524,16 @@ def per_user_gradients(policy, obs, actions, weights, user_index: torch.Tensor |
     keep = weights != 0  # zero-weight rows (padding) contribute nothing
     plan = _plan(policy)
     weights = weights.to(plan.dtype)
-    if not bool(keep.any()):
+    fast_layout = padded and method == "hooks" and pad_multiple == 1  # Groups finds the empty case itself
+    if not fast_layout and not bool(keep.any()):
         return torch.zeros(m, plan.P, dtype=plan.dtype)
     if padded:
-        user_index = torch.arange(m).repeat_interleave(T) if method == "func" or pad_multiple != 1 else None
+        user_index = None if fast_layout else torch.arange(m).repeat_interleave(T)
     if method == "func":
         return _func_over_users(policy, obs, actions, weights, user_index, keep, m)
     groups = Groups(user_index, m, pad_multiple, keep, sorted_users=padded, rows_per_user=T if padded else None)
+    if not groups.buckets:  # no row with a non-zero weight
+        return torch.zeros(m, plan.P, dtype=plan.dtype)
     try:
         return _hook_gradients(policy, plan, groups.layout(obs), groups.layout(actions),
                                groups.layout_weights(weights), groups)
@@ -609,7 +621,7 @@ def _hook_gradients(policy, plan: _Plan, obs, actions, weights, groups: Groups) 
     errs = torch.autograd.grad((logp * weights).sum(), needed, allow_unused=True) if needed else []
     each_layer_once = len(needed) == len(records) == len(plan.linear or ()) == len({id(r[0]) for r in records})
     if plan.linear is not None and each_layer_once and all(r[1] for r in records) and \
-            all(e is not None for e in errs):
+            all(e is not None for e in errs) and m * plan.P <= FAST_PATH_MAX_ELEMENTS:
         return _linear_layers(plan, records, errs, groups)
     flat = torch.zeros(m, plan.P, dtype=plan.dtype)
     columns, owner = plan.columns, plan.owner

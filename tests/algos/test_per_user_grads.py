@@ -339,6 +339,9 @@ def test_the_linear_fast_path_and_strided_layout_equal_the_general_path_bit_for_
         _general_path(mp)
         general = per_user_gradients(policy, obs, actions, w)
     assert torch.equal(fast, general)
+    with monkeypatch.context() as mp:  # a large output: the in-place general path, same bits
+        mp.setattr("dppo.algos.per_user_grads.FAST_PATH_MAX_ELEMENTS", 0)
+        assert torch.equal(per_user_gradients(policy, obs, actions, w), fast)
     assert torch.allclose(fast.double(), per_user_gradients_func(policy, obs, actions, w).double(), rtol=1e-4,
                           atol=1e-6)
 
