@@ -10,6 +10,8 @@ Rows (each timed as a whole update: per-user gradients, clip, sum, Gaussian nois
   dp-pg, hooks       per-user gradients from one backward (dppo.algos.per_user_grads, per-layer rules)
                      ("of which per-user grads": the same without the clip/noise/ledger release;
                      "of which the release": that release alone, clip + float64 noise + ledger, on fixed rows)
+  pg, non-private twin  what algo=pg computes on this path: the same per-user gradients, clipped, averaged
+                     (the twins differ by the noise only); the DP-PG / twin ratio is printed below the rows
   dp-pg, hooks, flat rows  the same from unpadded rows with a user index (how group rollouts arrive)
   dp-pg, torch.func  the vmap over users of the whole objective
   dp-pg, opacus      Opacus GradSampleModule per-step gradients, summed by user (CartPole only)
@@ -35,7 +37,7 @@ from dppo.algos.per_user_grads import per_user_gradients
 from dppo.envs.gym_env import GymEnvFactory
 from dppo.policies.mlp import MLPPolicy
 from dppo.privacy import PrivacyContext
-from dppo.privacy.clipping import GaussianSumPrivatizer
+from dppo.privacy.clipping import GaussianSumPrivatizer, MeanRelease
 from dppo.privacy.noise import NoiseSource
 
 
@@ -137,11 +139,16 @@ def race(fns: dict, repeats: int) -> dict:
     return {k: (statistics.median(cpu[k]), statistics.median(wall[k])) for k in fns}
 
 
+TWIN = "pg, non-private twin"  # what algo=pg runs on the same path: per-user gradients + clip + mean
+
+
 def report(title, results: dict, base: str):
     print(title)
     b_cpu, b_wall = results[base]
     for k, (c, w) in results.items():
         print(f"  {k:<26} {c * 1e3:9.2f} ms cpu  {c / b_cpu:5.2f}x   | wall {w * 1e3:8.2f} ms  {w / b_wall:5.2f}x")
+    if TWIN in results:
+        print(f"  dp-pg, hooks / {TWIN}: {results['dp-pg, hooks'][0] / results[TWIN][0]:.2f}x cpu")
 
 
 def bench_cartpole(repeats, privatizer, total=1024, opacus=True):
@@ -152,6 +159,7 @@ def bench_cartpole(repeats, privatizer, total=1024, opacus=True):
     user_of_step = torch.arange(obs.shape[0])[:, None].expand_as(mask)[mask]
     m = obs.shape[0]
     rows = per_user_gradients(policy, obs, actions, adv)  # fixed input of the release-only row
+    twin = MeanRelease(privatizer.max_grad_norm)
 
     def pg_update():
         policy.zero_grad()
@@ -161,6 +169,7 @@ def bench_cartpole(repeats, privatizer, total=1024, opacus=True):
            "dp-pg, hooks": lambda: privatizer.release_mean(per_user_gradients(policy, obs, actions, adv), 0),
            "  of which per-user grads": lambda: per_user_gradients(policy, obs, actions, adv),
            "  of which the release": lambda: privatizer.release_mean(rows, 0),
+           TWIN: lambda: twin.release_mean(per_user_gradients(policy, obs, actions, adv), 0),
            "dp-pg, hooks, flat rows": lambda: privatizer.release_mean(
                per_user_gradients(policy, flat_obs, flat_act, flat_adv, user_of_step, num_users=m), 0),
            "dp-pg, torch.func": lambda: privatizer.release_mean(
@@ -202,12 +211,15 @@ def bench_lm(repeats, privatizer, lora: bool):
         (-(policy(prompts, completions) * adv).sum() / m).backward()
 
     rows = per_user_gradients(policy, prompts, completions, adv, users, num_users=m)
+    twin = MeanRelease(privatizer.max_grad_norm)
     fns = {"pg (non-private)": pg_update,
            "dp-pg, hooks": lambda: privatizer.release_mean(
                per_user_gradients(policy, prompts, completions, adv, users, num_users=m), 0),
            "  of which per-user grads": lambda: per_user_gradients(policy, prompts, completions, adv, users,
                                                                  num_users=m),
-           "  of which the release": lambda: privatizer.release_mean(rows, 0)}
+           "  of which the release": lambda: privatizer.release_mean(rows, 0),
+           TWIN: lambda: twin.release_mean(per_user_gradients(policy, prompts, completions, adv, users,
+                                                             num_users=m), 0)}
 
     def func_update():
         privatizer.release_mean(per_user_gradients(policy, prompts, completions, adv, users, num_users=m,
