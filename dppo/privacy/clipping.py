@@ -15,13 +15,14 @@ def clip_per_user(per_user: torch.Tensor, max_norm: float) -> tuple[torch.Tensor
     contribution is then bounded too), and the scale carries a 1e-9 relative margin against rounding,
     so the bound holds for any input.
     """
+    owned = per_user.dtype != torch.float64  # .double() then makes a copy, which may be scaled in place
     per_user = per_user.double()
     norms = torch.linalg.vector_norm(per_user, dim=1)
     if not bool(torch.isfinite(norms).all()):  # a non-finite entry makes its row's norm non-finite
-        per_user = torch.nan_to_num(per_user, nan=0.0, posinf=0.0, neginf=0.0)
+        per_user, owned = torch.nan_to_num(per_user, nan=0.0, posinf=0.0, neginf=0.0), True
         norms = torch.linalg.vector_norm(per_user, dim=1)
     scale = (max_norm * (1 - 1e-9) / norms.clamp_min(1e-300)).clamp(max=1.0)
-    return per_user * scale[:, None], norms
+    return (per_user.mul_(scale[:, None]) if owned else per_user * scale[:, None]), norms
 
 
 class GaussianSumPrivatizer:
@@ -51,7 +52,7 @@ class GaussianSumPrivatizer:
     def release_mean(self, per_user: torch.Tensor, round_idx: int, *, sigma: float | None = None,
                      extra: dict | None = None) -> tuple[torch.Tensor, dict]:
         """Clip rows to C, sum, add N(0, sigma^2 I), divide by m; records the release. Returns (mean, stats)."""
-        clipped, norms = clip_per_user(per_user.double(), self.max_grad_norm)
+        clipped, norms = clip_per_user(per_user, self.max_grad_norm)
         if self.shards is not None:
             return self.shards.release(clipped, norms, lambda c, n: self._release(c, n, round_idx, sigma, extra))
         return self._release(clipped, norms, round_idx, sigma, extra)
@@ -123,7 +124,7 @@ class MeanRelease:
         self.max_grad_norm = float(max_grad_norm)
 
     def release_mean(self, per_user: torch.Tensor, round_idx: int) -> tuple[torch.Tensor, dict]:
-        clipped, norms = clip_per_user(per_user.double(), self.max_grad_norm)
+        clipped, norms = clip_per_user(per_user, self.max_grad_norm)
         if self.shards is not None:
             return self.shards.release(clipped, norms, self._mean)
         return self._mean(clipped, norms)

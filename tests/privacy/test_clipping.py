@@ -17,6 +17,17 @@ def test_clipped_per_user_norms_are_bounded():
     assert torch.allclose(clipped[small], g[small].double())  # rows under the bound are untouched
 
 
+def test_clipping_never_modifies_its_input_and_float32_rows_clip_like_float64():
+    g64 = torch.randn(6, 40, dtype=torch.float64) * 3
+    before = g64.clone()
+    c64, n64 = clip_per_user(g64, 1.0)
+    assert torch.equal(g64, before)  # float64 rows are the caller's: scaled out of place
+    g32 = g64.float()
+    c32, n32 = clip_per_user(g32, 1.0)  # its float64 copy is scaled in place
+    assert torch.equal(g32, before.float()) and c32.dtype == torch.float64
+    assert torch.equal(c32, clip_per_user(g32.double(), 1.0)[0]) and torch.equal(n32, g32.double().norm(dim=1))
+
+
 def test_non_finite_rows_are_neutralised():
     g = torch.tensor([[float("nan"), 1.0], [float("inf"), 0.0], [3.0, 4.0]])
     clipped, _ = clip_per_user(g, 1.0)
