@@ -195,6 +195,18 @@ class Groups:
         T = self._stride
         return t.narrow(0, s0, n * T).reshape(n, T, *t.shape[1:])[:, :L]
 
+    def rows_view(self, t: torch.Tensor, s0: int, n: int, L: int, transpose: bool = False) -> torch.Tensor:
+        """``_block`` of a contiguous (slots, *inner, d) tensor with the inner positions merged into rows,
+        as one strided view: (n, L * inner, d), or (n, d, L * inner) with ``transpose``."""
+        d = t.shape[-1]
+        q = t.stride(0) if t.dim() > 1 else 1  # elements per slot
+        rows = L * q // d
+        user_stride = (self._stride or L) * q
+        off = t.storage_offset() + s0 * q
+        if transpose:
+            return t.as_strided((n, d, rows), (user_stride, 1, d), off)
+        return t.as_strided((n, rows, d), (user_stride, d, 1), off)
+
     def _set_buckets(self, lens: list, start: list) -> None:
         """Runs of consecutive users (skipping users without rows) with equal padded length, as
         ``(first slot, range of user ids, length)``: every bucket is a range of consecutive users."""
@@ -208,7 +220,7 @@ class Groups:
                 u0 = u
         if u0 is not None:
             self.buckets.append((start[u0], range(u0, len(lens)), lens[u0]))
-        self.covers_all = sum(len(users) for _, users, _ in self.buckets) == self.num_users  # every user has rows
+        self.covers_all = sum(len(users) for _, users, _ in self.buckets) == self.num_users  # all have rows
 
     @property
     def slot_user(self) -> torch.Tensor:
@@ -680,13 +692,13 @@ def _linear_layers(plan: _Plan, records: list, errs, groups: Groups) -> torch.Te
             B = None if b_cols is None else alloc((m, d_out), dtype=g.dtype)
             for s0, users, L in groups.buckets:
                 n, u0 = len(users), users.start
-                gT = _bucket_view(g, groups, s0, n, L, transpose=True)  # (n, out, rows)
+                gT = groups.rows_view(g, s0, n, L, transpose=True)  # (n, out, rows)
                 if x is not None:
                     if wide_last:
-                        torch.bmm(_bucket_view(x, groups, s0, n, L, transpose=True), gT.transpose(1, 2),
+                        torch.bmm(groups.rows_view(x, s0, n, L, transpose=True), gT.transpose(1, 2),
                                   out=W[u0:u0 + n])
                     else:
-                        torch.bmm(gT, _bucket_view(x, groups, s0, n, L), out=W[u0:u0 + n])
+                        torch.bmm(gT, groups.rows_view(x, s0, n, L), out=W[u0:u0 + n])
                 if B is not None:
                     torch.sum(gT, 2, out=B[u0:u0 + n])
             if W is not None:
@@ -695,19 +707,6 @@ def _linear_layers(plan: _Plan, records: list, errs, groups: Groups) -> torch.Te
                 pieces[b_cols] = B
     parts = [pieces[c] for c in sorted(pieces)]
     return (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]).to(plan.dtype)
-
-
-def _bucket_view(t: torch.Tensor, groups: Groups, s0: int, n: int, L: int, transpose: bool = False):
-    """(n, rows, d) view of a contiguous (slots, *inner, d) tensor for the bucket's n users and their L
-    slots each, starting at slot s0 (rows = L * inner positions); (n, d, rows) with ``transpose``."""
-    d = t.shape[-1]
-    q = t.stride(0) if t.dim() > 1 else 1  # elements per slot
-    rows = L * q // d
-    user_stride = (groups._stride or L) * q
-    off = t.storage_offset() + s0 * q
-    if transpose:
-        return t.as_strided((n, d, rows), (user_stride, 1, d), off)
-    return t.as_strided((n, rows, d), (user_stride, d, 1), off)
 
 
 def _root_func(policy, direct: dict, obs, actions, weights, groups: Groups) -> dict:
