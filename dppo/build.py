@@ -20,8 +20,8 @@ from dppo.training import distributed
 from dppo.training.logger import make_logger
 from dppo.training.trainer import Trainer
 
-INJECTABLE = ("policy", "env", "privacy", "sampler", "logger", "seed", "rounds", "users_per_round", "episodes",
-              "batch_size", "max_grad_norm", "reward_bound", "eps", "delta", "oracle")
+INJECTABLE = ("policy", "space", "env", "privacy", "sampler", "logger", "seed", "rounds", "users_per_round",
+              "episodes", "batch_size", "max_grad_norm", "reward_bound", "eps", "delta", "oracle")
 # The only settings a resumed run may change: where and how often it logs, checkpoints, evaluates, stops on
 # a public evaluation. Every other key (eps, delta, rounds, users_per_round, group_size, clip norms, the
 # algo's and oracle's parameters, accountant, population, secure_rng, max_epsilon, env, policy, seed) can
@@ -80,6 +80,9 @@ def load_init_source(init_from: str | None) -> tuple[dict | None, list[int] | No
     return state, None
 
 
+SPACE_KEYS = ("subspace", "dim")  # policy.* keys of the parameter space (dppo.policies.spaces.make_space)
+
+
 def build_policy(cfg, env, init_state: dict | None = None):
     """Instantiate cfg.policy for the env's spaces; load ``init_state`` (from ``policy.init_from``: fine-tuning);
     ``policy.freeze`` lists parameter-name prefixes that are not trained (requires_grad=False)."""
@@ -88,6 +91,8 @@ def build_policy(cfg, env, init_state: dict | None = None):
         return None
     init_from = spec.pop("init_from", None)
     freeze = spec.pop("freeze", None) or []
+    for k in SPACE_KEYS:
+        spec.pop(k, None)
     try:
         policy = instantiate(spec, observation_space=env.observation_space, action_space=env.action_space,
                              _convert_="all")
@@ -109,6 +114,14 @@ def build_policy(cfg, env, init_state: dict | None = None):
             if n in hit:
                 p.requires_grad_(False)
     return policy
+
+
+def build_space(cfg, policy):
+    """The policy's parameter space (``policy.subspace``, ``policy.dim``; ``dppo.policies.spaces.make_space``)."""
+    from dppo.policies.spaces import make_space
+
+    spec = to_container(cfg.policy) or {}
+    return make_space(policy, seed=cfg.seed, **{k: spec[k] for k in SPACE_KEYS if k in spec})
 
 
 def _default_accountant(cls, cfg) -> str:
@@ -252,9 +265,6 @@ def build_learner(cfg, cls, objects: dict):
     params = dict(to_container(cfg.algo))
     params.pop("_target_")
     params.pop("name", None)
-    on_prompts = params.pop("on_prompts", None) or {}  # the algo's defaults for env=prompts (policy=lm)
-    if getattr(cls, "env_kind", None) == "prompts":
-        params = {**params, **on_prompts}
     private = params.pop("private", True)
     if not private and cfg.eps is not None:
         raise ConfigError(f"algo={_algo_name(cfg)} has no private mode, but eps={cfg.eps} was given; run it with "
@@ -278,7 +288,11 @@ def build_learner(cfg, cls, objects: dict):
     if "oracle" in sig and "oracle" not in objects:
         from dppo.oracles import make_oracle
 
-        available["oracle"] = make_oracle(cfg.oracle or oracle_name, **oracle_kwargs)
+        name = cfg.oracle or oracle_name
+        if name is None:
+            space = objects.get("space")
+            name = cls.default_oracle(objects["privacy"].private, space.dim if space is not None else 0)
+        available["oracle"] = make_oracle(name, **oracle_kwargs)
     for k in INJECTABLE:
         if k in sig and k in available:
             params[k] = available[k]
@@ -327,10 +341,6 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     check_memory(cfg)
     env_given = env is not None
     env = env if env_given else build_env(cfg)
-    if getattr(env, "kind", None) == "prompts":  # language-model prompts: the algorithm family's LM learner
-        from dppo.algos.prompt_po import prompt_twin
-
-        cls = prompt_twin(cls)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
     init_state, pretrain_users = load_init_source(OmegaConf.select(cfg, "policy.init_from"))
     if sampler is None:
@@ -350,6 +360,8 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
             objects["policy"] = policy if policy is not None else build_policy(cfg, env, init_state)
             if objects["policy"] is not None:
                 check_policy(objects["policy"], env)  # before any user is drawn
+                if "space" in sig:
+                    objects["space"] = build_space(cfg, objects["policy"])
         check_memory(cfg, env, objects.get("policy"))
         learner = build_learner(cfg, cls, objects)
     if dist.enabled:

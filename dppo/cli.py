@@ -88,6 +88,9 @@ def _report(summary: dict, run_dir: str) -> None:
 
 def entry(hydra_main, args: list[str]) -> None:
     """What ``python train.py ARGS`` does: pre-flight (or resume), then Hydra's run for ``args``."""
+    from dppo.config import normalize_override
+
+    sys.argv[1:] = [normalize_override(a) for a in sys.argv[1:]]  # Hydra reads the same overrides as compose()
     if int(os.environ.get("RANK", "0")) > 0:  # torchrun rank > 0: Hydra must not write into rank 0's run dir
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=disabled"]
     try:

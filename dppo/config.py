@@ -94,6 +94,24 @@ def register_schema() -> None:
         OmegaConf.register_new_resolver("dppo_eps_tag", eps_tag)
 
 
+GROUPS = ("algo", "env", "policy", "privacy", "logger", "callbacks", "experiment")
+
+
+def normalize_override(arg: str) -> str:
+    """A ``key=value`` override as Hydra must read it when the group yamls hold only what differs from their
+    defaults: a value (``algo.lr=0.1``, ``rounds=5``, ``+rounds_=3``) becomes ``++key=value`` (set or add), so
+    a key the yaml does not list reaches the config like one it does; the schema and the learner then refuse an
+    unknown key by name (``validate``). Group choices (``algo=dp_pg``, ``+experiment=...``), deletions
+    (``~key``), package overrides (``@``) and ``hydra.*`` keys are left as they are."""
+    if "=" not in arg or arg.startswith(("~", "-")):
+        return arg
+    key, value = arg.split("=", 1)
+    bare = key.lstrip("+")
+    if not bare or "@" in bare or "/" in bare or bare in GROUPS or bare.split(".")[0] == "hydra":
+        return arg
+    return f"++{bare}={value}"
+
+
 def compose(overrides: list[str] | None = None):
     """The packaged config with overrides, without Hydra's run-dir machinery (Python API and tests)."""
     from hydra import compose as hcompose
@@ -103,7 +121,7 @@ def compose(overrides: list[str] | None = None):
     register_schema()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hcompose(config_name="config", overrides=list(overrides or []))
+        return hcompose(config_name="config", overrides=[normalize_override(o) for o in overrides or []])
 
 
 def validate(cfg) -> None:

@@ -48,7 +48,7 @@ def random_policy_return(seed: int, episodes: int) -> float:
     public "eval" reset seeds and sampling stream the learners' ``evaluate`` uses)."""
     import torch
 
-    from dppo.algos.rollout import RolloutEngine
+    from dppo.envs.rollout import RolloutEngine
     from dppo.data import streams
     from dppo.envs.gym_env import GymEnvFactory
 

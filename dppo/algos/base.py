@@ -1,6 +1,8 @@
 """The learner interface every algorithm implements; the trainer owns the loop around it."""
 from __future__ import annotations
 
+from dppo.errors import ConfigError
+
 
 class Learner:
     """One algorithm. It receives its policy / env factory / privacy context / sampler (it builds none
@@ -26,6 +28,15 @@ class Learner:
     def summary(self) -> dict:
         """Extra fields for ``summary.json`` (e.g. ``cumulative_regret``)."""
         return {}
+
+    def distribute(self, shards) -> None:
+        """Make this learner multi-process (``torchrun``): wrap the parts its release reads with ``shards``
+        (``shards.sampler(sampler, release=None)``: this rank's share of each round's users;
+        ``shards.sum_release(release)``: a mean of clipped per-user vectors computed on rank 0;
+        ``shards.oracle(oracle)``: a least-squares oracle solved on rank 0; ``dppo.training.distributed``).
+        A learner that does not override this runs in one process only."""
+        raise ConfigError(f"multi-process training (torchrun) supports the policy-optimization learners "
+                          f"(algo=pg|dp_pg|npg|dp_npg|rebel|dp_rebel); {type(self).__name__} runs in one process")
 
     def state_dict(self) -> dict:
         raise NotImplementedError

@@ -35,14 +35,17 @@ CONF = Path(__file__).resolve().parents[2] / "conf" / "algo"
 
 
 def config_oracle(algo: str):
-    """(oracle, its name) built by ``make_oracle`` from ``conf/algo/<algo>.yaml``."""
+    """(oracle, its name): the private oracle ``conf/algo/<algo>.yaml``'s learner runs by default, built by
+    ``make_oracle`` with that config's settings."""
+    from hydra.utils import get_class
     from omegaconf import OmegaConf
 
     from dppo.oracles import make_oracle
 
     cfg = OmegaConf.load(CONF / f"{algo}.yaml")
+    name = get_class(cfg._target_).default_oracle(True, 8)
     kwargs = OmegaConf.to_container(cfg.get("oracle_kwargs") or {})
-    return make_oracle(cfg.oracle, **kwargs), cfg.oracle
+    return make_oracle(name, **kwargs), name
 
 
 def audit_oracle_round(eps: float, delta: float = 1e-5, trials: int = 1_000_000, *, algo: str = "dp_rebel",

@@ -34,6 +34,7 @@ class ExpMechOracle(LeastSquaresOracle):
     """
 
     name = "exp_mech"
+    max_dim = 2048            # a cover of a ball in R^d: useless (and large) beyond this
 
     def __init__(self, *, w_max: float = 1.0, candidates: int = 4096, cover: str = "random",
                  grid_points: int = 21, **kwargs):

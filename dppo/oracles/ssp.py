@@ -61,6 +61,8 @@ class SSPOracle(LeastSquaresOracle):
     """
 
     name = "ssp"
+    uses_public_gram = True   # a learner's public Gram (Fisher) replaces the released S~
+    max_dim = 2048            # d x d statistics: larger spaces use dp_gd
 
     def __init__(self, *, psd_floor: float = 0.0, ridge_noise: float = 1.0, b_clip: float = 1.0,
                  gram_share: float = 1.0 / 3.0, gram_momentum: float = 0.0, **kwargs):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dppo
-from dppo.algos.rollout import RolloutEngine
+from dppo.envs.rollout import RolloutEngine
 from dppo.envs.gym_env import GymEnvFactory
 from dppo.errors import ConfigError
 from dppo.policies.gaussian import GaussianMLPPolicy
@@ -77,10 +77,14 @@ def test_unsupported_action_spaces_stay_one_line_errors():
 
 
 def test_the_fisher_of_a_gaussian_policy_is_a_monte_carlo_psd_matrix():
-    from dppo.algos.subspace import PolicySubspace
+    from dppo.envs.rollout import Episodes
+    from dppo.policies.spaces import make_space
 
     env = GymEnvFactory("Pendulum-v1", horizon=10)
     pi = GaussianMLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
-    space = PolicySubspace(pi, [p for p in pi.parameters()], subspace="auto", dim=6)
-    F = space.fisher(torch.randn(20, 3))
+    space = make_space(pi, "auto", dim=6)
+    obs = torch.randn(20, 1, 3)
+    states = Episodes(obs, torch.zeros(20, 1, 1), torch.zeros(20, 1, dtype=torch.float64),
+                      torch.ones(20, 1, dtype=torch.bool), torch.zeros(20, dtype=torch.float64), torch.zeros(20))
+    F = space.fisher(states, 500).matrix
     assert F.shape == (6, 6) and torch.allclose(F, F.T) and torch.linalg.eigvalsh(F).min() >= -1e-9

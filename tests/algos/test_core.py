@@ -10,7 +10,7 @@ import torch
 
 from dppo.algos.core import group_advantages
 from dppo.algos.npg import NaturalPolicyGradient
-from dppo.algos.rollout import RolloutEngine
+from dppo.envs.rollout import RolloutEngine
 from dppo.data import streams
 from dppo.data.sampler import OnePassUserSampler
 from dppo.envs.gym_env import GymEnvFactory
@@ -24,7 +24,8 @@ def learner_for(env_id="CartPole-v1", vectorization="auto", group_size=4, horizo
     torch.manual_seed(0)
     policy = MLPPolicy(env.observation_space, env.action_space)
     return NaturalPolicyGradient(policy, env, PrivacyContext(), OnePassUserSampler(3),
-                                 make_oracle("exact", x_bound=None, y_bound=None), seed=7, group_size=group_size)
+                                 make_oracle("exact", x_bound=None, y_bound=None), seed=7, rounds=1,
+                                 group_size=group_size, reward_bound=1.0)
 
 
 def user_slices(batch, users):
@@ -83,7 +84,7 @@ def test_native_vector_start_states_equal_single_env_resets():
 
 
 def test_an_env_without_a_native_vector_env_falls_back_to_sync():
-    from dppo.algos.rollout import resolve_vectorization
+    from dppo.envs.rollout import resolve_vectorization
     from dppo.errors import ConfigError
 
     assert resolve_vectorization(GymEnvFactory("MountainCar-v0")) == "sync"

@@ -123,7 +123,7 @@ def test_the_backend_is_nccl_with_a_gpu_per_process_and_gloo_otherwise():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [["algo.subspace=full", "algo.dim=null"], ["group_size=1", "algo.advantage=to_go"]])
+@pytest.mark.parametrize("extra", [["policy.subspace=full", "policy.dim=null"], ["group_size=1", "algo.advantage=to_go"]])
 def test_two_process_dp_pg_variants_equal_the_single_process_run(tmp_path, extra):
     """Every parameter (per-user gradients from one backward), and one rollout per user (tiny batches)."""
     one = _train(["rounds=2", *extra], str(tmp_path / "one"))
