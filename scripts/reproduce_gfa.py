@@ -249,8 +249,9 @@ def required_budget(args, eps0s) -> list[str]:
             vals = []
             for seed in range(args.seeds):
                 learner, _ = make_learner(v, 8.0, None, "advanced", seed, args)
-                learner.eps_schedule = [e0] * R
-                learner.eps0, learner.beta = e0, exp_mech_beta(e0, learner.sensitivity)
+                sched = learner.schedule  # a fixed eps_0 per release instead of the calibrated one
+                sched.eps, sched.eps0, sched.beta = [e0] * R, e0, exp_mech_beta(e0, learner.sensitivity)
+                learner.eps_schedule, learner.eps0, learner.beta = sched.eps, sched.eps0, sched.beta
                 vals.append(plateau_episode(play(learner)))
             p[v] = torch.tensor(vals, dtype=torch.float64)
         adv, zc = composition_cost(e0, R, args.delta)

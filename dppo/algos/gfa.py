@@ -16,8 +16,9 @@ which the M - 1 data-dependent releases compose to the target eps under ``privac
 (``advanced``: Dwork-Rothblum-Vadhan; ``zcdp``: eps_0-bounded range => eps_0^2/8-zCDP). The first
 release (batch 0) sees no data and costs nothing; it is still written to the ledger (eps = 0).
 
-Budget split (``budget_decay`` = p): release i = 1..M-1 gets ``eps_i = s i^{-p}`` with s the largest
-scale whose composition (the same accountant) meets the target, and ``beta_i = eps_i / (2 Delta_S)``.
+Budget split (``budget_decay`` = p; ``dppo.privacy.calibration.ExponentialSchedule``): release i = 1..M-1
+gets ``eps_i = s i^{-p}`` with s the largest scale whose composition (the same accountant) meets the
+target, and ``beta_i = eps_i / (2 Delta_S)``.
 p = 0 (default) is the paper's equal split. p = 1 front-loads the budget: a wrong member's score gap
 grows linearly with the data n_i = i B, so eps_i ~ 1/i keeps ``beta_i x gap`` the same at every
 release instead of wasting budget on late releases whose data already separates Q*. Either way each
@@ -25,15 +26,13 @@ release is eps_i-DP with its own calibration, and the accountant composes exactl
 """
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
-from scipy.optimize import brentq
 
 from dppo.algos.base import Learner
 from dppo.errors import ConfigError, DataError
-from dppo.privacy.calibration import exp_mech_beta
+from dppo.privacy.calibration import ExponentialSchedule
 from dppo.privacy.mechanisms import exponential_mechanism
 
 COMPOSITION_ACCOUNTANTS = {"advanced": "advanced", "zcdp": "zcdp"}
@@ -42,30 +41,6 @@ COMPOSITION_ACCOUNTANTS = {"advanced": "advanced", "zcdp": "zcdp"}
 def paper_batch_size(episodes: int, batch_const: float) -> int:
     """The paper's rule B = c K^{3/5} (Thm: regret O~(K^{3/5}) with B = O~(K^{3/5})), rounded, >= 1."""
     return max(1, int(round(batch_const * episodes ** 0.6)))
-
-
-def budget_schedule(accountant, eps: float, delta: float, releases: int, decay: float = 0.0) -> list[float]:
-    """Per-release budgets ``eps_i = s i^{-decay}`` (i = 1..releases), s the largest scale whose composition
-    under ``accountant`` is at most ``eps`` at ``delta`` (module docstring). ``decay = 0``: the equal split,
-    ``accountant.largest_eps0``. Otherwise a copy of the accountant (as it is now: fresh at calibration
-    time) is stepped with the trial schedule, so the composition rule is exactly the one that will
-    account the real releases.
-    """
-    if releases < 1:
-        raise ConfigError(f"need at least one release, got {releases}")
-    if decay == 0:
-        return [float(accountant.largest_eps0(eps, delta, releases, "exponential"))] * releases
-    weights = [(i + 1) ** (-float(decay)) for i in range(releases)]
-
-    def excess(scale: float) -> float:
-        trial = copy.deepcopy(accountant)
-        for i, w in enumerate(weights):
-            trial.step({"mechanism": "exponential", "round": i + 1, "users": 0, "eps": scale * w, "delta": 0.0})
-        return trial.spent(delta)[0] - eps
-
-    hi = eps / weights[0]                                  # basic composition alone already reaches eps here
-    scale = brentq(excess, 1e-12, hi, xtol=1e-14, rtol=1e-12) if excess(hi) > 0 else hi
-    return [scale * w for w in weights]
 
 
 def gumbel_max(logits: torch.Tensor, gumbel: torch.Tensor) -> int:
@@ -139,20 +114,15 @@ class _GFABase(torch.nn.Module, Learner):
             raise ConfigError(f"GFA accounts its releases by composition; privacy.accountant={acc.name} cannot, "
                               f"use privacy.accountant=null with privacy.composition=advanced|zcdp")
         releases = max(self.num_rounds - 1, 1)
-        self.eps_schedule = budget_schedule(acc, self.privacy.eps, self.privacy.delta, releases, self.budget_decay)
-        self.eps0 = self.eps_schedule[0]
-        self.beta = exp_mech_beta(self.eps0, self.sensitivity)
+        self.schedule = ExponentialSchedule(acc, self.privacy.eps, self.privacy.delta, releases, self.budget_decay,
+                                            self.sensitivity)
+        self.eps_schedule, self.eps0, self.beta = self.schedule.eps, self.schedule.eps0, self.schedule.beta
 
     def release_budget(self, round_idx: int) -> tuple[float, float]:
-        """(eps, beta) of the release at the start of round ``round_idx``. Round 0 sees no data: eps = 0,
-        and its beta (which then only weighs the data-free optimism term) is the first release's.
-        ``beta_i = beta eps_i / eps_1 = eps_i / (2 Delta_S)``: ``self.beta`` stays the one calibration knob."""
-        if round_idx == 0:
-            return 0.0, self.beta
-        eps = self.eps_schedule[min(round_idx, len(self.eps_schedule)) - 1]
-        return eps, self.beta * (eps / self.eps0)
+        """(eps, beta) of the release at the start of round ``round_idx`` (``ExponentialSchedule.budget``)."""
+        return self.schedule.budget(round_idx)
 
-    def _select(self, round_idx: int, score: torch.Tensor) -> tuple[int, float]:
+    def select(self, round_idx: int, score: torch.Tensor) -> tuple[int, float]:
         """Pick the member for this batch: exponential mechanism (private) or argmax (ties at random)."""
         if self.privacy.private:
             users = self.episodes_done
@@ -175,7 +145,7 @@ class _GFABase(torch.nn.Module, Learner):
         experimenter's logs, under ``diag/`` as in every dppo learner; only f is DP-released.
         """
         score = self.score()
-        self.current, gap = self._select(round_idx, score)
+        self.current, gap = self.select(round_idx, score)
         self._set_policy(self.current)
         n = min(self.B, self.K - self.episodes_done)
         users = self.sampler.take(n) if self.sampler is not None else list(range(n))

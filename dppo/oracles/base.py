@@ -65,11 +65,7 @@ class UserRegression:
         return out
 
     def per_user_grads(self, w: torch.Tensor) -> torch.Tensor:
-        """(users, d) gradients grad L_i(w) = (2/n_i) X_i^T (X_i w - y_i); (..., users, d) for w (..., d)."""
-        if w.dim() > 1:   # stacked iterates (audit trials); the 1-D path below is the learners', unchanged
-            resid = self.weight * (w @ self.X.T - self.y)                     # (..., rows)
-            out = torch.zeros(*w.shape[:-1], self.users, self.dim, dtype=self.X.dtype)
-            return out.index_add_(-2, self.user, 2.0 * resid[..., None] * self.X)
+        """(users, d) gradients grad L_i(w) = (2/n_i) X_i^T (X_i w - y_i)."""
         resid = self.weight * (self.X @ w - self.y)
         out = torch.zeros(self.users, self.dim, dtype=self.X.dtype)
         out.index_add_(0, self.user, 2.0 * resid[:, None] * self.X)
@@ -243,10 +239,8 @@ def conjugate_gradient(matvec, b: torch.Tensor, iters: int, tol: float = 1e-10) 
 
 
 def project_ball(w: torch.Tensor, radius: float | None) -> torch.Tensor:
-    """Euclidean projection onto {||w|| <= radius} (identity if radius is None); row-wise for w (..., d)."""
+    """Euclidean projection onto {||w|| <= radius} (identity if radius is None)."""
     if radius is None:
         return w
-    if w.dim() > 1:
-        return w * torch.clamp(radius / w.norm(dim=-1, keepdim=True).clamp_min(1e-300), max=1.0)
     n = w.norm()
     return w if n <= radius else w * (radius / n)

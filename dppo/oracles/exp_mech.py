@@ -8,7 +8,6 @@ import torch
 
 from dppo.errors import ConfigError
 from dppo.oracles.base import LeastSquaresOracle, UserRegression
-from dppo.privacy.calibration import exp_mech_beta
 from dppo.privacy.mechanisms import exponential_mechanism
 
 
@@ -19,7 +18,8 @@ class ExpMechOracle(LeastSquaresOracle):
     with R = w_max * x_bound / y_bound): each residual obeys |x . w - y| <= R + 1, so
     L_i(w) = (1/n_i) sum_t (x_t . w - y_t)^2 lies in [0, (R + 1)^2] (n_i >= rows_i). Replacing one
     user changes the score of every w by at most Delta = (R + 1)^2; the ridge term is
-    data-independent. beta = eps / (2 Delta) makes the sampler pure eps-DP (McSherry & Talwar 2007).
+    data-independent. beta = eps / (2 Delta) (``dppo.privacy.mechanisms.exponential_mechanism``) makes the
+    sampler pure eps-DP (McSherry & Talwar 2007).
     Exact sampling by Gumbel-max: argmax_w beta * score(w) + G_w, G_w iid standard Gumbel.
     W is public: a grid (``cover="grid"``, ``grid_points`` per axis, for d <= 4) or ``candidates``
     points drawn uniformly from the ball with the oracle's seed (``cover="random"``), plus w = 0;
@@ -80,10 +80,8 @@ class ExpMechOracle(LeastSquaresOracle):
 
     def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float) -> torch.Tensor:
         W = self.candidate_set(data.dim)
-        sens = self.sensitivity()
-        beta = exp_mech_beta(eps, sens)
-        idx, self.last_release = exponential_mechanism(privacy, self.score(data, W), beta=beta, round=round,
-                                                       users=data.users, eps=eps, sensitivity=sens,
+        idx, self.last_release = exponential_mechanism(privacy, self.score(data, W), eps=eps,
+                                                       sensitivity=self.sensitivity(), round=round, users=data.users,
                                                        candidates=W.shape[0], dim=data.dim, oracle="exp_mech")
         return W[idx].clone()
 

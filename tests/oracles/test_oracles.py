@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from scipy.stats import norm
 
 from dppo.errors import ConfigError, DataError
+from dppo.privacy.calibration import ssp_calibration
 from dppo.oracles import make_oracle
 from dppo.privacy.context import PrivacyContext
 from dppo.privacy.noise import NoiseSource
@@ -133,7 +134,7 @@ def test_ssp_noise_has_the_released_scale():
 def test_ssp_sensitivity_bound_holds_for_replaced_users(seed, n1, n2):
     rng = np.random.default_rng(seed)
     d = 4
-    oracle = make_oracle("ssp", x_bound=1.0, y_bound=1.0)
+    oracle = make_oracle("ssp", x_bound=1.0, y_bound=1.0, b_clip=1.0)
 
     def release_vector(X, y):
         data = oracle.prepare([(torch.tensor(X), torch.tensor(y))])
@@ -144,14 +145,16 @@ def test_ssp_sensitivity_bound_holds_for_replaced_users(seed, n1, n2):
     scale = rng.choice([0.1, 1.0, 10.0])
     s1, b1 = release_vector(scale * rng.normal(size=(n1, d)), scale * rng.normal(size=n1))
     s2, b2 = release_vector(scale * rng.normal(size=(n2, d)), scale * rng.normal(size=n2))
-    d_s, d_b = oracle.sensitivities()
+    cal = ssp_calibration(1.0, 1e-5, gram_share=oracle.gram_share, b_clip=oracle.b_clip)
+    d_s, d_b = cal.sensitivity_gram, cal.sensitivity_moment
     assert (s1 - s2).norm().item() <= d_s + 1e-9
     assert (b1 - b2).norm().item() <= d_b + 1e-9
 
 
 def _whitened_change(oracle, user_a, user_b):
     """||dS||^2 / sigma_S^2 + ||db||^2 / sigma_b^2 between two single users, with the oracle's eps = 1 stds."""
-    s_gram, s_b = oracle.noise_stds(1.0, 1e-5)
+    cal = ssp_calibration(1.0, 1e-5, gram_share=oracle.gram_share, b_clip=oracle.b_clip)
+    s_gram, s_b = cal.sigma_gram, cal.sigma_moment
     (Sa, ba), (Sb, bb) = [(d.gram(), d.per_user_moments()[0]) for d in (oracle.prepare([u]) for u in (user_a, user_b))]
     ba, bb = [b * min(1.0, oracle.b_clip / max(float(b.norm()), 1e-300)) for b in (ba, bb)]
     return float(((Sa - Sb) ** 2).sum()) / s_gram ** 2 + float(((ba - bb) ** 2).sum()) / s_b ** 2
@@ -163,7 +166,7 @@ def test_ssp_joint_sensitivity_is_never_exceeded_and_is_attained(gram_share):
     and a grid search over single-row unit users (u = x.x', y = -y') reaches it: the calibration is tight."""
     from dppo.privacy.calibration import analytic_gaussian_sigma
 
-    oracle = make_oracle("ssp", gram_share=gram_share)
+    oracle = make_oracle("ssp", gram_share=gram_share, x_bound=1.0, y_bound=1.0, b_clip=1.0)
     mu_sq = analytic_gaussian_sigma(1.0, 1e-5, 1.0) ** -2
     rng = np.random.default_rng(0)
     worst = 0.0
@@ -187,20 +190,30 @@ def test_ssp_joint_sensitivity_is_never_exceeded_and_is_attained(gram_share):
 def test_ssp_default_noise_is_the_gaussian_mechanism_at_sensitivity_sqrt_4_5():
     from dppo.privacy.calibration import analytic_gaussian_sigma
 
-    s_gram, s_b = make_oracle("ssp").noise_stds(3.0, 1e-5)
+    cal = ssp_calibration(3.0, 1e-5, gram_share=1.0 / 3.0, b_clip=1.0)
+    s_gram, s_b = cal.sigma_gram, cal.sigma_moment
     assert s_gram == pytest.approx(s_b) and s_b == pytest.approx(analytic_gaussian_sigma(3.0, 1e-5, math.sqrt(4.5)))
 
 
-def test_stacked_noise_gives_the_same_releases_as_one_solve_per_noise():
-    """The oracles broadcast over a leading noise dimension (how the audit runs many trials): each row of a
-    stacked solve equals the unstacked solve fed that row's noise."""
-    from dppo.oracles.ssp import psd_ridge_solve
+def test_stacked_noise_gives_the_same_releases_as_one_release_per_noise():
+    """The mechanisms broadcast over a leading noise dimension (how the audit runs many trials): each row of a
+    stacked release equals the unstacked release fed that row's noise."""
+    from dppo.privacy.mechanisms import exponential_mechanism, noisy_gradient_descent, ssp_release
 
     users, _ = regression_users(m=6, d=3)
+    data = make_oracle("ssp").prepare(users)
     gen = torch.Generator().manual_seed(0)
-    for name, kw in [("dp_gd", dict(steps=4, clip=0.5, radius=0.8)), ("ssp", {}), ("exp_mech", dict(cover="grid", grid_points=5))]:
-        oracle = make_oracle(name, **kw)
-        data = oracle.prepare(users)
+    releases = {
+        "ssp": lambda p: ssp_release(p, data.gram(), data.per_user_moments(), round=0, eps=2.0, delta=1e-5,
+                                     gram_share=0.3, b_clip=1.0)[:2],
+        "ssp public Gram": lambda p: ssp_release(p, None, data.per_user_moments(), round=0, eps=2.0, delta=1e-5,
+                                                 gram_share=0.3, b_clip=0.5, public_gram=True)[1],
+        "noisy gd": lambda p: noisy_gradient_descent(p, lambda w: data.per_user_grads(torch.zeros(3, dtype=torch.float64)),
+                                                     lambda w, s: w + s, torch.zeros(3, dtype=torch.float64), steps=3,
+                                                     clip=0.5, round=0, users=6, eps=2.0, delta=1e-5)[0],
+        "exponential": lambda p: exponential_mechanism(p, torch.linspace(-1, 1, 7, dtype=torch.float64), eps=2.0,
+                                                       sensitivity=1.0, round=0, users=6)[0]}
+    for name, release in releases.items():
         draws = []
 
         class Recorded(NoiseSource):
@@ -212,8 +225,7 @@ def test_stacked_noise_gives_the_same_releases_as_one_solve_per_noise():
                 draws.append(-torch.log(-torch.log(torch.rand((5, *shape), generator=gen, dtype=torch.float64))))
                 return draws[-1]
 
-        stacked = oracle._solve_private(data, PrivacyContext(2.0, 1e-5, noise=Recorded(0)), 0, 2.0, 1e-5)
-        assert stacked.shape == (5, 3)
+        stacked = release(PrivacyContext(2.0, 1e-5, noise=Recorded(0)))
         for row in range(5):
             class Replay(NoiseSource):
                 it = iter([d[row] for d in draws])
@@ -224,13 +236,10 @@ def test_stacked_noise_gives_the_same_releases_as_one_solve_per_noise():
                 def gumbel(self, shape):
                     return next(self.it)
 
-            single = oracle._solve_private(data, PrivacyContext(2.0, 1e-5, noise=Replay(0)), 0, 2.0, 1e-5)
-            assert torch.allclose(stacked[row], single, atol=1e-10), name
-    S = torch.tensor([[[2.0, 0.5], [0.5, 1.0]], [[1.0, 0.0], [0.0, 3.0]]], dtype=torch.float64)
-    b = torch.tensor([[1.0, -1.0], [2.0, 3.0]], dtype=torch.float64)
-    w = psd_ridge_solve(S, b, 0.1)
-    for i in range(2):
-        assert torch.allclose(w[i], torch.linalg.solve(S[i] + 0.1 * torch.eye(2, dtype=torch.float64), b[i]))
+            single = release(PrivacyContext(2.0, 1e-5, noise=Replay(0)))
+            for a, b in zip(stacked if isinstance(stacked, tuple) else (stacked,),
+                            single if isinstance(single, tuple) else (single,)):
+                assert torch.allclose(a[row].double(), b.double(), atol=1e-10), name
 
 
 def test_dp_gd_noise_meets_eps_delta_by_both_accountants():
@@ -341,8 +350,8 @@ def test_settings_nested_under_an_oracle_name_apply_to_that_oracle_only():
 
 
 def test_ssp_split_budget_composes_to_eps_delta():
-    oracle = make_oracle("ssp", b_clip=0.1, gram_share=0.2)
-    s_gram, s_b = oracle.noise_stds(4.0, 1e-5)
+    cal = ssp_calibration(4.0, 1e-5, gram_share=0.2, b_clip=0.1)
+    s_gram, s_b = cal.sigma_gram, cal.sigma_moment
     mu = math.hypot(math.sqrt(2) / s_gram, 2 * 0.1 / s_b)  # two Gaussian mechanisms compose in GDP
     delta = norm.cdf(-4.0 / mu + mu / 2) - math.exp(4.0) * norm.cdf(-4.0 / mu - mu / 2)
     assert delta == pytest.approx(1e-5, rel=1e-6)
