@@ -14,7 +14,7 @@ import re
 from omegaconf import DictConfig, OmegaConf
 
 from dppo.build import build
-from dppo.config import TrainConfig, compose
+from dppo.config import TrainConfig, compose, hydra_message
 from dppo.errors import ConfigError, DPPOError
 from dppo.training import distributed
 from dppo.training.rundir import check_fresh, write_layout
@@ -26,9 +26,7 @@ _KEYWORDS = ("true", "false", "null", "none", "inf", "nan", "yes", "no", "on", "
 
 def config_error(err: BaseException) -> ConfigError:
     """The one-line error the CLI prints for a Hydra/OmegaConf composition failure."""
-    from dppo.cli import _hydra_message
-
-    return ConfigError(_hydra_message(err))
+    return ConfigError(hydra_message(err))
 
 
 def _compose(overrides: list[str]) -> DictConfig:

@@ -13,16 +13,11 @@ def fail(err: BaseException) -> None:
     """Print one line to stderr and exit 2 (no traceback)."""
     msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if not isinstance(err, DPPOError):
-        msg = _hydra_message(err)
+        from dppo.config import hydra_message
+
+        msg = hydra_message(err)
     print(f"dppo: error: {msg}", file=sys.stderr, flush=True)
     sys.exit(2)
-
-
-def _hydra_message(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    for marker in ("full_key:", "object_type="):
-        text = text.split(marker)[0].strip()
-    return f"bad config: {text}" if text else f"bad config ({type(err).__name__})"
 
 
 def overrides_of(args: list[str]) -> list[str] | None:

@@ -1,7 +1,10 @@
 """Structured config schema (validated by Hydra/OmegaConf before any work starts) and value checks."""
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -121,11 +124,74 @@ def compose(overrides: list[str] | None = None):
     register_schema()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hcompose(config_name="config", overrides=[normalize_override(o) for o in overrides or []])
+        cfg = hcompose(config_name="config", overrides=[normalize_override(o) for o in overrides or []])
+    check_keys(cfg)
+    return cfg
+
+
+def _type_name(tp) -> str:
+    """``Optional[int]`` -> ``an int (or null)``: how a schema field's type reads in an error."""
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp) if args else tp
+    name = {int: "an int", float: "a number", bool: "true or false", str: "a string"}.get(base, getattr(base, "__name__", str(base)))
+    return f"{name} (or null)" if optional else name
+
+
+def schema_type(path: str):
+    """The type of the schema field at a dotted path (``privacy.max_epsilon`` -> Optional[float]), or None."""
+    node, tp = TrainConfig, None
+    for part in path.split("."):
+        if not dataclasses.is_dataclass(node):
+            return None
+        tp = typing.get_type_hints(node).get(part)
+        if tp is None:
+            return None
+        node = tp
+    return tp
+
+
+def hydra_message(err: BaseException) -> str:
+    """The one line a Hydra/OmegaConf composition failure is reported as: a wrong type names the key and the
+    expected type; otherwise its text, without OmegaConf's location dump."""
+    from omegaconf.errors import ValidationError
+
+    e = err
+    while e is not None:
+        if isinstance(e, ValidationError) and getattr(e, "full_key", None):
+            tp = schema_type(str(e.full_key))
+            if tp is not None:
+                return f"{e.full_key} must be {_type_name(tp)}, got {getattr(e, 'value', None)!r}"
+        e = e.__cause__ or e.__context__
+    text = " ".join(str(err).split())
+    for marker in ("full_key:", "object_type="):
+        text = text.split(marker)[0].strip()
+    return f"bad config: {text}" if text else f"bad config ({type(err).__name__})"
+
+
+def check_keys(cfg, node=None, schema=TrainConfig, prefix: str = "") -> None:
+    """Refuse a key the schema does not know (``unknown_key=``, ``+unknown_key=`` and nested ones alike):
+    the top-level keys and the ``privacy``, ``logger`` and ``eval`` groups are closed; the ``algo``, ``env``,
+    ``policy`` and ``callbacks`` groups are checked against what they build (``dppo.build``)."""
+    node = cfg if node is None else node
+    hints = typing.get_type_hints(schema)
+    names = {f.name for f in dataclasses.fields(schema)}
+    for key in list(node.keys()):
+        if not prefix and key == "hydra":
+            continue
+        if key not in names:
+            close = difflib.get_close_matches(str(key), sorted(names), n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            where = "a top-level key" if not prefix else f"a key of {prefix[:-1]}"
+            raise ConfigError(f"unknown key '{prefix}{key}'{hint}: not {where}; valid: {sorted(names)}")
+        sub = hints.get(key)
+        if dataclasses.is_dataclass(sub) and node[key] is not None:
+            check_keys(cfg, node[key], sub, f"{prefix}{key}.")
 
 
 def validate(cfg) -> None:
     """Value checks the schema's types cannot express; raise ConfigError with a one-line fix."""
+    check_keys(cfg)
     if cfg.eps is not None and not (cfg.eps > 0 and math.isfinite(cfg.eps)):
         raise ConfigError(f"eps must be > 0 (or null for a non-private run), got {cfg.eps}")
     if not (0 < cfg.delta < 1):

@@ -19,8 +19,13 @@ CASES = [
     (["max_grad_norm=0"], "max_grad_norm"),
     (["privacy.population_size=50", "rounds=10"], "population has 50"),
     (["resume=/tmp/definitely/not/a/run"], "not a run directory"),
-    (["eps=abc"], "bad config"),
-    (["unknown_key=3"], "bad config"),
+    (["eps=abc"], "eps must be a number (or null), got 'abc'"),
+    (["users_per_round=ten"], "users_per_round must be an int, got 'ten'"),
+    (["privacy.secure_rng=maybe"], "privacy.secure_rng must be true or false"),
+    (["unknown_key=3"], "unknown key 'unknown_key'"),
+    (["+rounds_=3"], "unknown key 'rounds_' (did you mean 'rounds'?)"),
+    (["rounds_=3"], "unknown key 'rounds_' (did you mean 'rounds'?)"),
+    (["privacy.accountnt=rdp"], "unknown key 'privacy.accountnt' (did you mean 'privacy.accountant'?)"),
     (["algo=dp_pg", "privacy.multi_pass=true", "privacy.population_size=20", "eps=0.01", "rounds=1000"],
      "cannot be met"),
     (["algo=dp_npg", "privacy.multi_pass=true", "privacy.population_size=20"], "one-pass training only"),
@@ -59,7 +64,7 @@ def test_bad_input_is_one_line_exit_2(capsys, args, needle):
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err
 
 
-@pytest.mark.parametrize("args,needle", [(["eps=0"], "eps must be > 0"), (["unknown_key=3"], "bad config"),
+@pytest.mark.parametrize("args,needle", [(["eps=0"], "eps must be > 0"), (["+rounds_=3"], "unknown key 'rounds_'"),
                                          (["env.id=NoSuchEnv-v9"], "unknown env.id"),
                                          (["algo=dp_pg", "privacy.accountant=rdp"], "multi_pass"),
                                          (["algo=dp_pg", "privacy.max_epsilon=1"], "below eps")])
