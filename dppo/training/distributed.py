@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dppo import errors
+import dppo.errors as errors
 
 TIMEOUT_ENV = "DPPO_DIST_TIMEOUT_S"
 BACKEND_ENV = "DPPO_DIST_BACKEND"
