@@ -19,7 +19,7 @@ from dppo.errors import ConfigError, DPPOError
 from dppo.training import distributed
 from dppo.training.rundir import check_fresh, write_layout
 
-GROUPS = ("algo", "env", "policy", "privacy", "logger", "callbacks")
+GROUPS = ("algo", "env", "policy", "oracle", "logger", "callbacks")  # group choices (a string picks an option)
 _PLAIN = re.compile(r"[A-Za-z_/][\w\-./:]*")  # a string Hydra reads as the same string when unquoted
 _KEYWORDS = ("true", "false", "null", "none", "inf", "nan", "yes", "no", "on", "off")
 

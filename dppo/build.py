@@ -1,7 +1,9 @@
 """Config -> objects, in one place and in order: env -> policy -> privacy -> sampler -> learner -> trainer."""
 from __future__ import annotations
 
+import difflib
 import hashlib
+import importlib
 import inspect
 import json
 import os
@@ -21,7 +23,10 @@ from dppo.training.logger import make_logger
 from dppo.training.trainer import Trainer
 
 INJECTABLE = ("policy", "space", "env", "privacy", "sampler", "logger", "seed", "rounds", "users_per_round",
-              "episodes", "batch_size", "max_grad_norm", "reward_bound", "eps", "delta", "oracle")
+              "episodes", "batch_size", "max_grad_norm", "reward_bound", "group_size", "eps", "delta", "oracle")
+# top-level keys that only some learners read: a learner refuses one set to anything but its schema default
+SHORTCUTS = ("rounds", "users_per_round", "group_size", "max_grad_norm", "reward_bound", "episodes", "batch_size")
+POLICY_KEYS = ("init_from", "freeze")  # policy.* keys the builder reads itself (with SPACE_KEYS)
 # The only settings a resumed run may change: where and how often it logs, checkpoints, evaluates, stops on
 # a public evaluation. Every other key (eps, delta, rounds, users_per_round, group_size, clip norms, the
 # algo's and oracle's parameters, accountant, population, secure_rng, max_epsilon, env, policy, seed) can
@@ -49,6 +54,7 @@ def learner_class(cfg):
 
 
 def build_env(cfg):
+    check_target_keys(cfg.env, "env")
     try:
         return instantiate(cfg.env, _convert_="all")
     except Exception as err:  # noqa: BLE001 - hydra wraps the real error
@@ -93,6 +99,7 @@ def build_policy(cfg, env, init_state: dict | None = None):
     freeze = spec.pop("freeze", None) or []
     for k in SPACE_KEYS:
         spec.pop(k, None)
+    check_target_keys(spec, "policy", extra=POLICY_KEYS + SPACE_KEYS + ("observation_space", "action_space"))
     try:
         policy = instantiate(spec, observation_space=env.observation_space, action_space=env.action_space,
                              _convert_="all")
@@ -122,6 +129,90 @@ def build_space(cfg, policy):
 
     spec = to_container(cfg.policy) or {}
     return make_space(policy, seed=cfg.seed, **{k: spec[k] for k in SPACE_KEYS if k in spec})
+
+
+def accepted_keys(target) -> set | None:
+    """The keyword arguments ``target`` (a class or function) accepts, following ``**kwargs`` into the base
+    classes' ``__init__``; None when it accepts anything."""
+    accepted, classes = set(), [target]
+    if inspect.isclass(target):
+        classes = [c for c in target.__mro__ if "__init__" in vars(c) and c is not object]
+    for c in classes:
+        params = inspect.signature(c.__init__ if inspect.isclass(c) else c).parameters
+        accepted |= {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - {"self"}
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return accepted
+        if not inspect.isclass(c):
+            return None
+    return None
+
+
+def check_target_keys(node, group: str, extra=()) -> None:
+    """Refuse a key of a group (env, policy, oracle) that the object it builds does not take (one line)."""
+    spec = dict(node if isinstance(node, dict) else to_container(node) or {})
+    target = spec.pop("_target_", None)
+    if target is None:
+        return
+    try:
+        module, _, attr = target.rpartition(".")
+        obj = getattr(importlib.import_module(module), attr)
+    except Exception:  # noqa: BLE001 - an import error is reported when the object is built
+        return
+    valid = accepted_keys(obj)
+    if valid is None:
+        return
+    valid |= set(extra)
+    for key in spec:
+        if key not in valid:
+            close = difflib.get_close_matches(key, sorted(valid), n=1)
+            hint = f" (did you mean '{group}.{close[0]}'?)" if close else ""
+            shown = sorted(valid - {"observation_space", "action_space"})
+            raise ConfigError(f"unknown key '{group}.{key}'{hint}: {target.rsplit('.', 1)[-1]} takes {shown}")
+
+
+def algo_name(cfg, cls=None, private: bool | None = None) -> str:
+    """The run's algorithm name: the learner's own (``names``: its non-private and private twin, e.g. pg and
+    dp_pg, so ``algo=pg eps=5`` is a dp_pg run), else ``algo.name``, else the group choice."""
+    names = getattr(cls, "names", None)
+    if names and private is not None:
+        return names[1 if private else 0]
+    if cfg.algo.get("name"):
+        return str(cfg.algo.name)
+    if cls is not None and getattr(cls, "name", "learner") != "learner":
+        return cls.name
+    return _algo_name(cfg)
+
+
+def check_shortcuts(cfg, cls) -> None:
+    """Refuse a top-level shortcut (``SHORTCUTS``, ``oracle``) set for a learner that does not read it: one line
+    naming what it reads instead (``algo=dp_npg max_grad_norm=0.1``: DP-NPG's oracle clips its rows)."""
+    from dppo.config import TrainConfig
+
+    sig = inspect.signature(cls.__init__).parameters
+    reads = {k for k in SHORTCUTS if k in sig} | set(getattr(cls, "reads", ()))
+    defaults = TrainConfig()
+    for key in SHORTCUTS:
+        if key not in reads and cfg[key] != getattr(defaults, key):
+            hint = " (its oracle clips each user's rows: oracle.x_bound, oracle.y_bound)" if \
+                key == "max_grad_norm" and "oracle" in sig else ""
+            raise ConfigError(f"{key}={cfg[key]} does not apply to algo={algo_name(cfg, cls, cfg.eps is not None)}"
+                              f"{hint}; it reads {sorted(reads) or 'none of them'}: remove {key}")
+    if cfg.oracle is not None and "oracle" not in sig:
+        raise ConfigError(f"oracle= applies to the regression learners (npg, rebel and their private twins), not to "
+                          f"algo={algo_name(cfg, cls, cfg.eps is not None)}: remove it")
+
+
+def build_oracle(cfg, cls, private: bool, dim: int):
+    """The oracle group (``oracle=<name>``, ``oracle.<key>=``) or the learner's default for its privacy and space."""
+    from dppo.oracles import make_oracle
+
+    if cfg.oracle is None:
+        return make_oracle(cls.default_oracle(private, dim))
+    check_target_keys(cfg.oracle, "oracle")
+    try:
+        return instantiate(cfg.oracle, _convert_="all")
+    except Exception as err:  # noqa: BLE001 - hydra wraps the real error
+        raise _unwrap(err, "oracle") from None
 
 
 def _default_accountant(cls, cfg) -> str:
@@ -207,8 +298,8 @@ def _releases_pure_dp(cfg, cls) -> bool:
     (``releases_pure_dp``); an oracle-based learner is pure with the exponential-mechanism oracle."""
     if hasattr(cls, "releases_pure_dp"):
         return bool(cls.releases_pure_dp(cfg))
-    if "oracle" in inspect.signature(cls.__init__).parameters:
-        return (cfg.oracle or cfg.algo.get("oracle")) == "exp_mech"
+    if "oracle" in inspect.signature(cls.__init__).parameters and cfg.oracle is not None:
+        return getattr(get_class(cfg.oracle._target_), "name", None) == "exp_mech"
     return False
 
 
@@ -261,40 +352,34 @@ def check_memory(cfg, env=None, policy=None) -> None:
 
 
 def build_learner(cfg, cls, objects: dict):
-    """Call the learner with its own algo keys plus the injectable objects its signature names."""
+    """Call the learner with its own algo keys plus the injectable objects and top-level keys its signature names."""
     params = dict(to_container(cfg.algo))
     params.pop("_target_")
     params.pop("name", None)
-    private = params.pop("private", True)
-    if not private and cfg.eps is not None:
-        raise ConfigError(f"algo={_algo_name(cfg)} has no private mode, but eps={cfg.eps} was given; run it with "
-                          f"eps=null, or pick a private algorithm (dp_pg, dp_npg, dp_rebel, pucb)")
-    oracle_name = params.pop("oracle", None)
-    oracle_kwargs = params.pop("oracle_kwargs", None) or {}
+    params.pop("private", None)  # conf/algo/pucb.yaml still names it; eps alone decides privacy
     sig = inspect.signature(cls.__init__).parameters
     accepts_any = any(p.kind == p.VAR_KEYWORD for p in sig.values())
     unknown = [k for k in params if k not in sig and not accepts_any]
     if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} for algo {cls.__name__}; valid: "
-                          f"{sorted(k for k in sig if k not in INJECTABLE and k != 'self')}")
-    if cfg.group_size is not None:
-        if "group_size" not in sig:
-            raise ConfigError(f"group_size applies to the group learners (pg, npg, rebel and their private twins), "
-                              f"not to algo={_algo_name(cfg)}")
-        params["group_size"] = int(cfg.group_size)
+        valid = sorted(k for k in sig if k not in INJECTABLE and k != "self")
+        close = difflib.get_close_matches(unknown[0], valid, n=1)
+        hint = f" (did you mean 'algo.{close[0]}'?)" if close else ""
+        raise ConfigError(f"unknown key 'algo.{unknown[0]}'{hint} for algo={algo_name(cfg, cls, cfg.eps is not None)}; "
+                          f"valid: {valid}")
     available = {"seed": cfg.seed, "rounds": cfg.rounds, "users_per_round": cfg.users_per_round,
-                 "episodes": cfg.episodes, "batch_size": cfg.batch_size, "max_grad_norm": cfg.max_grad_norm,
-                 "reward_bound": cfg.reward_bound, "eps": objects["privacy"].eps, "delta": cfg.delta, **objects}
+                 "group_size": cfg.group_size, "episodes": cfg.episodes, "batch_size": cfg.batch_size,
+                 "max_grad_norm": cfg.max_grad_norm, "reward_bound": cfg.reward_bound, "eps": objects["privacy"].eps,
+                 "delta": cfg.delta, **objects}
     if "oracle" in sig and "oracle" not in objects:
-        from dppo.oracles import make_oracle
-
-        name = cfg.oracle or oracle_name
-        if name is None:
-            space = objects.get("space")
-            name = cls.default_oracle(objects["privacy"].private, space.dim if space is not None else 0)
-        available["oracle"] = make_oracle(name, **oracle_kwargs)
+        space = objects.get("space")
+        available["oracle"] = build_oracle(cfg, cls, objects["privacy"].private, space.dim if space is not None else 0)
+    if hasattr(cls, "check_config"):
+        oracle = available.get("oracle")
+        cls.check_config(params, oracle=oracle,
+                         oracle_keys=[k for k in (to_container(cfg.oracle) if cfg.oracle is not None else {})
+                                      if k != "_target_"])
     for k in INJECTABLE:
-        if k in sig and k in available:
+        if k in sig and k in available and (available[k] is not None or k not in ("episodes",)):
             params[k] = available[k]
     return cls(**params)
 
@@ -313,7 +398,7 @@ def check_writable(run_dir: str) -> None:
 
 
 def fingerprint(cfg) -> dict:
-    """Every setting a resumed run must share with the original, flattened (``algo.oracle_kwargs.x_bound``);
+    """Every setting a resumed run must share with the original, flattened (``oracle.x_bound``);
     the checkpoint stores it and resume compares it key by key (``check_fingerprint``)."""
     flat = _flat(to_container(cfg))
     keep = {k: _plain(v) for k, v in flat.items() if k.split(".", 1)[0] not in RESUME_MAY_CHANGE}
@@ -338,6 +423,7 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         check_writable(run_dir)
     seed_everything(cfg.seed)
     cls = learner_class(cfg)
+    check_shortcuts(cfg, cls)
     check_memory(cfg)
     env_given = env is not None
     env = env if env_given else build_env(cfg)
@@ -367,7 +453,8 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     if dist.enabled:
         distributed.attach(learner, dist)
     cb = [instantiate(spec) for spec in (to_container(cfg.callbacks) or {}).values()] + list(callbacks)
-    meta = {"algo": _algo_name(cfg), "env_id": getattr(env, "id", type(env).__name__), "seed": cfg.seed}
+    meta = {"algo": algo_name(cfg, cls, privacy.private), "env_id": getattr(env, "id", type(env).__name__),
+            "seed": cfg.seed}
     hparams = resolved_hparams(cfg, privacy, learner)
     trainer = Trainer(learner, privacy, logger, sampler=sampler, callbacks=cb, run_dir=run_dir,
                       checkpoint_every=cfg.checkpoint_every, eval_episodes=cfg.eval_episodes if dist.is_main else 0,
@@ -384,7 +471,7 @@ def resolved_hparams(cfg, privacy, learner) -> dict:
     defaults), eps = null for a non-private run, the algorithm's name; flattened ``a.b`` keys."""
     hp = _flat(to_container(cfg))
     hp.pop("resume", None)
-    hp["algo"] = _algo_name(cfg)
+    hp["algo"] = algo_name(cfg, type(learner), privacy.private)
     hp["eps"] = privacy.eps
     hp["private"] = bool(privacy.private)
     hp["privacy.accountant"] = privacy.accountant.name

@@ -52,38 +52,41 @@ class EvalConfig:
 
 @dataclass
 class TrainConfig:
-    """Top-level schema: groups + shortcuts (names fixed; later learners rely on them)."""
+    """The top-level keys and their defaults: the one home of each (``conf/config.yaml`` repeats none of them).
 
-    algo: Any = None
-    env: Any = None
-    policy: Any = None
+    The run-level shortcuts (``rounds`` ... ``oracle``) go to the learners that read them; a learner that does
+    not read one refuses it when it is set to anything but its default (``dppo.build.check_shortcuts``).
+    """
+
+    algo: Any = None  # algorithm group (conf/algo/<name>.yaml: its _target_ and what differs from its defaults)
+    env: Any = None  # environment group (conf/env/)
+    policy: Any = None  # policy group (conf/policy/; auto: the MLP the action space calls for)
+    oracle: Any = None  # NPG / REBEL: the least-squares oracle group (conf/oracle/; null: the learner's default)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    callbacks: Any = field(default_factory=dict)
-    eps: Optional[float] = 5.0  # null = non-private
-    delta: float = 1e-5
-    seed: int = 0
-    rounds: int = 100
-    users_per_round: int = 10
-    group_size: Optional[int] = None  # rollouts per user (one privacy unit); null = the algorithm's default
-    max_grad_norm: float = 1.0
-    reward_bound: Optional[float] = 1.0
-    resume: Optional[str] = None
-    episodes: Optional[int] = None  # tabular / GFA learners: total episodes (users)
-    batch_size: Optional[int] = None  # GFA: episodes per policy update (null = paper's rule)
-    oracle: Optional[str] = None  # NPG/REBEL: private least-squares oracle (null = the algo's default)
-    eval_episodes: int = 20
+    callbacks: Any = field(default_factory=dict)  # named callback _target_ specs (conf/callbacks/)
+    eps: Optional[float] = 5.0  # target eps of the run; null: the non-private twin (the one switch)
+    delta: float = 1e-5  # target delta
+    seed: int = 0  # seeds python/numpy/torch and env resets; the noise only with privacy.secure_rng=false
+    rounds: int = 100  # PG / NPG / REBEL: rounds of the one-pass meta-algorithm
+    users_per_round: int = 10  # PG / NPG / REBEL: m fresh users per round
+    group_size: int = 8  # PG / NPG / REBEL: G rollouts per user from its own start state (one privacy unit)
+    max_grad_norm: float = 1.0  # PG / DP-PG: per-user clip norm C
+    reward_bound: Optional[float] = 1.0  # rewards clipped to [-reward_bound, reward_bound] (null: not clipped)
+    resume: Optional[str] = None  # a run directory to continue
+    episodes: Optional[int] = None  # tabular / GFA learners: total episodes (users; null: the learner's default)
+    batch_size: Optional[int] = None  # GFA: episodes per policy update (null: the paper's rule)
+    eval_episodes: int = 20  # held-out public evaluation episodes (final_return, eval/return)
     eval_every: Optional[int] = None  # also log eval/return every this many rounds (null: at the end only)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    checkpoint_every: int = 10
-    progress: bool = True
+    checkpoint_every: int = 10  # rounds between checkpoints (and one at the end)
+    progress: bool = True  # the progress bar
     device: str = "cpu"  # cpu | cuda | auto (policies that support it, e.g. policy=lm)
 
 
-def eps_tag(eps, private=True) -> str:
-    """Folder tag of a run's privacy level: ``eps5.0``, or ``nonprivate`` when eps is null or the algorithm
-    is a non-private twin (``algo=pg`` ignores the top-level eps). Used by ``hydra.sweep.subdir``."""
-    if eps is None or str(eps).lower() in ("none", "null") or str(private).lower() in ("false", "0"):
+def eps_tag(eps) -> str:
+    """Folder tag of a run's privacy level: ``eps5.0``, or ``nonprivate`` when eps is null (``hydra.sweep.subdir``)."""
+    if eps is None or str(eps).lower() in ("none", "null"):
         return "nonprivate"
     return f"eps{eps}"
 
@@ -97,7 +100,7 @@ def register_schema() -> None:
         OmegaConf.register_new_resolver("dppo_eps_tag", eps_tag)
 
 
-GROUPS = ("algo", "env", "policy", "privacy", "logger", "callbacks", "experiment")
+GROUPS = ("algo", "env", "policy", "oracle", "logger", "callbacks", "experiment")
 
 
 def normalize_override(arg: str) -> str:
@@ -196,8 +199,8 @@ def validate(cfg) -> None:
         raise ConfigError(f"eps must be > 0 (or null for a non-private run), got {cfg.eps}")
     if not (0 < cfg.delta < 1):
         raise ConfigError(f"delta must lie strictly between 0 and 1, got {cfg.delta}")
-    if cfg.group_size is not None and cfg.group_size < 1:
-        raise ConfigError(f"group_size must be >= 1 (or null for the algorithm's default), got {cfg.group_size}")
+    if cfg.group_size < 1:
+        raise ConfigError(f"group_size must be >= 1, got {cfg.group_size}")
     if cfg.users_per_round < 1:
         raise ConfigError(f"users_per_round must be >= 1, got {cfg.users_per_round}")
     if not (cfg.max_grad_norm > 0):
@@ -229,6 +232,8 @@ def validate(cfg) -> None:
         node = cfg[group]
         if node is None or "_target_" not in node:
             raise ConfigError(f"the '{group}' group has no _target_; pick one with {group}=<name>")
+    if cfg.oracle is not None and "_target_" not in cfg.oracle:
+        raise ConfigError("oracle.* keys need an oracle: pick one with oracle=ssp|dp_gd|exp_mech|exact")
 
 
 def to_container(cfg) -> dict:

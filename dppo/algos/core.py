@@ -82,6 +82,9 @@ class GroupPolicyOptimizer(Learner):
     """
 
     public_per_round = 0  # public rollouts (stream "fisher") collected alongside each round's users
+    reads = ("users_per_round",)  # the sampler's round size
+    APPLIES = {"gamma": ("advantage", ("to_go",)), "group_std": ("advantage", ("group",)),
+               "leave_one_out": ("advantage", ("group",))}
 
     def __init__(self, policy, env, privacy, sampler, *, space=None, logger=None, seed: int, rounds: int,
                  group_size: int, reward_bound: float | None, advantage: str = "group", group_std: bool = True,

@@ -60,11 +60,11 @@ class _GFABase(torch.nn.Module, Learner):
 
     CLASS_TENSORS: tuple = ()          # names of the function class's tensor attributes (its tables)
 
-    def __init__(self, *, privacy, sampler, seed: int, episodes: int | None, batch_size: int | None,
-                 episodes_default: int, batch_const: float, eta: float, size: int, budget_decay: float = 0.0):
+    def __init__(self, *, privacy, sampler, seed: int, episodes: int, batch_size: int | None,
+                 batch_const: float, eta: float, size: int, budget_decay: float = 0.0):
         if "_buffers" not in self.__dict__:
             torch.nn.Module.__init__(self)
-        K = int(episodes if episodes is not None else episodes_default)
+        K = int(episodes)
         if K < 1:
             raise ConfigError(f"episodes must be >= 1, got {K}")
         if not batch_const > 0 or not eta >= 0:
@@ -212,7 +212,7 @@ class GFAOutcomeLearner(_GFABase):
     Args:
         env: a deterministic outcome-reward MDP (``ContextBitsMDP``).
         privacy, sampler, seed, episodes, batch_size: injected (``episodes``: K; ``batch_size``: B).
-        episodes_default: K when the top-level ``episodes`` is null.
+        episodes: K, the episodes (users) of the run (top-level ``episodes``).
         batch_const: c in the default batch size B = c K^{3/5} (default 1.5: the c of {0.5, 1, 1.25, 1.5, 2}
             with the smallest mean plateau over the four private rows of the plateau table, selected on
             seeds 100-119, disjoint from the reported seeds 0-19; docs/gfa.md).
@@ -225,10 +225,11 @@ class GFAOutcomeLearner(_GFABase):
     """
 
     name = "gfa_outcome"
+    names = ("gfa_outcome", "gfa_outcome")  # non-private, private (eps=null runs it without the mechanism)
     CLASS_TENSORS = ("codes", "masks", "scales", "targets", "target_code", "lut")
 
-    def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
-                 batch_size: int | None = None, episodes_default: int = 500, batch_const: float = 1.5,
+    def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int = 500,
+                 batch_size: int | None = None, batch_const: float = 1.5,
                  eta: float = 50.0, class_size: int = 243, class_scales=(0.5, 0.75, 1.0), class_seed: int = 0,
                  sensitivity: str = "class", budget_decay: float = 0.0):
         from dppo.function_classes.context_bits import ContextBitsClass
@@ -241,7 +242,7 @@ class GFAOutcomeLearner(_GFABase):
         self.env = env
         self.fclass = ContextBitsClass(env, size=class_size, scales=class_scales, seed=class_seed)
         super().__init__(privacy=privacy, sampler=sampler, seed=seed, episodes=episodes, batch_size=batch_size,
-                         episodes_default=episodes_default, batch_const=batch_const, eta=eta,
+                         batch_const=batch_const, eta=eta,
                          size=self.fclass.size, budget_decay=budget_decay)
         self.stats = BellmanResidualLoss(self.fclass.size)
         self._register_class()
@@ -339,17 +340,18 @@ class GFALearner(_GFABase):
     Args:
         env: a tabular MDP (``env=riverswim``, ``env=random_mdp``) or a Discrete gymnasium env factory.
         privacy, sampler, seed, episodes, batch_size: injected.
-        episodes_default, batch_const, eta: as for ``GFAOutcomeLearner``.
+        episodes, batch_const, eta: as for ``GFAOutcomeLearner``.
         grid_low, grid_high, grid_points: the weight grid of the linear epsilon-net class
             (``LinearGridClass`` on ``tabular_features``), |F| = grid_points^3.
         budget_decay: as for ``GFAOutcomeLearner``.
     """
 
     name = "gfa"
+    names = ("gfa", "gfa")
     CLASS_TENSORS = ("table",)
 
-    def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
-                 batch_size: int | None = None, episodes_default: int = 2000, batch_const: float = 1.0,
+    def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int = 2000,
+                 batch_size: int | None = None, batch_const: float = 1.0,
                  eta: float = 50.0, grid_low: float = -0.5, grid_high: float = 0.5, grid_points: int = 11,
                  budget_decay: float = 0.0):
         from dppo.envs.tabular import make_tabular
@@ -365,7 +367,7 @@ class GFALearner(_GFABase):
         self.fclass = LinearGridClass(tabular_features(H, S, A), torch.linspace(grid_low, grid_high, grid_points),
                                       value_max=1.0)
         super().__init__(privacy=privacy, sampler=sampler, seed=seed, episodes=episodes, batch_size=batch_size,
-                         episodes_default=episodes_default, batch_const=batch_const, eta=eta,
+                         batch_const=batch_const, eta=eta,
                          size=self.fclass.size, budget_decay=budget_decay)
         self.stats = BellmanErrorLoss(H, S, A)
         self._register_class()

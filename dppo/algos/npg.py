@@ -51,6 +51,26 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
 
     names = ("npg", "dp_npg")
     private_oracle = "ssp"          # the default private oracle (``default_oracle``)
+    APPLIES = {**GroupPolicyOptimizer.APPLIES, "lr": ("step", ("norm", "fixed")), "max_kl": ("step", ("kl",))}
+
+    @classmethod
+    def check_config(cls, algo: dict, *, oracle=None, oracle_keys=(), **context) -> None:
+        """Besides ``APPLIES``: the public Fisher's keys are read only by ``step=kl`` or an oracle taking a public
+        Gram matrix (ssp), and with that Gram matrix ssp's keys shaping a released Gram matrix do nothing."""
+        super().check_config(algo, **context)
+        values = {**cls.defaults(), **algo}
+        public_gram = bool(getattr(oracle, "uses_public_gram", False)) and values["fisher_episodes"] > 0
+        if values["step"] != "kl" and not public_gram:  # fisher_episodes=0 is the switch that turns it off
+            for key in ("fisher_episodes", "fisher_states"):
+                if key in algo and not (key == "fisher_episodes" and algo[key] == 0):
+                    raise ConfigError(f"algo.{key} sets the public Fisher matrix, which algo.step={values['step']} "
+                                      f"with oracle={getattr(oracle, 'name', oracle)} does not read: remove it")
+        if public_gram:
+            for key in getattr(oracle, "PUBLIC_GRAM_IGNORES", ()):
+                if key in oracle_keys:
+                    raise ConfigError(f"oracle.{key} shapes the released Gram matrix, which {cls.names[1]} replaces "
+                                      f"by its public Fisher matrix: remove it, or set algo.fisher_episodes=0 "
+                                      f"(and algo.step=norm) to release the Gram matrix")
 
     def __init__(self, policy, env, privacy, sampler, oracle, *, space=None, logger=None, seed: int, rounds: int,
                  group_size: int, reward_bound: float | None, advantage: str = "group", group_std: bool = True,

@@ -37,6 +37,7 @@ class PolicyGradient(GroupPolicyOptimizer):
     """
 
     names = ("pg", "dp_pg")
+    APPLIES = {**GroupPolicyOptimizer.APPLIES, "momentum": ("optimizer", ("sgd",))}
 
     def __init__(self, policy, env, privacy, sampler, *, space=None, logger=None, seed: int, rounds: int,
                  group_size: int, reward_bound: float | None, max_grad_norm: float, advantage: str = "group",

@@ -1,5 +1,5 @@
 """Audit of the DP-REBEL and DP-NPG rounds: their private least-squares oracle, built from the algorithm's
-own config (``conf/algo/<algo>.yaml``: ``oracle`` and ``oracle_kwargs``) and called as the learner calls
+default private oracle (``default_oracle``, with the oracle class's defaults: the family's settings) and called as the learner calls
 it, ``oracle.solve([(x_i, y_i) per user], privacy=..., round=...)``.
 
 Everything private in such a round happens inside that call (the rows x_i, y_i of a user depend on
@@ -33,17 +33,15 @@ CONF = Path(__file__).resolve().parents[2] / "conf" / "algo"
 
 
 def config_oracle(algo: str):
-    """(oracle, its name): the private oracle ``conf/algo/<algo>.yaml``'s learner runs by default, built by
-    ``make_oracle`` with that config's settings."""
+    """(oracle, its name): the private oracle ``conf/algo/<algo>.yaml``'s learner runs by default (its
+    ``default_oracle``, with the oracle class's defaults)."""
     from hydra.utils import get_class
     from omegaconf import OmegaConf
 
     from dppo.oracles import make_oracle
 
-    cfg = OmegaConf.load(CONF / f"{algo}.yaml")
-    name = get_class(cfg._target_).default_oracle(True, 8)
-    kwargs = OmegaConf.to_container(cfg.get("oracle_kwargs") or {})
-    return make_oracle(name, **kwargs), name
+    name = get_class(OmegaConf.load(CONF / f"{algo}.yaml")._target_).default_oracle(True, 8)
+    return make_oracle(name), name
 
 
 def audit_oracle_round(eps: float, delta: float = 1e-5, trials: int = 1_000_000, *, algo: str = "dp_rebel",

@@ -21,7 +21,7 @@ class GymEnvFactory:
             ``async`` (gymnasium's vector envs) or ``none`` (a list of single envs).
     """
 
-    def __init__(self, id: str = "CartPole-v1", horizon: int | None = None, kwargs: dict | None = None,
+    def __init__(self, id: str, horizon: int | None = None, kwargs: dict | None = None,
                  vectorization: str = "auto"):
         if vectorization not in VECTORIZATION:
             raise ConfigError(f"env.vectorization must be one of {VECTORIZATION}, got '{vectorization}'")

@@ -83,6 +83,9 @@ class UserRegression:
 class LeastSquaresOracle:
     """Base class: validates and clips per-user data, then ``_solve_private`` or the exact solve.
 
+    Each oracle declares its own defaults of ``x_bound``, ``y_bound`` and ``ridge`` (the settings its family of
+    learners runs with: ssp and exp_mech DP-NPG's, dp_gd DP-REBEL's, exact the twins').
+
     Args:
         x_bound: declared bound on each feature row's l2 norm (rows are clipped to it); None (exact
             oracle only): no clipping.
@@ -97,7 +100,7 @@ class LeastSquaresOracle:
     name = "base"
     private_capable = True
 
-    def __init__(self, *, x_bound: float | None = 1.0, y_bound: float | None = 1.0, ridge: float = 1e-3,
+    def __init__(self, *, x_bound: float | None, y_bound: float | None, ridge: float,
                  rows_bound: int | None = None, cg_iters: int | None = None, seed: int = 0):
         for key, val in (("x_bound", x_bound), ("y_bound", y_bound)):
             if val is None and self.private_capable:
@@ -198,10 +201,19 @@ class LeastSquaresOracle:
 
 
 class ExactOracle(LeastSquaresOracle):
-    """Non-private least squares (NPG / REBEL without privacy); refuses a private context."""
+    """Non-private least squares (NPG / REBEL without privacy: the twins' oracle); refuses a private context.
+
+    Args:
+        x_bound, y_bound: null (the default): the rows are not clipped.
+        ridge: ridge coefficient of F(w).
+        (others: see LeastSquaresOracle)
+    """
 
     name = "exact"
     private_capable = False
+
+    def __init__(self, *, x_bound: float | None = None, y_bound: float | None = None, ridge: float = 0.01, **kwargs):
+        super().__init__(x_bound=x_bound, y_bound=y_bound, ridge=ridge, **kwargs)
 
     def _solve_private(self, data, privacy, round, eps, delta):
         raise ConfigError("oracle 'exact' is not private; with eps set choose oracle=ssp, dp_gd or exp_mech")

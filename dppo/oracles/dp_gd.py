@@ -20,7 +20,10 @@ class DPGDOracle(LeastSquaresOracle):
     m (the number of users of the round) is public under replace-one adjacency.
     The ledger gets one entry per round with the composed (eps, delta), k, z and s.
 
+    Defaults: DP-REBEL's (one step from w = 0, no projection, clip 0.1; the rows' bounds 1).
+
     Args:
+        x_bound, y_bound, ridge: the regression's bounds and ridge (see LeastSquaresOracle).
         steps: k, gradient steps per round.
         lr: step size on the per-user-averaged loss (smoothness <= 2 in normalized units).
         clip: C, per-user gradient clip (None: 2 (radius + 1), the bound that makes clipping a no-op).
@@ -31,9 +34,10 @@ class DPGDOracle(LeastSquaresOracle):
 
     name = "dp_gd"
 
-    def __init__(self, *, steps: int = 20, lr: float = 0.5, clip: float | None = None, radius: float | None = 10.0,
-                 composition: str = "gdp", **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, *, x_bound: float = 1.0, y_bound: float = 1.0, ridge: float = 0.0, steps: int = 1,
+                 lr: float = 0.5, clip: float | None = 0.1, radius: float | None = None, composition: str = "gdp",
+                 **kwargs):
+        super().__init__(x_bound=x_bound, y_bound=y_bound, ridge=ridge, **kwargs)
         if steps < 1 or lr <= 0:
             raise ConfigError(f"oracle dp_gd: steps must be >= 1 and lr > 0, got steps={steps}, lr={lr}")
         if composition not in ("gdp", "rdp"):

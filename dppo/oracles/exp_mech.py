@@ -25,7 +25,10 @@ class ExpMechOracle(LeastSquaresOracle):
     points drawn uniformly from the ball with the oracle's seed (``cover="random"``), plus w = 0;
     it never depends on the data.
 
+    Defaults: DP-NPG's bounds and ridge (as ssp), a ball of radius 2 covered by 4096 random points.
+
     Args:
+        x_bound, y_bound, ridge: the regression's bounds and ridge (see LeastSquaresOracle).
         w_max: radius of the candidate ball, in the original units of w.
         candidates: size of the random cover.
         cover: "random" or "grid".
@@ -36,9 +39,9 @@ class ExpMechOracle(LeastSquaresOracle):
     name = "exp_mech"
     max_dim = 2048            # a cover of a ball in R^d: useless (and large) beyond this
 
-    def __init__(self, *, w_max: float = 1.0, candidates: int = 4096, cover: str = "random",
-                 grid_points: int = 21, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, *, x_bound: float = 0.5, y_bound: float = 3.0, ridge: float = 0.4, w_max: float = 2.0,
+                 candidates: int = 4096, cover: str = "random", grid_points: int = 21, **kwargs):
+        super().__init__(x_bound=x_bound, y_bound=y_bound, ridge=ridge, **kwargs)
         if not w_max > 0 or candidates < 1 or grid_points < 2:
             raise ConfigError("oracle exp_mech: need w_max > 0, candidates >= 1, grid_points >= 2")
         if cover not in ("random", "grid"):

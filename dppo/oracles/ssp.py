@@ -30,7 +30,12 @@ class SSPOracle(LeastSquaresOracle):
     states) nothing is spent on S: b~ gets the whole budget. ``gram_share``, ``ridge_noise`` and
     ``gram_momentum`` shape the released Gram matrix and do nothing then (``PUBLIC_GRAM_IGNORES``).
 
+    Defaults: DP-NPG's (selected on CartPole, seeds 100-102: ridge 0.4 from {0.04, 0.4, 1.0}, b_clip 0.003 for
+    group-baselined moments; conf/experiment/cartpole_dp_npg.yaml).
+
     Args:
+        x_bound, y_bound: the rows' bounds (NPG's compatible features and standardized advantages).
+        ridge: ridge coefficient (normalized units).
         psd_floor: eigenvalues of S_bar are raised to at least this value (the PSD fix).
         ridge_noise: extra ridge added in private mode, in units of the expected spectral norm of
             the noise of S_bar, ``sigma_S sqrt(2 d)`` (times the EMA's noise reduction); 0 disables.
@@ -45,9 +50,10 @@ class SSPOracle(LeastSquaresOracle):
     PUBLIC_GRAM_IGNORES = ("gram_share", "ridge_noise", "gram_momentum")
     max_dim = 2048            # d x d statistics: larger spaces use dp_gd
 
-    def __init__(self, *, psd_floor: float = 0.0, ridge_noise: float = 1.0, b_clip: float = 1.0,
-                 gram_share: float = 1.0 / 3.0, gram_momentum: float = 0.0, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, *, x_bound: float = 0.5, y_bound: float = 3.0, ridge: float = 0.4, psd_floor: float = 0.0,
+                 ridge_noise: float = 1.0, b_clip: float = 0.003, gram_share: float = 1.0 / 3.0,
+                 gram_momentum: float = 0.0, **kwargs):
+        super().__init__(x_bound=x_bound, y_bound=y_bound, ridge=ridge, **kwargs)
         if psd_floor < 0 or ridge_noise < 0:
             raise ConfigError("oracle ssp: psd_floor and ridge_noise must be >= 0")
         if not 0 < b_clip <= 1 or not 0 < gram_share < 1 or not 0 <= gram_momentum < 1:

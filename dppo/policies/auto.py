@@ -9,6 +9,8 @@
 """
 from __future__ import annotations
 
+import difflib
+
 import gymnasium as gym
 
 from dppo.errors import ConfigError
@@ -30,7 +32,10 @@ def auto_policy(observation_space: gym.Space, action_space: gym.Space, hidden_si
     """
     unknown = sorted(set(box_options) - set(BOX_ONLY))
     if unknown:
-        raise ConfigError(f"policy=auto has no key(s) {unknown}; valid: {sorted(('hidden_sizes', 'activation') + BOX_ONLY)}")
+        valid = sorted(("hidden_sizes", "activation") + BOX_ONLY)
+        close = difflib.get_close_matches(unknown[0], valid, n=1)
+        hint = f" (did you mean 'policy.{close[0]}'?)" if close else ""
+        raise ConfigError(f"unknown key 'policy.{unknown[0]}'{hint}: policy=auto takes {valid}")
     if isinstance(action_space, gym.spaces.Discrete):
         if box_options:
             raise ConfigError(f"policy.{sorted(box_options)[0]} applies to Box (continuous) actions; the env's "

@@ -133,8 +133,14 @@ def test_every_group_learner_runs_with_default_settings(cli, tmp_path, algo, env
     assert len(summary["ledger"]) == (2 if algo.startswith("dp_") else 0)
 
 
-def test_a_non_private_algorithm_refuses_an_eps(cli, tmp_path):
-    res = cli(["algo=pg", "eps=5", "rounds=1", f"hydra.run.dir={tmp_path}"])
-    assert res.returncode == 2 and "no private mode" in res.stderr
+def test_eps_is_the_one_non_private_switch(cli, tmp_path):
+    """``algo=pg`` is DP-PG's twin by name only (dp_pg + eps=null): with an eps it is the DP-PG run, named so;
+    ``algo=dp_pg eps=null`` is the twin, named pg."""
+    from dppo.api import make_config
+    from dppo.build import build
+
+    private, twin = build(make_config(["algo=pg", "eps=5"])), build(make_config(["algo=dp_pg", "eps=null"]))
+    assert private.privacy.private and private.meta["algo"] == "dp_pg"
+    assert not twin.privacy.private and twin.meta["algo"] == "pg" and type(twin.learner) is type(private.learner)
     res = cli(["algo=ubev", "env=riverswim", "group_size=4", f"hydra.run.dir={tmp_path}"])
-    assert res.returncode == 2 and "group_size" in res.stderr
+    assert res.returncode == 2 and "group_size=4 does not apply to algo=ubev" in res.stderr

@@ -40,7 +40,7 @@ def test_a_bad_dict_is_the_same_one_line_error_as_the_cli(cli, bad):
 
 def test_a_train_config_dataclass_is_accepted_and_validated():
     cfg = dppo.make_config(TrainConfig(algo="pg", rounds=7, users_per_round=3, eval={"greedy": True}))
-    assert cfg.algo.name == "pg" and cfg.rounds == 7 and cfg.users_per_round == 3 and cfg.eval.greedy is True
+    assert cfg.algo._target_.endswith("PolicyGradient") and cfg.eps is None and cfg.rounds == 7 and cfg.users_per_round == 3 and cfg.eval.greedy is True
     assert cfg.env.id == "CartPole-v1"  # defaults for the groups not named
     with pytest.raises(ConfigError, match="rounds must be an int, got .many."):
         dppo.make_config(TrainConfig(rounds="many"))
@@ -78,7 +78,7 @@ def test_reusing_a_run_directory_for_a_new_run_is_refused(tmp_path, cli):
     line = _cli_error(cli, ["algo=pg", *TINY, f"hydra.run.dir={run}"])
     assert "already holds a run" in line and f"resume={run}" in line
     assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ckpts
-    assert "dp_pg" in open(os.path.join(run, ".hydra", "config.yaml")).read()  # the old run's config is intact
+    assert "eps: 5.0" in open(os.path.join(run, ".hydra", "config.yaml")).read()  # the old (dp_pg) run's config is intact
 
 
 class _PlainNet(torch.nn.Module):

@@ -47,8 +47,10 @@ def ctx(eps, seed=0):
     return PrivacyContext(eps=eps, delta=1e-5, noise=NoiseSource(seed))
 
 
-ORACLE_KW = {"ssp": dict(ridge=1e-3), "dp_gd": dict(steps=100, lr=0.5, clip=2.0, ridge=1e-3, radius=5.0),
-             "exp_mech": dict(ridge=1e-3, w_max=1.0, cover="grid", grid_points=31)}
+UNIT = dict(x_bound=1.0, y_bound=1.0)  # the test users' rows: ||x|| <= 1, |y| <= 1 (nothing clipped)
+SSP_UNIT = dict(UNIT, b_clip=1.0)       # and the moments unclipped: one Gaussian mechanism at Delta = sqrt(4.5)
+ORACLE_KW = {"ssp": dict(SSP_UNIT, ridge=1e-3), "dp_gd": dict(UNIT, steps=100, lr=0.5, clip=2.0, ridge=1e-3, radius=5.0),
+             "exp_mech": dict(UNIT, ridge=1e-3, w_max=1.0, cover="grid", grid_points=31)}
 
 
 @pytest.mark.parametrize("name", ["exact", "ssp", "dp_gd", "exp_mech"])
@@ -108,7 +110,7 @@ def test_private_error_shrinks_as_eps_grows(name):
 def test_ssp_ledger_entry_and_sigma():
     users, _ = regression_users(m=20)
     privacy = ctx(2.0)
-    make_oracle("ssp").solve(users, privacy=privacy, round=7)
+    make_oracle("ssp", **SSP_UNIT).solve(users, privacy=privacy, round=7)
     (entry,) = privacy.ledger.entries
     assert entry["mechanism"] == "ssp" and entry["round"] == 7 and entry["users"] == 20
     assert entry["eps"] == 2.0 and entry["delta"] == 1e-5
@@ -122,7 +124,7 @@ def test_ssp_ledger_entry_and_sigma():
 def test_ssp_noise_has_the_released_scale():
     """The noise actually added to b has the ledger's sigma (empirical std over many releases)."""
     users, _ = regression_users(m=20, d=2)
-    oracle = make_oracle("ssp", ridge=1e-3, ridge_noise=0.0, psd_floor=1e9)  # huge floor: w = b~ / (floor + ridge)
+    oracle = make_oracle("ssp", **SSP_UNIT, ridge=1e-3, ridge_noise=0.0, psd_floor=1e9)  # huge floor: w = b~ / (floor + ridge)
     data = oracle.prepare(users)
     draws = [oracle.solve(users, privacy=ctx(1.0, s), round=0) * (1e9 + 1e-3) - data.moment() for s in range(400)]
     sigma = oracle.last_release["sigma_moment"]
@@ -285,7 +287,7 @@ def test_exp_mech_samples_the_gibbs_distribution():
     from scipy.stats import chisquare
 
     users, _ = regression_users(m=5, d=1)
-    oracle = make_oracle("exp_mech", w_max=1.0, cover="grid", grid_points=5)
+    oracle = make_oracle("exp_mech", **UNIT, w_max=1.0, cover="grid", grid_points=5)
     data = oracle.prepare(users)
     W = oracle.candidate_set(1)
     beta = 8.0 / (2 * oracle.sensitivity())
@@ -342,11 +344,14 @@ def test_batched_loss_equals_direct_sum_of_user_losses():
     np.testing.assert_allclose(data.loss(W).numpy(), torch.stack(direct).numpy(), rtol=1e-10)
 
 
-def test_settings_nested_under_an_oracle_name_apply_to_that_oracle_only():
-    kw = dict(x_bound=2.0, ridge=0.5, dp_gd=dict(steps=3), ssp=dict(ridge_noise=0.0))
-    gd, ssp = make_oracle("dp_gd", **kw), make_oracle("ssp", **kw)
-    assert gd.steps == 3 and gd.x_bound == 2.0 and gd.ridge == 0.5
-    assert ssp.ridge_noise == 0.0 and ssp.x_bound == 2.0
+def test_each_oracle_declares_the_defaults_of_its_family():
+    """One home per setting: the class. ssp and exp_mech carry DP-NPG's bounds and ridge, dp_gd DP-REBEL's, exact
+    the twins' (no clipping)."""
+    ssp, gd, em, ex = (make_oracle(n) for n in ("ssp", "dp_gd", "exp_mech", "exact"))
+    assert (ssp.x_bound, ssp.y_bound, ssp.ridge, ssp.b_clip) == (0.5, 3.0, 0.4, 0.003)
+    assert (em.x_bound, em.y_bound, em.ridge, em.w_max) == (0.5, 3.0, 0.4, 2.0)
+    assert (gd.x_bound, gd.y_bound, gd.ridge, gd.steps, gd.clip, gd.radius) == (1.0, 1.0, 0.0, 1, 0.1, None)
+    assert ex.clip_rows == (False, False) and ex.ridge == 0.01
 
 
 def test_ssp_split_budget_composes_to_eps_delta():
@@ -360,7 +365,7 @@ def test_ssp_split_budget_composes_to_eps_delta():
 
 def test_ssp_gram_average_is_the_bias_corrected_mean_of_released_grams():
     users, _ = regression_users(m=30, d=2)
-    oracle = make_oracle("ssp", gram_momentum=0.5)
+    oracle = make_oracle("ssp", **SSP_UNIT, gram_momentum=0.5)
     grams = []
     for r in range(3):
         privacy = ctx(1.0, seed=r)
@@ -372,7 +377,7 @@ def test_ssp_gram_average_is_the_bias_corrected_mean_of_released_grams():
     # the average of three noisy releases is closer to S than one release is, on average over entries
     assert (S_bar - S0).abs().mean() < (grams[0] - S0).abs().mean() * 1.5
     state = oracle.state_dict()
-    other = make_oracle("ssp", gram_momentum=0.5)
+    other = make_oracle("ssp", **SSP_UNIT, gram_momentum=0.5)
     other.load_state_dict(state)
     torch.testing.assert_close(other.gram_sum, oracle.gram_sum)
 
@@ -381,7 +386,7 @@ def test_ssp_with_public_gram_spends_everything_on_the_moment():
     users, _ = regression_users(m=50, d=3)
     gram = torch.eye(3, dtype=torch.float64) * 0.3
     privacy = ctx(2.0)
-    oracle = make_oracle("ssp", b_clip=0.5, ridge=0.0)
+    oracle = make_oracle("ssp", **UNIT, b_clip=0.5, ridge=0.0)
     oracle.solve(users, privacy=privacy, round=0, public_gram=gram)
     (entry,) = privacy.ledger.entries
     assert entry["gram"] == "public" and entry["eps"] == 2.0
@@ -389,6 +394,6 @@ def test_ssp_with_public_gram_spends_everything_on_the_moment():
     delta = norm.cdf(-2.0 / mu + mu / 2) - math.exp(2.0) * norm.cdf(-2.0 / mu - mu / 2)
     assert delta == pytest.approx(1e-5, rel=1e-6)
     # at huge eps the answer is (m * gram)^-1 sum_i clip(b_i): check against numpy
-    w = make_oracle("ssp", b_clip=0.5, ridge=0.0).solve(users, privacy=ctx(1e6), round=0, public_gram=gram)
+    w = make_oracle("ssp", **UNIT, b_clip=0.5, ridge=0.0).solve(users, privacy=ctx(1e6), round=0, public_gram=gram)
     b = sum(np.asarray(X.T @ y / len(y)) * min(1.0, 0.5 / np.linalg.norm(X.T @ y / len(y))) for X, y in users)
     np.testing.assert_allclose(w.numpy(), np.linalg.solve(50 * 0.3 * np.eye(3), b), atol=1e-4)

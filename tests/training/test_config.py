@@ -26,7 +26,7 @@ def test_wrong_type_is_rejected():
 
 
 def test_privacy_none_means_non_private():
-    assert compose(["privacy=none"]).eps is None
+    assert compose(["eps=null"]).eps is None and compose(["algo=pg"]).eps is None  # the one switch; pg = dp_pg + eps null
 
 
 @pytest.mark.parametrize("override,msg", [("eps=0", "eps must be > 0"), ("delta=1", "delta"),
@@ -39,4 +39,4 @@ def test_invalid_values_fail_validation(override, msg):
 
 def test_plain_train_py_runs_dp_npg_at_eps_5():
     cfg = compose([])
-    assert cfg.algo.name == "dp_npg" and cfg.eps == 5.0 and cfg.env.id == "CartPole-v1"
+    assert cfg.algo._target_.endswith("NaturalPolicyGradient") and cfg.eps == 5.0 and cfg.env.id == "CartPole-v1"

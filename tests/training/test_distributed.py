@@ -92,7 +92,7 @@ def test_two_process_oracle_learners_equal_the_single_process_run_bit_for_bit(tm
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["npg", "rebel", "dp_npg algo.oracle=dp_gd", "dp_rebel algo.oracle=ssp"])
+@pytest.mark.parametrize("algo", ["npg", "rebel", "dp_npg oracle=dp_gd", "dp_rebel oracle=ssp"])
 def test_two_process_oracle_variants_equal_the_single_process_run(tmp_path, algo):
     name, *extra = algo.split()
     one = _train(["rounds=2", *extra], str(tmp_path / "one"), algo=name)

@@ -48,7 +48,7 @@ def test_predict_round_trip_from_a_saved_run(saved):
     assert np.array_equal(run.policy.predict(obs, deterministic=True), expected)
     single = run.policy.predict(obs[0], deterministic=True)
     assert np.ndim(single) == 0 and int(single) == expected[0]
-    assert run.config.algo.name == "dp_pg" and run.summary["rounds_done"] == 3 == run.rounds_done
+    assert run.summary["algo"] == "dp_pg" and run.summary["rounds_done"] == 3 == run.rounds_done
     # evaluation on the trainer's held-out seeds reproduces final_return; nothing is written into the run
     assert run.evaluate() == pytest.approx(summary["final_return"])
     assert _snapshot(run_dir) == before
