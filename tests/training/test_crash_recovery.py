@@ -86,8 +86,8 @@ def test_a_secure_run_killed_with_sigkill_before_its_first_checkpoint_resumes_wi
     assert [int(float(x["rollout/round"])) for x in rows] == list(range(40))   # the lost attempt's rows purged
 
 
-@pytest.mark.parametrize("point,extra", [("after_dump:2", []),
-                                         pytest.param("after_release:1", ["logger=console"], marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("point,extra", [("after_dump:2", []), ("after_release:1", ["logger=console"])])
 def test_a_seeded_run_killed_before_its_first_checkpoint_replays_to_the_uninterrupted_result(tmp_path, point, extra):
     args = ["algo=dp_pg", "privacy.secure_rng=false", "rounds=5", "users_per_round=3", "eval_episodes=2",
             "progress=false", "env.horizon=40", "checkpoint_every=100", "seed=4"]
