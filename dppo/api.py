@@ -58,15 +58,13 @@ def render(value) -> str:
 
 
 def dict_to_overrides(d: dict) -> list[str]:
-    """Group choices (``{'algo': 'dp_pg'}``) first, then one override per leaf; a dict value is descended
-    where the composed config has a group there, else given whole (``algo.fisher_states={low: ...}``)."""
-    choices = [f"{k}={v}" for k, v in d.items() if k in GROUPS and isinstance(v, str)]
-    base = _compose(choices)
-    out = list(choices)
+    """Group choices (``{'algo': 'dp_pg'}``) first, then one override per leaf: a nested dict is descended to
+    its leaves (``{'env': {'id': 'Acrobot-v1'}}`` -> ``env.id=Acrobot-v1``), a list is one value. Nothing is
+    composed here: the overrides are composed once, by ``make_config``."""
+    out = [f"{k}={v}" for k, v in d.items() if k in GROUPS and isinstance(v, str)]
 
     def walk(prefix: str, value):
-        node = OmegaConf.select(base, prefix.lstrip("+"), default=None) if prefix else base
-        if isinstance(value, dict) and (not prefix or isinstance(node, DictConfig)):
+        if isinstance(value, dict) and value:
             for k, v in value.items():
                 walk(f"{prefix}.{k}" if prefix else str(k), v)
         else:
@@ -111,15 +109,24 @@ def as_overrides(cfg) -> list[str] | None:
 
 def make_config(overrides: list[str] | dict | TrainConfig | DictConfig | None = None) -> DictConfig:
     """The packaged default config with overrides (``key=value`` list, nested dict, or ``TrainConfig``),
-    validated exactly like the CLI's (same one-line ``ConfigError`` for an unknown key or a wrong type)."""
-    ovr = as_overrides(overrides)
+    composed once and validated exactly like the CLI's (same one-line ``ConfigError`` for an unknown key or a
+    wrong type); a DictConfig is type-checked against the schema as it is."""
+    return _config_and_overrides(overrides)[0]
+
+
+def _config_and_overrides(cfg) -> tuple[DictConfig, list[str] | None]:
+    """(the composed config, the overrides it was composed from: None for a DictConfig given whole)."""
+    ovr = as_overrides(cfg)
     if ovr is None:
-        return validate_dictconfig(overrides)
-    return _compose(ovr)
+        return validate_dictconfig(cfg), None
+    return _compose(ovr), ovr
 
 
 def validate_dictconfig(cfg: DictConfig) -> DictConfig:
-    """Type-check a DictConfig against the schema (unknown top-level key, wrong type: one line)."""
+    """Type-check a DictConfig against the schema (unknown top-level key, wrong type: one line); one that is
+    already typed by the schema (composed by ``make_config``, Hydra or ``load_run_config``) is returned as it is."""
+    if OmegaConf.get_type(cfg) is TrainConfig:
+        return cfg
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)
     except Exception as err:  # noqa: BLE001
@@ -141,12 +148,17 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
     run cannot be resumed. Give a ``run_dir`` to keep the run (the CLI's layout: ``python train.py
     resume=<run_dir>`` continues it).
     """
-    return _train(cfg, run_dir, resume=resume, callbacks=callbacks, write_config=True, **objects)
+    composed, overrides = _config_and_overrides(cfg)
+    trainer, dist = start(composed, run_dir, resume=resume, callbacks=callbacks, overrides=overrides, **objects)
+    return finish(trainer, dist)
 
 
-def _train(cfg, run_dir, *, resume: bool = False, callbacks=(), write_config: bool = True, **objects) -> dict:
-    overrides = as_overrides(cfg)
-    cfg = make_config(cfg)
+def start(cfg: DictConfig, run_dir: str | None, *, resume: bool = False, callbacks=(), overrides=None,
+          write_config: bool = True, **objects):
+    """The one path from a composed config to a ready run, shared by the CLI and the API: validate and build
+    every object once, in order (``dppo.build.build``: nothing is written before every object is built and
+    checked), continue a resumed run's state, then write the run layout (``.hydra/config.yaml``, the
+    overrides). Returns (trainer, the process group of a torchrun launch); ``finish`` runs the loop."""
     dist = distributed.init()  # a torchrun launch: join the process group (dppo/training/distributed.py)
     try:
         if run_dir is not None and not resume and dist.is_main:
@@ -158,6 +170,15 @@ def _train(cfg, run_dir, *, resume: bool = False, callbacks=(), write_config: bo
             distributed.on_main(trainer.try_resume, dist)
         if run_dir is not None and write_config and not resume and dist.is_main:
             write_layout(run_dir, cfg, overrides)
+    except BaseException:
+        distributed.shutdown(dist)
+        raise
+    return trainer, dist
+
+
+def finish(trainer, dist) -> dict:
+    """Run the loop of a run ``start`` built; returns the summary."""
+    try:
         return trainer.fit()
     finally:
         distributed.shutdown(dist)

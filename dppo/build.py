@@ -468,13 +468,13 @@ def _plain(v):
 
 def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=None, privacy=None, logger=None,
           sampler=None, learner=None) -> Trainer:
-    """Build every object of a run from ``cfg``; any object passed in is used instead of being built."""
+    """Build every object of a run from ``cfg``, once and in order (env -> privacy -> sampler -> logger ->
+    policy -> space -> oracle -> learner -> trainer); any object passed in is used instead of being built.
+    Nothing is written before every object is built and checked: the run directory is made last."""
     validate(cfg)
     dist = distributed.from_env()
     if not dist.is_main:  # torchrun rank > 0: computes its shard of each round, writes nothing
         run_dir = None
-    if run_dir is not None:
-        check_writable(run_dir)
     seed_everything(cfg.seed)
     cls = learner_class(cfg)
     check_shortcuts(cfg, cls)
@@ -523,6 +523,8 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     trainer.dist = dist
     if dist.is_main:
         trainer.check_capacity()   # the population covers the run, before any user is drawn
+    if run_dir is not None:
+        check_writable(run_dir)    # the first thing written: after every object is built and checked
     logger.log_hparams(hparams)  # remembered only; written with the final metrics at the end of the session
     return trainer
 

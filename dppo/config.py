@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,8 +122,9 @@ def normalize_override(arg: str) -> str:
     return f"++{bare}={value}"
 
 
-def compose(overrides: list[str] | None = None):
-    """The packaged config with overrides, without Hydra's run-dir machinery (Python API and tests)."""
+def compose(overrides: list[str] | None = None, *, hydra: bool = False):
+    """The packaged config with overrides, composed once by Hydra's compose API (``hydra=True``: with Hydra's
+    own section, for ``compose_run``), every key checked (``check_keys``)."""
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -130,9 +132,25 @@ def compose(overrides: list[str] | None = None):
     register_schema()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = hcompose(config_name="config", overrides=[normalize_override(o) for o in overrides or []])
+        cfg = hcompose(config_name="config", overrides=[normalize_override(o) for o in overrides or []],
+                       return_hydra_config=hydra)
     check_keys(cfg)
     return cfg
+
+
+def compose_run(overrides: list[str]):
+    """A command-line run's config and run directory from one composition: ``hydra.run.dir`` resolved as
+    Hydra's run resolves it (``HydraConfig`` set, so ``${hydra:runtime.choices.algo}`` and ``${now:...}`` work),
+    then Hydra's section removed, as Hydra hands a task its config."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    cfg = compose(overrides, hydra=True)
+    HydraConfig.instance().set_config(cfg)
+    run_dir = os.path.abspath(str(cfg.hydra.run.dir))  # as Hydra's runtime.output_dir
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, run_dir
 
 
 def _type_name(tp) -> str:
