@@ -136,7 +136,12 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
     Any of ``policy``, ``env``, ``privacy``, ``logger``, ``sampler``, ``learner`` may be passed in to
     replace the object the config would build (e.g. your own ``nn.Module`` policy); they are checked against
     the env's spaces and the policy protocol before any user is drawn. A new run refuses a ``run_dir`` that
-    already holds a run (``resume=True`` continues it).
+    already holds a run (``resume=True`` continues it, whatever point it stopped at).
+
+    Without ``run_dir`` nothing is written anywhere: no checkpoints, journal, logs, ``policy.pt`` or
+    ``summary.json`` (the returned summary and the objects you passed in are all that remains), and such a
+    run cannot be resumed. Give a ``run_dir`` to keep the run (the CLI's layout: ``python train.py
+    resume=<run_dir>`` continues it).
     """
     return _train(cfg, run_dir, resume=resume, callbacks=callbacks, write_config=True, **objects)
 
@@ -150,10 +155,9 @@ def _train(cfg, run_dir, *, resume: bool = False, callbacks=(), write_config: bo
             check_fresh(run_dir)
         trainer = build(cfg, run_dir, callbacks=callbacks, **objects)
         if resume:
-            def load():
-                if not trainer.try_resume():
-                    raise ConfigError(f"no usable checkpoint in {run_dir}/checkpoints; start a new run instead")
-            distributed.on_main(load, dist)  # rank 0 loads; fit() hands the state to the other ranks
+            # rank 0 loads the newest good checkpoint, or (none yet, or all damaged) starts again from the
+            # initial state with the journal applied; fit() hands the state to the other ranks
+            distributed.on_main(trainer.try_resume, dist)
         if run_dir is not None and write_config and not resume and dist.is_main:
             write_layout(run_dir, cfg, overrides)
         return trainer.fit()
@@ -162,11 +166,16 @@ def _train(cfg, run_dir, *, resume: bool = False, callbacks=(), write_config: bo
 
 
 def load_run_config(run_dir: str, overrides: list[str] | None = None) -> DictConfig:
-    """The saved config of a run directory (``.hydra/config.yaml``) with extra overrides applied."""
+    """The saved config of a run directory (``.hydra/config.yaml``) with extra overrides applied.
+
+    ``hydra.*`` overrides configure where Hydra puts a *new* run; a resume continues ``run_dir`` in place, so
+    they are dropped, and a ``hydra.run.dir`` naming another directory is refused.
+    """
     path = os.path.join(run_dir, ".hydra", "config.yaml")
     if not os.path.isfile(path):
         raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml); "
                           f"pass the directory of an earlier run")
+    overrides = [o for o in overrides or [] if not _check_hydra_override(o, run_dir)]
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path))
         cfg.resume = None
@@ -175,3 +184,14 @@ def load_run_config(run_dir: str, overrides: list[str] | None = None) -> DictCon
     except Exception as err:  # noqa: BLE001
         raise config_error(err) from None
     return cfg
+
+
+def _check_hydra_override(override: str, run_dir: str) -> bool:
+    """True for a ``hydra.*`` override (dropped on resume); refuses a ``hydra.run.dir`` other than the run's."""
+    key, _, value = override.lstrip("+~").partition("=")
+    if not key.startswith("hydra.") and key != "hydra":
+        return False
+    if key == "hydra.run.dir" and os.path.abspath(value) != os.path.abspath(run_dir):
+        raise ConfigError(f"resume={run_dir} continues that run in its own directory; drop hydra.run.dir={value} "
+                          f"(a resumed run cannot move)")
+    return True

@@ -18,6 +18,7 @@ from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
 from dppo.training import distributed
 from dppo.training.logger import make_logger
+from dppo.training.provenance import Population
 from dppo.training.trainer import Trainer
 
 INJECTABLE = ("policy", "env", "privacy", "sampler", "logger", "seed", "rounds", "users_per_round", "episodes",
@@ -27,7 +28,7 @@ INJECTABLE = ("policy", "env", "privacy", "sampler", "logger", "seed", "rounds",
 # algo's and oracle's parameters, accountant, population, secure_rng, max_epsilon, env, policy, seed) can
 # change what a release spends or on whom, and a change to it refuses the resume, naming the key.
 RESUME_MAY_CHANGE = ("logger", "progress", "checkpoint_every", "eval_episodes", "eval", "resume", "callbacks",
-                     "hydra")
+                     "hydra", "privacy.allow_over_target")
 ROUND_MEMORY_FRACTION = 0.5   # refuse a round (or population) whose arrays would need more than this share of RAM
 
 
@@ -55,29 +56,54 @@ def build_env(cfg):
         raise _unwrap(err, "env") from None
 
 
-def load_init_source(init_from: str | None) -> tuple[dict | None, list[int] | None]:
-    """``policy.init_from``: a run directory (its newest checkpoint), a run's checkpoint file, or a file holding
-    a bare ``state_dict`` (or ``{"policy": state_dict}``). Returns (policy state_dict, the user ids the
-    pretraining run used, or None when the source does not record them)."""
+def load_init_source(init_from: str | None) -> tuple[dict | None, dict | None]:
+    """``policy.init_from``: a run directory (its newest checkpoint, else its ``policy.pt``), a ``policy.pt``,
+    a run's checkpoint file, or a file holding a bare ``state_dict`` (or ``{"policy": state_dict}``).
+
+    Returns (policy state_dict, provenance record: which users the weights' training consumed, or None for
+    a bare state_dict, whose provenance is unknown). Every file is read with ``weights_only=True``.
+    """
+    from dppo.training import provenance
+    from dppo.training.checkpoint import load_latest_checkpoint
+
     if not init_from:
         return None, None
     path = str(init_from)
     if os.path.isdir(path):
-        from dppo.training.checkpoint import load_latest_checkpoint
-
         state, _ = load_latest_checkpoint(os.path.join(path, "checkpoints"))
+        if state is None and os.path.isfile(os.path.join(path, "policy.pt")):
+            state = _torch_load(os.path.join(path, "policy.pt"), path)
         if state is None:
-            raise ConfigError(f"policy.init_from={path} is a directory without a readable checkpoint")
+            raise ConfigError(f"policy.init_from={path} is a directory without a readable checkpoint or policy.pt")
     elif os.path.isfile(path):
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = _torch_load(path, path)
     else:
         raise ConfigError(f"policy.init_from={path} is neither a run directory nor a file")
+    if isinstance(state, dict) and state.get("format") == "dppo-policy-1" and isinstance(state.get("policy"), dict):
+        record = state.get("provenance")
+        return state["policy"], record if provenance.is_record(record) else None
     if isinstance(state, dict) and isinstance(state.get("learner"), dict) and "policy" in state["learner"]:
-        used = (state.get("sampler") or {}).get("used")
-        return state["learner"]["policy"], None if used is None else [int(u) for u in used]
+        record = state.get("provenance")
+        if not provenance.is_record(record):   # a checkpoint from before provenance: its sampler's ids
+            used = (state.get("sampler") or {}).get("used")
+            record = None if used is None else provenance.legacy_record(used)
+        return state["learner"]["policy"], record
     if isinstance(state, dict) and isinstance(state.get("policy"), dict):
-        return state["policy"], None
+        state = state["policy"]
+    if not (isinstance(state, dict) and state and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                      for k, v in state.items())):
+        raise ConfigError(f"policy.init_from={path} holds no policy weights (a policy.pt, a run's checkpoint or a "
+                          f"state_dict of tensors)")
     return state, None
+
+
+def _torch_load(path: str, shown: str):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - not a torch file, or one that would need to run code
+        reason = " ".join(str(err).split())[:120] or type(err).__name__
+        raise ConfigError(f"policy.init_from={shown} is not a file torch.load(weights_only=True) can read "
+                          f"({type(err).__name__}: {reason})") from None
 
 
 def build_policy(cfg, env, init_state: dict | None = None):
@@ -87,6 +113,7 @@ def build_policy(cfg, env, init_state: dict | None = None):
     if "_target_" not in spec:
         return None
     init_from = spec.pop("init_from", None)
+    spec.pop("init_users_offset", None)   # read by the builder (provenance), not by the policy
     freeze = spec.pop("freeze", None) or []
     try:
         policy = instantiate(spec, observation_space=env.observation_space, action_space=env.action_space,
@@ -121,23 +148,46 @@ def _default_accountant(cls, cfg) -> str:
     return fn(cfg.privacy)
 
 
-def exclude_pretraining_users(sampler, used: list[int] | None) -> None:
-    """Private fine-tuning never reuses a user of the pretraining run: its ids are skipped for ever (a
-    finite population: burned; a user stream: it starts after the largest one)."""
-    if not used:
-        return
-    if getattr(sampler, "multi_pass", False):
-        raise ConfigError("policy.init_from a run with privacy.multi_pass=true: the pretraining run's users "
-                          "cannot be excluded from a Poisson-sampled population; fine-tune one-pass")
-    if sampler.population_size is None:
-        sampler.next_index = max(sampler.next_index, max(used) + 1)
-    else:
-        sampler.burn(used)
+def inherited_provenance(cfg, record: dict | None, population) -> list[dict]:
+    """What the weights of ``policy.init_from`` consumed (their provenance), plus the users
+    ``policy.init_users_offset=<n>`` names (this run's ids 0..n-1). A bare state_dict has no provenance: it is
+    refused unless the offset is stated (0 = the weights never saw a user of this population)."""
+    from dppo.training import provenance
+
+    init_from = OmegaConf.select(cfg, "policy.init_from", default=None)
+    offset = OmegaConf.select(cfg, "policy.init_users_offset", default=None)
+    if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool) or offset < 0):
+        raise ConfigError(f"policy.init_users_offset must be an integer >= 0, got {offset}")
+    if offset is not None and not init_from:
+        raise ConfigError("policy.init_users_offset applies to policy.init_from (the users its weights consumed); "
+                          "set policy.init_from too, or drop the offset")
+    if not init_from:
+        return []
+    if record is None and offset is None:
+        raise ConfigError(f"policy.init_from={init_from} is a bare state_dict: which users trained it is unknown; "
+                          f"state policy.init_users_offset=<n> (its training used user ids 0..n-1 of this run's "
+                          f"population; 0 if it never saw one of them), or init from a run directory or its policy.pt")
+    out = list(record["consumed"]) if record is not None else []
+    if offset:
+        out.append(provenance.offset_entry(population, offset))
+    return out
+
+
+def exclude_pretraining_users(sampler, population, consumed: list[dict]) -> None:
+    """Private fine-tuning never reuses a user whose data trained the initial weights: their ids are skipped
+    for ever (``dppo.training.provenance.exclude``)."""
+    from dppo.training import provenance
+
+    if sampler is not None and consumed:
+        provenance.exclude(sampler, population, consumed, "policy.init_from")
 
 
 def build_privacy(cfg, cls) -> PrivacyContext:
     p = cfg.privacy
     name = p.accountant
+    if p.multi_pass and cfg.eps is not None and _releases_pure_dp(cfg, cls):
+        raise ConfigError(f"privacy.multi_pass=true: Opacus' RDP/PRV accounting composes Poisson-subsampled "
+                          f"Gaussian releases, and {cls.__name__} makes pure-DP releases; use one-pass training")
     if name is None:
         name = _default_accountant(cls, cfg)
     if p.multi_pass and name not in ("rdp", "prv"):
@@ -302,7 +352,8 @@ def fingerprint(cfg) -> dict:
     """Every setting a resumed run must share with the original, flattened (``algo.oracle_kwargs.x_bound``);
     the checkpoint stores it and resume compares it key by key (``check_fingerprint``)."""
     flat = _flat(to_container(cfg))
-    keep = {k: _plain(v) for k, v in flat.items() if k.split(".", 1)[0] not in RESUME_MAY_CHANGE}
+    keep = {k: _plain(v) for k, v in flat.items()
+            if k.split(".", 1)[0] not in RESUME_MAY_CHANGE and k not in RESUME_MAY_CHANGE}
     keep["_hash"] = hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return keep
 
@@ -332,13 +383,12 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
 
         cls = prompt_twin(cls)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
-    init_state, pretrain_users = load_init_source(OmegaConf.select(cfg, "policy.init_from"))
+    init_state, init_record = load_init_source(OmegaConf.select(cfg, "policy.init_from", default=None))
     if sampler is None:
         sampler = build_sampler(cfg, privacy.noise)
-        exclude_pretraining_users(sampler, pretrain_users)
-    if not getattr(sampler, "multi_pass", False):
-        n_rounds = cfg.rounds if cfg.episodes is None else 1
-        sampler.check_capacity(n_rounds)
+    population = Population(env, sampler)
+    inherited = inherited_provenance(cfg, init_record, population)
+    exclude_pretraining_users(sampler, population, inherited)
     if logger is None:
         logger = make_logger(run_dir, **{**to_container(cfg.logger), **({} if dist.is_main else {"console": False})})
     if learner is None:
@@ -347,6 +397,8 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         if "policy" in sig:
             if env_given:
                 check_env(env)
+            if policy is None:
+                check_policy_fits_env(cfg, env)
             objects["policy"] = policy if policy is not None else build_policy(cfg, env, init_state)
             if objects["policy"] is not None:
                 check_policy(objects["policy"], env)  # before any user is drawn
@@ -357,14 +409,85 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     cb = [instantiate(spec) for spec in (to_container(cfg.callbacks) or {}).values()] + list(callbacks)
     meta = {"algo": _algo_name(cfg), "env_id": getattr(env, "id", type(env).__name__), "seed": cfg.seed}
     hparams = resolved_hparams(cfg, privacy, learner)
+    env_population = getattr(env, "population", None)
     trainer = Trainer(learner, privacy, logger, sampler=sampler, callbacks=cb, run_dir=run_dir,
                       checkpoint_every=cfg.checkpoint_every, eval_episodes=cfg.eval_episodes if dist.is_main else 0,
                       eval_greedy=cfg.eval.greedy, progress=cfg.progress and dist.is_main, meta=meta,
                       fingerprint=fingerprint(cfg), eval_every=cfg.eval_every if dist.is_main else None,
-                      hparams=hparams)
+                      hparams=hparams, population=population, inherited=inherited, config=public_config(cfg),
+                      extend_refusal=extension_rules(cfg, type(learner), privacy),
+                      allow_over_target=bool(OmegaConf.select(cfg, "privacy.allow_over_target", default=False)),
+                      capacity_limit=env_population if isinstance(env_population, int) else None)
     trainer.dist = dist
+    if dist.is_main:
+        trainer.check_capacity()   # the population covers the run, before any user is drawn
     logger.log_hparams(hparams)  # remembered only; written with the final metrics at the end of the session
     return trainer
+
+
+def check_policy_fits_env(cfg, env) -> None:
+    """Refuse, before anything is instantiated, a policy learner on an env it cannot act in: a tabular MDP (no
+    observation or action space) or text prompts with a non-language-model policy."""
+    name = _algo_name(cfg)
+    if getattr(env, "kind", None) == "prompts":
+        target = OmegaConf.select(cfg, "policy._target_", default=None)
+        try:
+            pcls = get_class(target) if target else None
+        except Exception:  # noqa: BLE001 - reported by build_policy with the real reason
+            return
+        missing = [m for m in ("encode", "sample", "token_log_probs") if not callable(getattr(pcls, m, None))]
+        if pcls is None or missing:
+            from dppo.policies.check import LM_PROTOCOL
+
+            shown = target.rsplit(".", 1)[-1] if target else "none"
+            raise ConfigError(f"env=prompts has text prompts as observations, and the policy {shown} cannot act on "
+                              f"them; use policy=lm ({LM_PROTOCOL})")
+        return
+    if getattr(env, "observation_space", None) is None or getattr(env, "action_space", None) is None:
+        raise ConfigError(f"algo={name} trains a neural policy and needs an env with observation and action spaces "
+                          f"(a gymnasium env.id, env=pendulum, env=bandit, or env=prompts with policy=lm); "
+                          f"{getattr(env, 'id', type(env).__name__)} is a tabular MDP: use algo=ubev, pucb, dp_ubev, "
+                          f"gfa or gfa_outcome")
+
+
+def extension_rules(cfg, cls, privacy) -> dict:
+    """Whether a resume may raise ``rounds`` / ``episodes`` (extend a run), or why not (the refusal's reason).
+
+    One-pass rounds under parallel composition (and non-private rounds) may grow: each new round takes new
+    users, released once at the run's eps, so every user's guarantee stays what it was. Not so where more
+    releases compose (multi-pass RDP/PRV, the basic accountant, GFA's batches) or where a learner's private
+    counters are sized for its episodes (the tabular learners).
+    """
+    name = _algo_name(cfg)
+    sig = inspect.signature(cls.__init__).parameters
+    composes = getattr(cls, "uses_composition", False)
+    if "rounds" not in sig:
+        rounds = f"algo={name} runs for a number of episodes, not rounds"
+    elif privacy.private and privacy.multi_pass:
+        rounds = ("multi-pass training composes every round's release (RDP/PRV): more rounds would spend more than "
+                  "the target eps")
+    elif privacy.private and privacy.accountant.name != "parallel":
+        rounds = (f"the {privacy.accountant.name} accountant composes every round's release: more rounds would spend "
+                  f"more than the target eps")
+    else:
+        rounds = None
+    rules = {"rounds": rounds}
+    if composes:
+        rules["episodes"] = (f"algo={name} splits its budget over the batches of the planned episodes (its releases "
+                             f"compose): more episodes would spend more than the target eps")
+    elif "episodes" in sig:
+        rules["episodes"] = (f"algo={name} sizes its counters and confidence bounds for the planned episodes (a "
+                             f"private counter's capacity is fixed when it is built)")
+    return rules
+
+
+def public_config(cfg) -> dict:
+    """The run's composed config as plain values, without Hydra's section or ``resume``: what ``policy.pt``
+    carries to rebuild and run its policy (the same public config as ``.hydra/config.yaml``)."""
+    out = to_container(cfg)
+    out.pop("hydra", None)
+    out.pop("resume", None)
+    return out
 
 
 def resolved_hparams(cfg, privacy, learner) -> dict:

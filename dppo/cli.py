@@ -10,11 +10,12 @@ FLAGS_WITH_VALUE = ("--config-path", "--config-name", "--config-dir", "-cp", "-c
 
 
 def fail(err: BaseException) -> None:
-    """Print one line to stderr and exit 2 (no traceback)."""
+    """Print one line to stderr and exit 2 (no traceback); under torchrun only rank 0 prints it."""
     msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if not isinstance(err, DPPOError):
         msg = _hydra_message(err)
-    print(f"dppo: error: {msg}", file=sys.stderr, flush=True)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"dppo: error: {msg}", file=sys.stderr, flush=True)
     sys.exit(2)
 
 
@@ -60,7 +61,8 @@ def run_from_hydra(cfg, run_dir: str, multirun: bool = False) -> None:
     try:
         summary = _train(cfg, run_dir, write_config=False)  # Hydra has written .hydra/ already
     except DPPOError as err:
-        print(f"dppo: error: {str(err).splitlines()[0]}", file=sys.stderr, flush=True)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"dppo: error: {str(err).splitlines()[0]}", file=sys.stderr, flush=True)
         if multirun:
             return
         sys.exit(2)
@@ -80,10 +82,14 @@ def _report(summary: dict, run_dir: str) -> None:
         return
     if summary.get("stop_reason"):
         print(f"dppo: {summary['stop_reason']}", file=sys.stderr)
-    eps = summary["epsilon_spent"]
-    print(f"done: {summary['algo']} on {summary['env_id']} final_return={summary['final_return']} "
-          f"eps_spent={eps:.4g} delta_spent={summary['delta_spent']:.3g} rounds={summary['rounds_done']} "
-          f"-> {run_dir}/summary.json")
+    if summary.get("eps") is None:
+        spent = "non-private"
+    else:
+        spent = f"eps_spent={summary['epsilon_spent']:.4g} delta_spent={summary['delta_spent']:.3g}"
+    final = summary["final_return"]
+    final = f"{final:.6g}" if isinstance(final, float) else final
+    print(f"done: {summary['algo']} on {summary['env_id']} final_return={final} {spent} "
+          f"rounds={summary['rounds_done']} -> {run_dir}/summary.json")
 
 
 def entry(hydra_main, args: list[str]) -> None:

@@ -11,6 +11,8 @@ from omegaconf import OmegaConf
 from dppo.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# below ~1e-300 the analytic Gaussian's delta(sigma) underflows and its solver pins sigma at its upper limit
+MIN_DELTA = 1e-100
 
 
 @dataclass
@@ -23,6 +25,7 @@ class PrivacyConfig:
     secure_rng: bool = True  # noise from the OS CSPRNG; false = seeded, reproducible, not private against the seed
     max_epsilon: Optional[float] = None  # stop cleanly before a release would exceed this total
     composition: str = "advanced"  # GFA only: advanced | zcdp
+    allow_over_target: bool = False  # resume even if a crashed attempt's charged releases end the run above eps
 
 
 @dataclass
@@ -112,6 +115,9 @@ def validate(cfg) -> None:
         raise ConfigError(f"eps must be > 0 (or null for a non-private run), got {cfg.eps}")
     if not (0 < cfg.delta < 1):
         raise ConfigError(f"delta must lie strictly between 0 and 1, got {cfg.delta}")
+    if cfg.delta < MIN_DELTA:
+        raise ConfigError(f"delta={cfg.delta:g} is below {MIN_DELTA:g}: no guarantee needs it (delta is usually "
+                          f"well below 1/users, e.g. 1e-5 to 1e-12), and the noise calibration is exact only above it")
     if cfg.group_size is not None and cfg.group_size < 1:
         raise ConfigError(f"group_size must be >= 1 (or null for the algorithm's default), got {cfg.group_size}")
     if cfg.users_per_round < 1:

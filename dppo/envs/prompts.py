@@ -142,13 +142,14 @@ class PromptsEnv:
             if bad:
                 raise ConfigError(f"column '{split_key}' must be 'public' or 'private', found {sorted(bad)[:3]}")
             public = [r for r in rows if r[split_key] == "public"]
-            private = [r for r in rows if r[split_key] == "private"]
+            rows_of_private = [i for i, r in enumerate(rows) if r[split_key] == "private"]
         else:
             if public_size is None or not 0 <= public_size <= len(rows):
                 raise ConfigError(f"{path} has no '{split_key}' column: set env.public_size (0..{len(rows)})")
             perm = np.random.default_rng([self.seed, 7]).permutation(len(rows))
             public = [rows[i] for i in perm[:public_size]]
-            private = [rows[i] for i in perm[public_size:]]
+            rows_of_private = [int(i) for i in perm[public_size:]]
+        private = [rows[i] for i in rows_of_private]
         if not private:
             raise ConfigError(f"{path} has no private prompts (split=private): RL has no users")
         self.columns = sorted({k for r in rows for k in r} - {prompt_key, split_key})
@@ -161,6 +162,7 @@ class PromptsEnv:
         self.eval_samples = int(eval_samples)
         self.show_completions = min(int(show_completions), self.eval_size)
         self.order = np.random.default_rng([self.seed, 11]).permutation(self.population)
+        self.private_rows = np.asarray(rows_of_private, dtype=np.int64)  # file row of each private prompt
         self.id = f"prompts:{os.path.basename(path)}"
 
     # ---- users -------------------------------------------------------------------------------
@@ -171,6 +173,20 @@ class PromptsEnv:
             raise PrivacyError(f"user id outside the private population of {self.population} prompts; lower "
                                f"rounds * users_per_round or add prompts")
         return [self.private[self.order[u]] for u in users]
+
+    def member_ids(self, users) -> list[int]:
+        """Population members of user ids: the file row of each user's prompt (independent of the seed), so a
+        policy's provenance names the same prompts in any run on this file (``dppo.training.provenance``)."""
+        users = np.asarray([int(u) for u in users], dtype=np.int64)
+        users = users[(users >= 0) & (users < self.population)]
+        return self.private_rows[self.order[users]].tolist()
+
+    def users_of_members(self, members) -> list[int]:
+        """The user ids whose prompts are these file rows (the inverse of ``member_ids``)."""
+        pos = np.empty(self.population, dtype=np.int64)
+        pos[self.order] = np.arange(self.population)      # user id of each private position
+        wanted = np.isin(self.private_rows, np.asarray([int(m) for m in members], dtype=np.int64))
+        return sorted(pos[np.flatnonzero(wanted)].tolist())
 
     def eval_rows(self, n: int | None = None) -> list[dict]:
         """The first ``n`` (default ``eval_size``) held-out public rows."""

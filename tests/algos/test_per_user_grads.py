@@ -10,6 +10,17 @@ from dppo.policies.loglinear import LogLinearPolicy
 from dppo.policies.mlp import MLPPolicy
 
 TOL = dict(rtol=0, atol=1e-6)  # float64 throughout: the two paths differ by summation order only
+# Where two computations differ by the shape of the batch around a user (which CPU kernels may sum in another
+# order), rows agree to rounding, not bit for bit: 1e-12 of the row's norm in float64, 1e-6 in float32.
+ROW_REL = {torch.float64: 1e-12, torch.float32: 1e-6}
+
+
+def assert_rows_close(got, expect):
+    """Each row within ROW_REL of its norm (the stated tolerance for results computed in different batches)."""
+    assert got.shape == expect.shape and got.dtype == expect.dtype
+    err = (got - expect).double().norm(dim=1)
+    scale = expect.double().norm(dim=1).clamp_min(torch.finfo(expect.dtype).tiny)
+    assert bool((err <= ROW_REL[expect.dtype] * scale).all()), float((err / scale).max())
 
 
 def brute_force(policy, obs, actions, weights):
@@ -227,9 +238,11 @@ def test_rule_covered_models_do_not_fall_back_to_the_whole_model_vmap(name, monk
 
 @pytest.mark.parametrize("pad_multiple", [1, 4])
 @pytest.mark.parametrize("name", ["mlp", "tokens", "gaussian"])
-def test_a_users_gradient_is_bit_identical_whatever_else_is_in_the_batch(name, pad_multiple):
-    """Per-user sums run over fixed-size blocks of that user's rows: the result does not depend on the
-    other users or on their lengths (what makes a sharded run equal a single-process run bit for bit)."""
+def test_a_users_gradient_does_not_depend_on_the_rest_of_the_batch(name, pad_multiple):
+    """Per-user sums run over that user's rows only, so a user's gradient computed with a different set of
+    other users (what a sharded run does) is the same gradient: equal to 1e-12 of its norm (float64). Not
+    bit for bit on every CPU: the batched products around it have another shape, and a CPU's kernels may
+    then sum in another order (the last bits differed on an AMD EPYC)."""
     policy, (obs, actions, weights) = CASES[name]
     m = obs.shape[0]
     flat = lambda t: t.reshape(-1, *t.shape[2:])  # noqa: E731
@@ -243,7 +256,7 @@ def test_a_users_gradient_is_bit_identical_whatever_else_is_in_the_batch(name, p
         remap[torch.tensor(subset)] = torch.arange(len(subset))
         part = per_user_gradients(policy, *[a[sel] for a in args[:3]], remap[args[3][sel]], num_users=len(subset),
                                   pad_multiple=pad_multiple)
-        assert torch.equal(part, everyone[subset])
+        assert_rows_close(part, everyone[subset])
 
 
 def test_a_tiny_llama_with_its_rmsnorm_rule_matches_brute_force():
@@ -325,9 +338,11 @@ def _mlp_batch(seed=3, m=7, T=40, empty=(2,), gap=False):
 
 @pytest.mark.parametrize("gap", [False, True])
 @pytest.mark.parametrize("frozen", [None, "body.0.bias", "head.weight"])
-def test_the_linear_fast_path_and_strided_layout_equal_the_general_path_bit_for_bit(frozen, gap, monkeypatch):
+def test_the_linear_fast_path_and_strided_layout_equal_the_general_path(frozen, gap, monkeypatch):
     """MLPs (every trainable module an nn.Linear used once) take the fast path on the padded episodes
-    without gathering rows; the result is the general path's, bit for bit, users without rows included."""
+    without gathering rows; the result is the general path's to float32 rounding (1e-6 of each row's norm:
+    the two paths run products of different shapes), and a user without rows gets exact zeros (by
+    construction: nothing is ever added to its row)."""
     torch.manual_seed(0)
     policy = MLPPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(3))
     if frozen:
@@ -338,10 +353,13 @@ def test_the_linear_fast_path_and_strided_layout_equal_the_general_path_bit_for_
     with monkeypatch.context() as mp:
         _general_path(mp)
         general = per_user_gradients(policy, obs, actions, w)
-    assert torch.equal(fast, general)
-    with monkeypatch.context() as mp:  # a large output: the in-place general path, same bits
+    assert_rows_close(fast, general)
+    assert torch.equal(general[2], torch.zeros_like(general[2]))
+    with monkeypatch.context() as mp:  # a large output: the in-place general path
         mp.setattr("dppo.algos.per_user_grads.FAST_PATH_MAX_ELEMENTS", 0)
-        assert torch.equal(per_user_gradients(policy, obs, actions, w), fast)
+        in_place = per_user_gradients(policy, obs, actions, w)
+        assert_rows_close(in_place, fast)
+        assert torch.equal(in_place[2], torch.zeros_like(in_place[2]))
     assert torch.allclose(fast.double(), per_user_gradients_func(policy, obs, actions, w).double(), rtol=1e-4,
                           atol=1e-6)
 

@@ -42,6 +42,19 @@ CASES = [
     (["algo=dp_pg", "+env.kwargs.no_such_arg=1"], "unexpected keyword argument 'no_such_arg'"),
     (["algo=dp_pg", "users_per_round=100000000000"], "needs ~"),
     (["algo=dp_pg", "privacy.population_size=100000000000000", "rounds=2"], "population_size=100000000000000"),
+    # issue 20: each of these misbehaved (an internal error text, a failure after releases, a wrong hint)
+    (["algo=dp_pg", "env=riverswim"], "is a tabular MDP: use algo=ubev"),
+    (["policy=mlp", "env=prompts"], "text prompts as observations"),
+    (["delta=1e-300"], "delta=1e-300 is below 1e-100"),
+    (["algo=pucb", "env=riverswim", "privacy.multi_pass=true", "privacy.population_size=100"],
+     "makes pure-DP releases; use one-pass training"),
+    (["algo=dp_npg", "env=bandit", "users_per_round=500", "rounds=5"],
+     "needs 2500 more users but the env's population (ContextualBandit) has 2000"),
+    (["algo=dp_pg", "env=bandit", "policy=loglinear", "privacy.multi_pass=true", "privacy.population_size=3000",
+      "eps=8"], "privacy.population_size=3000 is larger than the env's population"),
+    (["algo=ubev", "env=riverswim", "privacy.population_size=50", "episodes=100"], "needs 100 more users"),
+    (["policy.init_users_offset=3"], "applies to policy.init_from"),
+    (["policy.init_from=/no/such/file.pt"], "neither a run directory nor a file"),
 ]
 
 
