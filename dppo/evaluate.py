@@ -71,7 +71,8 @@ def record_video(run, video_dir: str, episodes: int, greedy: bool) -> list[float
     return returns
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m dppo.evaluate``."""
     p = argparse.ArgumentParser(prog="python -m dppo.evaluate", description=__doc__.splitlines()[0])
     p.add_argument("run_dir", metavar="RUN", help="a run directory, or a policy.pt")
     p.add_argument("--episodes", type=int, default=None, help="held-out episodes (default: the run's eval_episodes)")
@@ -79,7 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--video", metavar="DIR", default=None,
                    help='record episodes to DIR (needs the video extra: pip install -e ".[video]")')
     p.add_argument("--video-episodes", type=int, default=1, help="how many episodes to record (default 1)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.episodes is not None and args.episodes < 1:
             raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")

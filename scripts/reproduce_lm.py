@@ -145,7 +145,8 @@ def write_report(args, sft, sft_greedy, settings, results, total) -> None:
         summary["settings"][str(eps)] = {"eval": vals.tolist(), "greedy": greedy.tolist(), "gain_kept": ratios}
     lines += ["", "Targets: eps = 8 keeps >= 0.9 of the non-private gain, eps = 3 >= 0.75.",
               f"Hyper-parameters (conf/experiment/lm_addition.yaml) were selected on seeds 100, 101, 102; this table "
-              f"reports seeds {', '.join(map(str, args.seeds))}.",
+              f"reports seeds {', '.join(map(str, args.seeds))}. Noise: seeded (`privacy.secure_rng=false`), so the "
+              "table reproduces on the machine that made it.",
               f"Per-run wall clock (the run's own): {np.mean([r['wall_time_s'] for r in results.values()]):.0f} s on "
               f"average."]
     with open(os.path.join(args.out, f"{args.name}.md"), "w") as f:
