@@ -67,7 +67,7 @@ class DPUBEV(TabularUCB):
         eps = privacy.eps if privacy is not None and privacy.private else None
         super().__init__(env, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
-                         failure_prob=failure_prob, reward_bound=reward_bound, counter_eps=None,
+                         failure_prob=failure_prob, reward_bound=reward_bound,
                          max_memory_gb=max_memory_gb, counter=counter, pool_steps=pool_steps,
                          pool_cap=pool_cap)
         self.eps = eps

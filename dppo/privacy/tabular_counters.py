@@ -99,6 +99,13 @@ class TabularLayout:
         """Joint L1 over the three sets: ``6 M`` per step h summed (6H), ``6 M`` pooled (<= 6H)."""
         return 6.0 * (self.mass if self.pooled else self.H)
 
+    @property
+    def streams_changed_per_set(self) -> float:
+        """Replacing one user changes a set's streams by at most this many per-stream clips in L1
+        (``l1_sensitivity / 3 / stream_max``): ``2H`` streams per step, each by at most 1."""
+        return self.l1_sensitivity / 3 / self.stream_max
+
+
     def increments(self, states, actions, rewards) -> tuple[list, list]:
         """One episode's (stream indices, values), aggregated so that each stream appears once."""
         S, A, k, cap = self.S, self.A, self.sa, self.cap
@@ -132,7 +139,7 @@ def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy):
     n = layout.num_streams
     if kind == "laplace_tree":
         delta_stream = layout.stream_max             # per-stream clip: 1 per step, the cap pooled
-        eps_stream = None if eps is None else eps * delta_stream / layout.l1_sensitivity
+        eps_stream = None if eps is None else laplace_stream_eps(eps, layout)
         return TreeCounter(n, capacity, eps_stream, sensitivity=delta_stream,
                            noise=privacy.noise if eps is not None else None)
     cls = COUNTERS[kind]
@@ -147,17 +154,37 @@ def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy):
     return counter
 
 
+def laplace_stream_eps(eps: float, layout: TabularLayout) -> float:
+    """Per-stream budget of the Laplace tree counters: ``eps Delta_stream / L1`` with ``L1`` the joint L1
+    sensitivity of the three sets (``layout.l1_sensitivity``), i.e. ``eps / (6H)`` per step (PUCB's): each
+    set's ``2H`` changed streams then compose to ``eps/3`` and the three sets to ``eps`` (basic composition)."""
+    return eps * layout.stream_max / layout.l1_sensitivity
+
+
+def reference_error_bound(counter: TreeCounter, layout: TabularLayout, eps: float, beta: float) -> float:
+    """PUCB's count-error bound (Vietri et al. 2020, REFERENCE.md section 2) for the Laplace tree counters:
+    ``E_eps = (3/eps) U ln((2SAH + S^2AH)/beta) ln(T)^{5/2}`` with ``U`` the streams of a set one user changes
+    (``2H`` under replace-one; the paper's ``H`` is add/remove), ``T`` the counter capacity, plus the
+    snapping error ``Lambda/2`` of the released values."""
+    S, A, H, T = layout.S, layout.A, layout.H, counter.capacity
+    touched = layout.streams_changed_per_set
+    return counter.snap_error + (3 / eps) * touched * math.log((2 * S * A * H + S * S * A * H) / beta) \
+        * math.log(T) ** 2.5
+
+
 def record_counter_releases(privacy, counter, layout: TabularLayout, users: int) -> None:
-    """Ledger entries (one per statistic set) for the whole continual release, before the first step."""
+    """Ledger entries (one per statistic set) for the whole continual release, before the first step: the one
+    release record of every tabular learner (UBEV's exact counts record nothing)."""
     if privacy is None or not privacy.private:
         return
     for name, size in zip(SETS, layout.set_sizes):
         if isinstance(counter, TreeCounter):
-            eps_set = privacy.eps / 3
-            privacy.release("tree_counter", round=0, users=users, eps=eps_set, delta=0.0, counter_set=name,
-                            streams=size, eps_per_stream=counter.eps_stream, noise_scale=counter.scale,
-                            sensitivity=layout.l1_sensitivity / 3, levels=counter.levels, capacity=counter.capacity,
-                            adjacency="replace_one", pooled=layout.pooled)
+            privacy.release("tree_counter", round=0, users=users, eps=privacy.eps / 3, delta=0.0, counter_set=name,
+                            streams=size, eps_per_stream=counter.eps_stream,
+                            streams_changed_per_user=layout.streams_changed_per_set, noise_scale=counter.scale,
+                            sensitivity=layout.l1_sensitivity / 3, node_sensitivity=counter.levels * counter.sensitivity,
+                            levels=counter.levels, capacity=counter.capacity, adjacency="replace_one",
+                            pooled=layout.pooled)
             continue
         from dppo.privacy.accountants.zcdp import zcdp_to_dp
 

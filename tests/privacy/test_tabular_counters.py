@@ -10,7 +10,7 @@ from dppo.errors import ConfigError
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
 from dppo.privacy.gaussian_counter import GaussianTreeCounter, SqrtFactorizationCounter
-from dppo.privacy.tabular_counters import TabularLayout, build_counter, record_counter_releases
+from dppo.privacy.tabular_counters import TabularLayout, build_counter, laplace_stream_eps, record_counter_releases
 from dppo.privacy.tree_counter import TreeCounter
 
 
@@ -78,3 +78,13 @@ def test_ledger_entries_compose_to_the_target_eps_in_zcdp(kind, pooled):
         assert e["sigma"] == pytest.approx(c.sigma)
     assert sum(e["rho"] for e in entries) == pytest.approx(c.rho)
     assert ctx.spent() == pytest.approx((2.0, 1e-5))
+
+
+def test_laplace_per_stream_budget_is_eps_over_6H_per_step_and_composes_to_eps():
+    """PUCB's eps/(6H): each of the three sets has 2H streams changed per user, each eps/(6H)-DP."""
+    for H in (1, 4, 20):
+        layout = TabularLayout(3, 2, H, pooled=False)
+        assert laplace_stream_eps(1.5, layout) == 1.5 / (6 * H)
+        assert 3 * layout.streams_changed_per_set * laplace_stream_eps(1.5, layout) == pytest.approx(1.5)
+    pooled = TabularLayout(3, 2, 4, pooled=True, pool_cap=2)
+    assert 3 * pooled.streams_changed_per_set * laplace_stream_eps(1.5, pooled) == pytest.approx(1.5)
