@@ -105,7 +105,6 @@ class TabularLayout:
         (``l1_sensitivity / 3 / stream_max``): ``2H`` streams per step, each by at most 1."""
         return self.l1_sensitivity / 3 / self.stream_max
 
-
     def increments(self, states, actions, rewards) -> tuple[list, list]:
         """One episode's (stream indices, values), aggregated so that each stream appears once."""
         S, A, k, cap = self.S, self.A, self.sa, self.cap
@@ -117,6 +116,29 @@ class TabularLayout:
             for j, v in ((i, float(r)), (k + i, 1.0), (2 * k + i * S + states[h + 1], 1.0)):
                 acc[j] = acc.get(j, 0.0) + v
         return list(acc), list(acc.values())
+
+
+def release_schedule(episodes: int, growth: float) -> list[int]:
+    """When the counters release: the (1-based) episode counts ``t_1 < t_2 < ... = T`` that end a block,
+    ``t_j = min(T, max(t_{j-1} + 1, ceil(growth t_{j-1})))`` from ``t_0 = 0`` - blocks of one episode while
+    ``t < 1/(growth - 1)``, then growing by the factor ``growth`` (``growth = 1``: after every episode).
+
+    The schedule is public (a function of T and growth only). Each block is one time step of the
+    continual counters (``add`` / ``close_step``): every user is in exactly one step, so the guarantee is
+    the one of one user per step, with ``B = len(schedule)`` steps instead of T - about
+    ``1/(g-1) + ln((g-1) T)/ln(g)`` (187 for T = 10^5 at g = 1.05, 234 for 10^6) - which lowers the counters' error
+    (``kappa`` and the release variance grow with the number of steps) and the number of releases a
+    union bound over the learner's plans has to cover.
+    """
+    if not growth >= 1:
+        raise ConfigError(f"block_growth must be >= 1, got {growth}")
+    if episodes < 1:
+        raise ConfigError(f"episodes must be >= 1, got {episodes}")
+    ends, t = [], 0
+    while t < episodes:
+        t = min(int(episodes), max(t + 1, math.ceil(t * growth)))
+        ends.append(t)
+    return ends
 
 
 def counter_kappa(kind: str, capacity: int) -> float:
@@ -132,8 +154,9 @@ def resolve_counter(kind: str) -> str:
     return GAUSSIAN_ALIASES.get(kind, kind)
 
 
-def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy):
-    """The counter over all streams of ``layout``; exact counts when ``privacy`` is off."""
+def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy, users: int | None = None):
+    """The counter over all streams of ``layout`` for ``capacity`` time steps holding ``users`` users in all
+    (default: one per step); exact counts when ``privacy`` is off."""
     kind = resolve_counter(kind)
     eps = privacy.eps if privacy is not None and privacy.private else None
     n = layout.num_streams
@@ -141,7 +164,7 @@ def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy):
         delta_stream = layout.stream_max             # per-stream clip: 1 per step, the cap pooled
         eps_stream = None if eps is None else laplace_stream_eps(eps, layout)
         return TreeCounter(n, capacity, eps_stream, sensitivity=delta_stream,
-                           noise=privacy.noise if eps is not None else None)
+                           noise=privacy.noise if eps is not None else None, users=users)
     cls = COUNTERS[kind]
     if eps is None:
         return cls(n, capacity, None, groups=layout.groups, group_mass=layout.group_mass,

@@ -10,7 +10,8 @@ from dppo.errors import ConfigError
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
 from dppo.privacy.gaussian_counter import GaussianTreeCounter, SqrtFactorizationCounter
-from dppo.privacy.tabular_counters import TabularLayout, build_counter, laplace_stream_eps, record_counter_releases
+from dppo.privacy.tabular_counters import (TabularLayout, build_counter, laplace_stream_eps, record_counter_releases,
+                                           release_schedule)
 from dppo.privacy.tree_counter import TreeCounter
 
 
@@ -78,6 +79,21 @@ def test_ledger_entries_compose_to_the_target_eps_in_zcdp(kind, pooled):
         assert e["sigma"] == pytest.approx(c.sigma)
     assert sum(e["rho"] for e in entries) == pytest.approx(c.rho)
     assert ctx.spent() == pytest.approx((2.0, 1e-5))
+
+
+@pytest.mark.parametrize("T,growth", [(1, 1.05), (50, 1.0), (1000, 1.05), (100000, 1.05), (12345, 1.5)])
+def test_release_schedule_blocks_grow_by_the_factor_and_end_at_T(T, growth):
+    ends = release_schedule(T, growth)
+    assert ends[-1] == T and all(b > a for a, b in zip([0] + ends, ends))
+    sizes = [b - a for a, b in zip([0] + ends, ends)]
+    for t0, size in zip([0] + ends[:-1], sizes[:-1]):
+        assert size == max(1, math.ceil(t0 * growth) - t0)       # one episode, or the growth factor
+    if growth == 1.0:
+        assert ends == list(range(1, T + 1))
+    if (T, growth) == (100000, 1.05):
+        assert len(ends) == 187                                   # what docs/tabular.md quotes
+    with pytest.raises(ConfigError):
+        release_schedule(T, 0.9)
 
 
 def test_laplace_per_stream_budget_is_eps_over_6H_per_step_and_composes_to_eps():
