@@ -19,6 +19,7 @@ writes into preallocated arrays and reads ``phi`` from a table indexed by the (i
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 
@@ -29,7 +30,7 @@ from dppo.algos.base import Learner
 from dppo.envs.tabular import TabularMDP, make_tabular
 from dppo.errors import ConfigError
 from dppo.privacy.tabular_counters import (TabularLayout, build_counter, record_counter_releases,
-                                           reference_error_bound, resolve_counter)
+                                           reference_error_bound, release_schedule, resolve_counter)
 from dppo.privacy.tree_counter import TreeCounter, tree_levels
 
 _UNVISITED_BONUS = 1e30   # stands for an infinite bonus (n = 0), finite so that 0 * bonus = 0
@@ -63,6 +64,11 @@ class TabularUCB(torch.nn.Module, Learner):
         failure_prob: the confidence parameter (delta of UBEV, beta of PUCB).
         reward_bound: native reward range ``[-reward_bound, reward_bound]`` of a model-free env.
         max_memory_gb: refuse (ConfigError) statistics tables larger than this.
+        counter, pool_steps, pool_cap: the counter and stream layout (``dppo.privacy.tabular_counters``).
+        block_growth: ``None`` releases the counters (and re-plans) after every episode; a growth factor
+            g > 1 releases after geometrically growing blocks of episodes
+            (``dppo.privacy.tabular_counters.release_schedule``): the counters then have one time step per
+            block and the policy is re-planned once per block.
     """
 
     name = "tabular_ucb"
@@ -70,7 +76,7 @@ class TabularUCB(torch.nn.Module, Learner):
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
                  reward_bound: float = 1.0, max_memory_gb: float = 4.0, counter: str = "laplace_tree",
-                 pool_steps: bool = False, pool_cap: int | None = None):
+                 pool_steps: bool = False, pool_cap: int | None = None, block_growth: float | None = None):
         torch.nn.Module.__init__(self)
         if episodes_per_round < 1:
             raise ConfigError(f"episodes_per_round must be >= 1, got {episodes_per_round}")
@@ -91,14 +97,22 @@ class TabularUCB(torch.nn.Module, Learner):
         self.counter_kind = resolve_counter(counter)
         streams = self.layout.num_streams
         private = privacy is not None and privacy.private
-        levels = tree_levels(self.T) if self.counter_kind != "gaussian_sqrt" else 64   # noise state rows
-        arrays = 2 + (0 if not private else 3 + levels)   # buffers + planning temporaries
+        # release times (1-based episode counts); None: after every episode
+        self.release_ends = None if block_growth is None else release_schedule(self.T, block_growth)
+        capacity = self.T if self.release_ends is None else len(self.release_ends)
+        levels = tree_levels(capacity) if self.counter_kind != "gaussian_sqrt" else 64   # noise state rows
+        arrays = 3 + (0 if not private else 3 + levels)   # buffers + planning temporaries
         need_gb = streams * arrays * 8 / 2 ** 30
         if need_gb > max_memory_gb:
             raise ConfigError(f"{self.name} on {getattr(self.mdp, 'name', 'this env')} (S={S}, A={A}, H={H}) needs "
                               f"~{need_gb:.1f} GB for its S^2 A H statistics; lower env.horizon (or raise "
                               f"algo.max_memory_gb={max_memory_gb})")
-        self.stats = build_counter(self.counter_kind, self.layout, self.T, privacy if private else None)
+        self.stats = build_counter(self.counter_kind, self.layout, capacity, privacy if private else None,
+                                   users=self.T)
+        self._next_release = 0              # index into release_ends of the open block
+        self._fed = 0                       # episodes fed to the counters
+        self._releases = 0                  # releases so far in this process (plan cache key)
+        self._plan_cache = None
         self.register_buffer("episode_regret", torch.full((self.T,), float("nan"), dtype=torch.float64))
         self.register_buffer("episode_return", torch.full((self.T,), float("nan"), dtype=torch.float64))
         self.episodes_done = 0
@@ -134,15 +148,43 @@ class TabularUCB(torch.nn.Module, Learner):
         return cache["views"]
 
     def _feed(self, states: list, actions: list, rewards: list) -> None:
-        """One user's episode into the counters: r to l(s,a,h), 1 to n(s,a,h) and m(s,a,s',h), 0 elsewhere."""
+        """One user's episode into the counters: r to l(s,a,h), 1 to n(s,a,h) and m(s,a,s',h), 0 elsewhere;
+        released at once, or at the end of its block (``block_growth``)."""
         if self.layout.pooled:
-            self.stats.step(*self.layout.increments(states, actions, rewards))
-            return
-        S, A, k = self.S, self.A, self.hsa
-        sa = [b + s * A + a for b, s, a in zip(self._feed_offsets, states, actions)]    # (h*S + s)*A + a
-        idx = sa + [k + i for i in sa] + [2 * k + i * S + s2 for i, s2 in zip(sa, states[1:])]
-        ones = self._feed_ones if len(sa) == self.H else [1.0] * (2 * len(sa))
-        self.stats.step(idx, list(rewards) + ones)
+            idx, vals = self.layout.increments(states, actions, rewards)
+        else:
+            S, A, k = self.S, self.A, self.hsa
+            sa = [b + s * A + a for b, s, a in zip(self._feed_offsets, states, actions)]    # (h*S + s)*A + a
+            idx = sa + [k + i for i in sa] + [2 * k + i * S + s2 for i, s2 in zip(sa, states[1:])]
+            ones = self._feed_ones if len(sa) == self.H else [1.0] * (2 * len(sa))
+            vals = list(rewards) + ones
+        d = self.__dict__                   # plain attributes: torch.nn.Module.__setattr__ is slow per episode
+        d["_fed"] = self._fed + 1
+        ends = self.release_ends
+        if ends is None:
+            self.stats.step(idx, vals)
+        else:
+            self.stats.add(idx, vals)
+            if self._fed < ends[self._next_release]:
+                return
+            self.stats.close_step()
+            d["_next_release"] = self._next_release + 1
+        d["_releases"] = self._releases + 1
+
+    def _steps_in(self, t0: int, t1: int) -> int:
+        """Counter time steps released by episodes t0 + 1 .. t1."""
+        if self.release_ends is None:
+            return t1 - t0
+        return bisect.bisect_right(self.release_ends, t1) - bisect.bisect_right(self.release_ends, t0)
+
+    def _current_plan(self):
+        """``_plan()`` of the current release, computed once per release (a block re-uses its plan)."""
+        cache = self._plan_cache
+        if cache is not None and cache[0] == self._releases:
+            return cache[1]
+        q = self._plan()
+        self.__dict__["_plan_cache"] = (self._releases, q)
+        return q
 
     # ---- planning ------------------------------------------------------------------------
     def _plan(self):
@@ -157,7 +199,7 @@ class TabularUCB(torch.nn.Module, Learner):
 
     def greedy_policy(self, jitter=None):
         """``pi[h, s] = argmax_a Q(s, a, h)``, ties broken by ``jitter`` (tiny uniform noise) if given."""
-        q = self._plan()
+        q = self._current_plan()
         if jitter is not None:
             q = q + jitter
         return q.argmax(-1)
@@ -167,7 +209,7 @@ class TabularUCB(torch.nn.Module, Learner):
         buf = self._jit_buf
         if buf is None or buf.shape != jitter.shape:
             buf = self._jit_buf = np.empty_like(jitter)
-        np.add(self._plan(), jitter, out=buf)
+        np.add(self._current_plan(), jitter, out=buf)
         return buf.argmax(axis=-1, out=out)
 
     def _jitter(self, n: int):
@@ -186,7 +228,7 @@ class TabularUCB(torch.nn.Module, Learner):
         K = min(self.K, self.T - self.episodes_done)
         if self.sampler is not None:
             self.sampler.take(K)            # one fresh user per episode (one-pass enforced)
-        self.stats.reserve(K)
+        self.stats.reserve(self._steps_in(self.episodes_done, self.episodes_done + K))
         model = isinstance(self.mdp, TabularMDP)
         # the round's uniforms, made lists episode by episode: no long-lived nested lists for the GC to scan
         U = self.mdp.uniforms(K, self.sim_gen).numpy() if model else None
@@ -258,6 +300,10 @@ class TabularUCB(torch.nn.Module, Learner):
 
     def set_extra_state(self, state: dict) -> None:
         self.episodes_done = int(state["episodes_done"])
+        self._fed = self.episodes_done                  # checkpoints are taken between rounds
+        self._next_release = 0 if self.release_ends is None else bisect.bisect_right(self.release_ends,
+                                                                                      self.episodes_done)
+        self._plan_cache = None
         self.sim_gen.set_state(state["sim_gen"])
         self.tie_gen.set_state(state["tie_gen"])
         self.eval_gen.set_state(state["eval_gen"])
