@@ -25,23 +25,40 @@ failure_prob / 2 split in thirds over the ``N = H_c S A B`` pair-releases the pl
   every direction at once, so the widths below stay valid although V and the empirical means depend on
   the noise (every plan reads all released counts).
 
-On that event (probability >= 1 - beta) a pair with ``n~ > E`` has ``n >= n_lo = n~ - E > 0``, and:
+The visits are estimated by ``n^ = (1 - b) n~ + b M~`` with ``M~ = sum_s' m~`` (every kept visit records
+one transition, so ``sum_s' m = n`` exactly): with ``b = 1/(S+1)`` (inverse-variance weights; ``M~`` has
+variance ``S sigma_t^2``) its error ``xi^ = (1 - b) xi_n + b sum xi_m`` has std ``s sigma_t``,
+``s^2 = (1 - b)^2 + b^2 S = S/(S+1)`` (``b = 0``: the released visits alone, as with exact counts).
 
-* reward: ``l~/n~ - l/n = (xi_l - r xi_n) / n~`` with ``r = l/n in [0, rbar]``,
+* ``|xi^| <= E = z s sigma_t + rounding``, z the two-sided normal union quantile (``gaussian_union_quantile``);
+* ``||(xi_l, xi^/s)||_2 <= q_2 sigma_t`` (two independent fixed functionals of the noise) and
+  ``||(xi_m, xi_n)||_2 <= q_{S+1} sigma_t``, q_k the union quantile of a chi distribution with k degrees of
+  freedom (``chi_union_quantile``). A norm bound holds in every direction at once, so the widths below stay
+  valid although V and the empirical means depend on the noise (every plan reads all released counts).
+
+On that event (probability >= 1 - beta) a pair with ``n^ > E`` has ``n >= n_lo = n^ - E > 0``, and:
+
+* reward: ``l~/n^ - l/n = (xi_l - r xi^) / n^`` with ``r = l/n in [0, rbar]``,
   ``rbar = min(1, (max(l~, 0) + q_2 sigma_t + Lambda/2) / n_lo)``, so
-  ``|l~/n~ - l/n| <= (q_2 sigma_t sqrt(1 + rbar^2) + Lambda/2 (1 + rbar)) / n~``;
+  ``|l~/n^ - l/n| <= (q_2 sigma_t sqrt(1 + s^2 rbar^2) + rounding) / n^``;
 * next state, with ``c = min V_{h+1}``, ``W = V_{h+1} - c >= 0``, ``w = max W`` (the span): the twin's
-  ``m.V/n = c + m.W/n`` (each kept visit records one transition, ``sum_s' m = n``), and the learner uses
-  ``c + m~.W/n~``; the difference is ``<(xi_m, xi_n), (W, -m.W/n)> / n~`` with ``0 <= m.W/n <= w``, so
-  ``|.| <= (q_{S+1} sigma_t sqrt(||W||_2^2 + w^2) + Lambda/2 (S + 1) w) / n~`` (Cauchy-Schwarz);
+  ``m.V/n = c + m.W/n``, and the learner uses ``c + m~.W/n^``; the difference is
+  ``<(xi_m, xi_n), (W - p b 1, -p (1 - b))> / n^`` with ``p = m.W/n in [0, w]``; the squared norm of that
+  direction, ``||W||^2 - 2 p b sum W + p^2 s^2``, is convex in p, so at most its value at p = 0 or p = w, and
+  ``|.| <= (q_{S+1} sigma_t sqrt(max(||W||^2, ||W||^2 - 2 w b sum W + w^2 s^2)) + rounding) / n^``
+  (Cauchy-Schwarz);
 * UBEV's bonus ``phi(n) = sqrt((2 ln ln max(e, n) + ln(18 S A H / delta)) / n)`` is decreasing in n,
   so it is taken at the lower count ``n_lo``.
 
-Plan: ``Q_h = min(1, l~/n~ + phi + reward width) + min(max V_{h+1}, c + m~.W/n~ + (H - h) phi + next-state
-width)`` for an open pair (``n~ > E``); a closed pair is treated as unvisited (``Q_h = 1 + max V_{h+1}``,
+The rounding of the released entries to the grid adds at most ``Lambda/2`` per entry: ``Lambda/2 ((1 - b) +
+b S)`` to E, ``Lambda/2 (1 + rbar (1 + S))`` to the reward width and ``Lambda/2 (2S + 1) w`` to the
+next-state width (all divided by ``n^``).
+
+Plan: ``Q_h = min(1, l~/n^ + phi + reward width) + min(max V_{h+1}, c + m~.W/n^ + (H - h) phi + next-state
+width)`` for an open pair (``n^ > E``); a closed pair is treated as unvisited (``Q_h = 1 + max V_{h+1}``,
 UBEV's rule). The widths only add to the twin's UBEV bounds, so wherever UBEV's own confidence set holds
 for the twin's (pooled) statistics, the plan is optimistic. With ``counter=laplace_tree`` E is the tree's
-uniform entrywise bound and the widths use it entrywise (``E (1 + rbar)``, ``E (S + 1) w``).
+uniform entrywise bound, ``b = 0``, and the widths use it entrywise (``E (1 + rbar)``, ``E (S + 1) w``).
 
 With exact counts (``eps=null``: no widths), ``pool_steps=false`` and ``block_growth=null`` this is UBEV
 (Dann et al. 2017) on the same counts. Guarantee relied upon: the privacy guarantee is proved (counter +
@@ -52,6 +69,7 @@ widths are UBEV's with the noise added, not a new analysis: treat the regret as 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -59,6 +77,23 @@ from dppo.algos.ucb import _UNVISITED_BONUS, TabularUCB
 from dppo.privacy.gaussian_counter import GRID, chi_union_quantile, gaussian_union_quantile
 from dppo.privacy.tabular_counters import record_counter_releases
 from dppo.privacy.tree_counter import TreeCounter
+
+
+class Widths(NamedTuple):
+    """Coefficients of the confidence widths of one release (module docstring): gate ``E``; reward
+    ``sqrt(r_noise^2 + (r_noise_n rbar)^2) + r_round + r_round_n rbar``; next state
+    ``t_noise sqrt(max(||W||^2, ||W||^2 - 2 w mix sum W + w^2 s2)) + t_round w``; all over ``n^``, the visits
+    estimate ``(1 - mix) n~ + mix sum_s' m~``."""
+
+    E: float = 0.0
+    r_noise: float = 0.0
+    r_noise_n: float = 0.0
+    r_round: float = 0.0
+    r_round_n: float = 0.0
+    t_noise: float = 0.0
+    t_round: float = 0.0
+    mix: float = 0.0
+    s2: float = 1.0
 
 
 class DPUBEV(TabularUCB):
@@ -71,6 +106,8 @@ class DPUBEV(TabularUCB):
             the per-user sensitivity is ``sqrt(6 cap H)`` (``dppo.privacy.tabular_counters``).
         block_growth: release the counters after blocks of episodes growing by this factor (null: after
             every episode); the policy is re-planned once per block.
+        max_block: the longest block in episodes (null: no limit): a plan that explores a poor action
+            costs at most that many episodes before the next release.
     """
 
     name = "dp_ubev"
@@ -78,12 +115,14 @@ class DPUBEV(TabularUCB):
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
                  reward_bound: float = 1.0, counter: str = "gaussian", pool_steps: bool = True,
-                 pool_cap: int | None = 1, block_growth: float | None = 1.05, max_memory_gb: float = 4.0):
+                 pool_cap: int | None = 1, block_growth: float | None = 1.05, max_block: int | None = None,
+                 max_memory_gb: float = 4.0):
         eps = privacy.eps if privacy is not None and privacy.private else None
         super().__init__(env, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
                          failure_prob=failure_prob, reward_bound=reward_bound, max_memory_gb=max_memory_gb,
-                         counter=counter, pool_steps=pool_steps, pool_cap=pool_cap, block_growth=block_growth)
+                         counter=counter, pool_steps=pool_steps, pool_cap=pool_cap, block_growth=block_growth,
+                         max_block=max_block)
         self.eps = eps
         self.private = eps is not None
         self.delta_ubev = self.failure_prob / 2 if self.private else self.failure_prob
@@ -93,6 +132,7 @@ class DPUBEV(TabularUCB):
         self.pair_releases = Hc * self.S * self.A * self.releases       # (pair, release) the plans read
         self.laplace = isinstance(self.stats, TreeCounter)
         self.z = self.q_reward = self.q_next = 0.0
+        self.mix = 0.0                  # weight of M~ = sum_s' m~ in the visits estimate (module docstring)
         self._laplace_E = 0.0
         if self.private and self.laplace:
             self._laplace_E = self.stats.error_bound(self.beta, uniform=True)
@@ -100,6 +140,7 @@ class DPUBEV(TabularUCB):
             self.z = gaussian_union_quantile(self.beta / 3, self.pair_releases)
             self.q_reward = chi_union_quantile(self.beta / 3, self.pair_releases, 2)
             self.q_next = chi_union_quantile(self.beta / 3, self.pair_releases, self.S + 1)
+            self.mix = 1.0 / (self.S + 1)
         self._plan_state = None
 
     @classmethod
@@ -140,36 +181,44 @@ class DPUBEV(TabularUCB):
             return float("nan")
         return self.stats.release_std()
 
+    def _visit_std_factor(self) -> tuple[float, float]:
+        """(s, rounding factor) of the visits estimate: ``s = sqrt((1 - b)^2 + b^2 S)``, ``(1 - b) + b S``."""
+        b, S = self.mix, self.S
+        return math.sqrt((1 - b) ** 2 + b * b * S), (1 - b) + b * S
+
     def count_error_bound(self) -> float:
-        """E for the current release: ``z sigma_t + Lambda/2`` (Gaussian), the tree's uniform bound (Laplace)."""
-        if not self.private:
-            return 0.0
-        if self.laplace:
-            return self._laplace_E
-        return self.z * self.stats.release_std() + GRID / 2
+        """E for the current release: ``z s sigma_t + rounding`` (Gaussian), the tree's uniform bound (Laplace)."""
+        return self.widths().E
 
     def final_count_error_bound(self) -> float:
         """E at the last release (the largest Gaussian release std over the run for the factorization)."""
         if not self.private or self.laplace:
             return self.count_error_bound()
-        return self.z * self.stats.release_std(self.releases) + GRID / 2
+        s, rs = self._visit_std_factor()
+        return self.z * s * self.stats.release_std(self.releases) + GRID / 2 * rs
 
-    def widths(self) -> tuple[float, float, float, float, float]:
-        """``(E, reward norm, reward span, next-state norm, next-state span)`` of the current release: the
-        coefficients of the module docstring's widths (``q_2 sigma_t``, ``Lambda/2``, ``q_{S+1} sigma_t``,
-        ``Lambda/2 (S + 1)``; Laplace: ``0, E, 0, E (S + 1)``)."""
+    def widths(self) -> Widths:
+        """The width coefficients of the current release (module docstring; ``Widths``)."""
         if not self.private:
-            return 0.0, 0.0, 0.0, 0.0, 0.0
+            return Widths()
         S = self.S
         if self.laplace:
             E = self._laplace_E
-            return E, 0.0, E, 0.0, E * (S + 1)
+            return Widths(E=E, r_round=E, r_round_n=E, t_round=E * (S + 1))
         std = self.stats.release_std()
-        return self.z * std + GRID / 2, self.q_reward * std, GRID / 2, self.q_next * std, GRID / 2 * (S + 1)
+        s, rs = self._visit_std_factor()
+        return Widths(E=self.z * s * std + GRID / 2 * rs, r_noise=self.q_reward * std, r_noise_n=self.q_reward * s * std,
+                      r_round=GRID / 2, r_round_n=GRID / 2 * (1 + S), t_noise=self.q_next * std,
+                      t_round=GRID / 2 * (2 * S + 1), mix=self.mix, s2=s * s)
+
+    def visits_estimate(self) -> np.ndarray:
+        """``n^ = (1 - b) n~ + b sum_s' m~`` [Hc, S, A] from the released counts."""
+        _, n, m = self.released_stats()
+        return n if self.mix == 0 else (1 - self.mix) * n + self.mix * m.sum(-1)
 
     def gate_open_fraction(self) -> float:
-        """Share of released (s, a[, h]) with ``n~ > E`` (computed from released counts only)."""
-        _, n, _ = self.released_stats()
+        """Share of released (s, a[, h]) with ``n^ > E`` (computed from released counts only)."""
+        n = self.visits_estimate()
         return float((n > self.count_error_bound()).sum()) / n.size
 
     def train_round(self, round_idx: int) -> dict:
@@ -189,15 +238,15 @@ class DPUBEV(TabularUCB):
         st = self._plan_state
         if st is None or st.n is not n:
             st = self._plan_state = _PlanArrays(l, n, m, self.H)
-        return st.plan(self._log_term(), *self.widths(), self.private)
+        return st.plan(self._log_term(), self.widths(), self.private)
 
 
 class _PlanArrays:
     """Work arrays of DP-UBEV's backward induction (allocated once; NumPy on CPU).
 
-    Per plan: ``aug[hc] = [m~/n~ | phi | t_norm/n~ | t_span/n~]`` ([S*A, S + 3]) so that one mat-vec with
-    ``[W_{h+1}, H - h, sqrt(||W_{h+1}||^2 + w^2), w]`` gives the whole next-state term but ``c`` of every
-    (s, a); closed pairs get ``m~/n~ = 0`` and ``phi = _UNVISITED_BONUS``.
+    Per plan: ``aug[hc] = [m~/n^ | phi | t_noise/n^ | t_round/n^]`` ([S*A, S + 3]) so that one mat-vec with
+    ``[W_{h+1}, H - h, sqrt(max(||W||^2, ||W||^2 - 2 w mix sum W + w^2 s2)), w]`` gives the whole next-state
+    term but ``c`` of every (s, a); closed pairs get ``m~/n^ = 0`` and ``phi = _UNVISITED_BONUS``.
     """
 
     def __init__(self, l, n, m, H: int):
@@ -215,14 +264,17 @@ class _PlanArrays:
         self.small = S * A <= 64                        # scalar elementwise steps (``_induct_scalar``)
         self.va_mv, self.y_mv = memoryview(self.va), memoryview(self.y)
         self.rows = [None] * H
+        self.mix, self.s2 = 0.0, 1.0
 
-    def plan(self, log_term: float, E: float, r_norm: float, r_span: float, t_norm: float, t_span: float,
-             private: bool) -> np.ndarray:
+    def plan(self, log_term: float, wd: Widths, private: bool) -> np.ndarray:
         Hc, S, A = self.Hc, self.S, self.A
         n = self.n.reshape(Hc, S * A)
         l = self.l.reshape(Hc, S * A)
         m = self.m.reshape(Hc, S * A, S)
-        n_lo = n - E
+        if wd.mix:                                      # n^ = (1 - b) n~ + b M~
+            n = (1 - wd.mix) * n + wd.mix * m.sum(-1)
+        self.mix, self.s2 = wd.mix, wd.s2
+        n_lo = n - wd.E
         open_ = n_lo > 0
         lo = np.where(open_, n_lo, 1.0)
         phi = np.sqrt((2 * np.log(np.log(np.maximum(lo, math.e))) + log_term) / lo)
@@ -233,11 +285,11 @@ class _PlanArrays:
         aug[..., S] = phi
         r = self.r
         np.multiply(l, inv, out=r)
-        if private:                                     # (r_norm sqrt(1 + rbar^2) + r_span (1 + rbar)) / n~
-            aug[..., S + 1] = t_norm * inv
-            aug[..., S + 2] = t_span * inv
-            rbar = np.minimum((np.maximum(l, 0.0) + r_norm + r_span) / lo, 1.0)
-            r += (r_norm * np.sqrt(1.0 + rbar * rbar) + r_span * (1.0 + rbar)) * inv
+        if private:                                     # the reward width (module docstring) / n^
+            aug[..., S + 1] = wd.t_noise * inv
+            aug[..., S + 2] = wd.t_round * inv
+            rbar = np.minimum((np.maximum(l, 0.0) + wd.r_noise + wd.r_round) / lo, 1.0)
+            r += (np.sqrt(wd.r_noise ** 2 + (wd.r_noise_n * rbar) ** 2) + wd.r_round + wd.r_round_n * rbar) * inv
         r += phi
         np.minimum(r, 1.0, out=r)
         if self.small:
@@ -255,6 +307,7 @@ class _PlanArrays:
         cols = self.cols
         dot, minimum, maximum, add = np.dot, np.minimum, np.maximum, np.add
         vmax_r, vmin_r, sqrt = np.maximum.reduce, np.minimum.reduce, math.sqrt
+        mix, s2 = self.mix, self.s2
         c = vmax = 0.0
         for h in range(H - 1, -1, -1):
             hc = 0 if Hc == 1 else h
@@ -271,7 +324,8 @@ class _PlanArrays:
             c = float(vmin_r(W))
             W -= c
             w = vmax - c
-            va[S + 1] = sqrt(float(dot(W, W)) + w * w)
+            ww = float(dot(W, W))
+            va[S + 1] = sqrt(max(ww, ww - 2 * w * mix * float(W.sum()) + w * w * s2))
             va[S + 2] = w
         return Q
 
@@ -290,6 +344,7 @@ class _PlanArrays:
         rows = self.rows
         pairs = A == 2
         starts = range(0, SA, A)
+        mix, s2 = self.mix, self.s2
         c = vmax = 0.0
         for h in range(H - 1, -1, -1):
             hc = 0 if Hc == 1 else h
@@ -306,7 +361,8 @@ class _PlanArrays:
             for i, x in enumerate(v):                   # W = V_h - min V_h, into va[:S]
                 vmv[i] = x - c
             w = vmax - c
-            vmv[S + 1] = sqrt(float(dot(W, W)) + w * w)
+            ww = float(dot(W, W))
+            vmv[S + 1] = sqrt(max(ww, ww - 2 * w * mix * float(W.sum()) + w * w * s2))
             vmv[S + 2] = w
         self.Q2[:] = rows
         return self.Q

@@ -69,6 +69,7 @@ class TabularUCB(torch.nn.Module, Learner):
             g > 1 releases after geometrically growing blocks of episodes
             (``dppo.privacy.tabular_counters.release_schedule``): the counters then have one time step per
             block and the policy is re-planned once per block.
+        max_block: with ``block_growth``, the longest block (episodes); null: no limit.
     """
 
     name = "tabular_ucb"
@@ -76,7 +77,8 @@ class TabularUCB(torch.nn.Module, Learner):
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
                  reward_bound: float = 1.0, max_memory_gb: float = 4.0, counter: str = "laplace_tree",
-                 pool_steps: bool = False, pool_cap: int | None = None, block_growth: float | None = None):
+                 pool_steps: bool = False, pool_cap: int | None = None, block_growth: float | None = None,
+                 max_block: int | None = None):
         torch.nn.Module.__init__(self)
         if episodes_per_round < 1:
             raise ConfigError(f"episodes_per_round must be >= 1, got {episodes_per_round}")
@@ -98,7 +100,7 @@ class TabularUCB(torch.nn.Module, Learner):
         streams = self.layout.num_streams
         private = privacy is not None and privacy.private
         # release times (1-based episode counts); None: after every episode
-        self.release_ends = None if block_growth is None else release_schedule(self.T, block_growth)
+        self.release_ends = None if block_growth is None else release_schedule(self.T, block_growth, max_block)
         capacity = self.T if self.release_ends is None else len(self.release_ends)
         levels = tree_levels(capacity) if self.counter_kind != "gaussian_sqrt" else 64   # noise state rows
         arrays = 3 + (0 if not private else 3 + levels)   # buffers + planning temporaries

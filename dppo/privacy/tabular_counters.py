@@ -118,10 +118,11 @@ class TabularLayout:
         return list(acc), list(acc.values())
 
 
-def release_schedule(episodes: int, growth: float) -> list[int]:
+def release_schedule(episodes: int, growth: float, max_block: int | None = None) -> list[int]:
     """When the counters release: the (1-based) episode counts ``t_1 < t_2 < ... = T`` that end a block,
-    ``t_j = min(T, max(t_{j-1} + 1, ceil(growth t_{j-1})))`` from ``t_0 = 0`` - blocks of one episode while
-    ``t < 1/(growth - 1)``, then growing by the factor ``growth`` (``growth = 1``: after every episode).
+    ``t_j = min(T, t_{j-1} + max_block, max(t_{j-1} + 1, ceil(growth t_{j-1})))`` from ``t_0 = 0`` - blocks of
+    one episode while ``t < 1/(growth - 1)``, then growing by the factor ``growth`` up to ``max_block``
+    episodes (``growth = 1``: after every episode).
 
     The schedule is public (a function of T and growth only). Each block is one time step of the
     continual counters (``add`` / ``close_step``): every user is in exactly one step, so the guarantee is
@@ -134,9 +135,12 @@ def release_schedule(episodes: int, growth: float) -> list[int]:
         raise ConfigError(f"block_growth must be >= 1, got {growth}")
     if episodes < 1:
         raise ConfigError(f"episodes must be >= 1, got {episodes}")
+    if max_block is not None and max_block < 1:
+        raise ConfigError(f"max_block must be >= 1 (or null), got {max_block}")
+    cap = math.inf if max_block is None else int(max_block)
     ends, t = [], 0
     while t < episodes:
-        t = min(int(episodes), max(t + 1, math.ceil(t * growth)))
+        t = int(min(episodes, t + cap, max(t + 1, math.ceil(t * growth))))
         ends.append(t)
     return ends
 

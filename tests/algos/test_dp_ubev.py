@@ -69,14 +69,17 @@ def test_error_bound_uses_the_exact_release_std_and_the_union_over_used_releases
     L.train_round(0)
     steps = sum(e <= 500 for e in ends)
     assert L.stats.steps_done == steps
-    N = L.S * L.A * len(ends)
+    N, S = L.S * L.A * len(ends), L.S
     z = gaussian_union_quantile(L.beta / 3, N)
     std = L.stats.release_std(steps)
-    assert L.count_error_bound() == pytest.approx(z * std + GRID / 2)
-    E, r_norm, r_span, t_norm, t_span = L.widths()
-    assert r_norm == pytest.approx(chi_union_quantile(L.beta / 3, N, 2) * std)
-    assert t_norm == pytest.approx(chi_union_quantile(L.beta / 3, N, L.S + 1) * std)
-    assert (r_span, t_span) == (GRID / 2, GRID / 2 * (L.S + 1))
+    s = math.sqrt(S / (S + 1))                      # std factor of n^ = (S n~ + sum m~) / (S + 1)
+    assert L.mix == 1 / (S + 1)
+    assert L.count_error_bound() == pytest.approx(z * s * std + GRID / 2 * (2 * S / (S + 1)))
+    wd = L.widths()
+    assert wd.r_noise == pytest.approx(chi_union_quantile(L.beta / 3, N, 2) * std)
+    assert wd.r_noise_n == pytest.approx(wd.r_noise * s) and wd.s2 == pytest.approx(s * s)
+    assert wd.t_noise == pytest.approx(chi_union_quantile(L.beta / 3, N, S + 1) * std)
+    assert (wd.r_round, wd.t_round) == (GRID / 2, GRID / 2 * (2 * S + 1))
 
 
 @pytest.mark.parametrize("counter", ["gaussian", "gaussian_tree", "laplace_tree"])
@@ -97,18 +100,20 @@ def test_widths_cover_the_noise_actually_added_at_every_release(counter):
                 k = L.layout.sa
                 ex = L.stats.counts.numpy()
                 el, en, em = ex[:k].reshape(-1, 1), ex[k:2 * k].reshape(-1, 1), ex[2 * k:].reshape(k, S)
-                E, r_norm, r_span, t_norm, t_span = L.widths()
-                assert (np.abs(n - en) <= E).all()
-                ok = (n[:, 0] > E) & (en[:, 0] > 0)
-                lo = n[:, 0] - E
-                for W in (rng.uniform(0, 3, S), np.zeros(S), np.eye(S)[0] * 4.0):
-                    w = W.max()
-                    gap = np.abs(m @ W / n[:, 0] - em @ W / np.maximum(en[:, 0], 1))
-                    width = (t_norm * math.sqrt(W @ W + w * w) + t_span * w) / n[:, 0]
+                wd = L.widths()
+                nh = L.visits_estimate().reshape(-1, 1)            # n^, what the plan divides by
+                assert (np.abs(nh - en) <= wd.E).all()
+                ok = (nh[:, 0] > wd.E) & (en[:, 0] > 0)
+                lo, nh = nh[:, 0] - wd.E, nh[:, 0]
+                for W in (rng.uniform(0, 3, S), np.zeros(S), np.eye(S)[0] * 4.0, np.ones(S)):
+                    w, ww = W.max(), W @ W
+                    gap = np.abs(m @ W / nh - em @ W / np.maximum(en[:, 0], 1))
+                    norm = math.sqrt(max(ww, ww - 2 * w * wd.mix * W.sum() + w * w * wd.s2))
+                    width = (wd.t_noise * norm + wd.t_round * w) / nh
                     assert (gap[ok] <= width[ok] + 1e-9).all()
-                rbar = np.minimum((np.maximum(l[:, 0], 0) + r_norm + r_span) / lo, 1.0)
-                gap = np.abs(l[:, 0] / n[:, 0] - el[:, 0] / np.maximum(en[:, 0], 1))
-                width = (r_norm * np.sqrt(1 + rbar ** 2) + r_span * (1 + rbar)) / n[:, 0]
+                rbar = np.minimum((np.maximum(l[:, 0], 0) + wd.r_noise + wd.r_round) / lo, 1.0)
+                gap = np.abs(l[:, 0] / nh - el[:, 0] / np.maximum(en[:, 0], 1))
+                width = (np.sqrt(wd.r_noise ** 2 + (wd.r_noise_n * rbar) ** 2) + wd.r_round + wd.r_round_n * rbar) / nh
                 assert (gap[ok] <= width[ok] + 1e-9).all()
             seen += int(ok.sum())
         assert seen > 0

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dppo.algos import dp_ubev
-from dppo.algos.dp_ubev import DPUBEV, _PlanArrays
+from dppo.algos.dp_ubev import DPUBEV, Widths, _PlanArrays
 from dppo.envs.tabular import random_mdp, riverswim
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
@@ -20,11 +20,13 @@ from dppo.privacy.accountants import make_accountant
 UNVISITED = 1e30
 
 
-def reference_plan(l, n, m, H, log_term, E, r_norm, r_span, t_norm, t_span, private):
+def reference_plan(l, n, m, H, log_term, wd, private):
     """Q [H, S, A] of DP-UBEV from released (l~, n~, m~) [Hc, S, A(, S)] (Hc = 1: pooled)."""
     Hc, S, A = n.shape
     n, l, m = n.reshape(Hc, S * A), l.reshape(Hc, S * A), m.reshape(Hc, S * A, S)
-    n_lo = n - E
+    if wd.mix:
+        n = (1 - wd.mix) * n + wd.mix * m.sum(-1)
+    n_lo = n - wd.E
     open_ = n_lo > 0
     lo = np.where(open_, n_lo, 1.0)
     phi = np.where(open_, np.sqrt((2 * np.log(np.log(np.maximum(lo, math.e))) + log_term) / lo), UNVISITED)
@@ -34,10 +36,10 @@ def reference_plan(l, n, m, H, log_term, E, r_norm, r_span, t_norm, t_span, priv
     aug[..., S] = phi
     r = l * inv
     if private:
-        aug[..., S + 1] = t_norm * inv
-        aug[..., S + 2] = t_span * inv
-        rbar = np.minimum((np.maximum(l, 0.0) + r_norm + r_span) / lo, 1.0)
-        r = r + (r_norm * np.sqrt(1.0 + rbar * rbar) + r_span * (1.0 + rbar)) * inv
+        aug[..., S + 1] = wd.t_noise * inv
+        aug[..., S + 2] = wd.t_round * inv
+        rbar = np.minimum((np.maximum(l, 0.0) + wd.r_noise + wd.r_round) / lo, 1.0)
+        r = r + (np.sqrt(wd.r_noise ** 2 + (wd.r_noise_n * rbar) ** 2) + wd.r_round + wd.r_round_n * rbar) * inv
     r = np.minimum(r + phi, 1.0)
     Q = np.empty((H, S, A))
     va = np.zeros(S + 3)
@@ -50,7 +52,8 @@ def reference_plan(l, n, m, H, log_term, E, r_norm, r_span, t_norm, t_span, priv
         vmax, c = float(V.max()), float(V.min())
         W = V - c
         w = vmax - c
-        va = np.concatenate([W, [0.0, math.sqrt(float(np.dot(W, W)) + w * w), w]])
+        ww = float(np.dot(W, W))
+        va = np.concatenate([W, [0.0, math.sqrt(max(ww, ww - 2 * w * wd.mix * float(np.sum(W)) + w * w * wd.s2)), w]])
     return Q
 
 
@@ -71,9 +74,13 @@ def test_planner_matches_reference_bit_for_bit_on_random_counts(small):
         scale = 10 ** rng.uniform(0, 5)
         l, n, m = _random_counts(rng, S, A, Hc, scale, integer=rng.random() < 0.3)
         private = bool(rng.random() < 0.8)
-        widths = (tuple(float(rng.uniform(0, hi)) for hi in (scale, scale, 3, scale, 3)) if private
-                  else (0.0,) * 5)
-        args = (float(rng.uniform(1, 10)), *widths, private)
+        if private:
+            mix = float(rng.choice([0.0, 1.0 / (S + 1), rng.uniform(0, 1)]))
+            wd = Widths(*(float(rng.uniform(0, hi)) for hi in (scale, scale, scale, 3, 3, scale, 3)), mix=mix,
+                        s2=(1 - mix) ** 2 + mix * mix * S)
+        else:
+            wd = Widths()
+        args = (float(rng.uniform(1, 10)), wd, private)
         planner = _PlanArrays(l, n, m, H)
         planner.small = small
         want = reference_plan(l, n, m, H, *args)

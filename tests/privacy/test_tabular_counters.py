@@ -94,6 +94,10 @@ def test_release_schedule_blocks_grow_by_the_factor_and_end_at_T(T, growth):
         assert len(ends) == 187                                   # what docs/tabular.md quotes
     with pytest.raises(ConfigError):
         release_schedule(T, 0.9)
+    capped = release_schedule(T, growth, max_block=7)
+    assert capped[-1] == T and max(b - a for a, b in zip([0] + capped, capped)) <= 7
+    short = next((i for i, size in enumerate(sizes) if size > 7), len(ends))
+    assert capped[:short] == ends[:short]                         # the same schedule until blocks reach the cap
 
 
 def test_laplace_per_stream_budget_is_eps_over_6H_per_step_and_composes_to_eps():
