@@ -53,10 +53,12 @@ ENVS = {
 EVERY_EPISODE = {"block_growth": None}
 BEST_TWIN = {"block_growth": None, "pool_cap": 3}   # the best non-private DP-UBEV on seeds 100-102 (RiverSwim, T=1e5)
 PER_STEP = {"pool_steps": False}
+EQUAL_NOISE = {"set_noise": (1.0, 1.0, 1.0)}        # ablation: the same noise on rewards, visits and transitions
 DP_CORE = [("ubev", None, {}), ("dp_ubev", None, {}), ("dp_ubev", None, EVERY_EPISODE), ("dp_ubev", None, BEST_TWIN),
            ("dp_ubev", 1.0, {}), ("dp_ubev", 5.0, {})]
 GRIDS = {
-    "riverswim_h10": dict(env="riverswim", H=10, T=[100000, 1000000], seeds=SEEDS, learners=DP_CORE),
+    "riverswim_h10": dict(env="riverswim", H=10, T=[100000, 1000000], seeds=SEEDS,
+                          learners=DP_CORE + [("dp_ubev", 1.0, EQUAL_NOISE), ("dp_ubev", 5.0, EQUAL_NOISE)]),
     "riverswim_h10_pucb": dict(env="riverswim", H=10, T=[100000], seeds=SEEDS,
                                learners=[("pucb", None, {}), ("pucb", 1.0, {}), ("pucb", 5.0, {})]),
     "random_mdp_h10": dict(env="random_mdp", H=10, T=[100000], seeds=SEEDS, learners=DP_CORE),
@@ -77,6 +79,8 @@ def tag(algo: str, eps, kw: dict) -> str:
             name += "_every_episode"
         elif (k, v) == ("pool_steps", False):
             name += "_per_step"
+        elif k == "set_noise":
+            name += "_equal_noise" if tuple(v) == (1.0, 1.0, 1.0) else "_noise" + "-".join(f"{x:g}" for x in v)
         else:
             name += f"_{k}{v}"
     return name
@@ -86,7 +90,7 @@ def twin_tag(r: dict) -> str | None:
     """Tag of the run's non-private twin (the same learner and keys with eps=null); None for a non-private run."""
     if r["eps"] is None:
         return None
-    return tag(r["algo"], None, r["kw"])
+    return tag(r["algo"], None, {k: v for k, v in r["kw"].items() if k != "set_noise"})   # no noise, no multipliers
 
 
 def run_one(env: str, H: int, algo: str, eps, seed: int, T: int, kw: dict) -> dict:

@@ -70,6 +70,8 @@ class TabularUCB(torch.nn.Module, Learner):
             (``dppo.privacy.tabular_counters.release_schedule``): the counters then have one time step per
             block and the policy is re-planned once per block.
         max_block: with ``block_growth``, the longest block (episodes); null: no limit.
+        set_noise: Gaussian counters, noise multipliers of the (rewards, visits, transitions) sets
+            (``dppo.privacy.tabular_counters``); null: equal.
     """
 
     name = "tabular_ucb"
@@ -78,7 +80,7 @@ class TabularUCB(torch.nn.Module, Learner):
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
                  reward_bound: float = 1.0, max_memory_gb: float = 4.0, counter: str = "laplace_tree",
                  pool_steps: bool = False, pool_cap: int | None = None, block_growth: float | None = None,
-                 max_block: int | None = None):
+                 max_block: int | None = None, set_noise: tuple | None = None):
         torch.nn.Module.__init__(self)
         if episodes_per_round < 1:
             raise ConfigError(f"episodes_per_round must be >= 1, got {episodes_per_round}")
@@ -95,7 +97,7 @@ class TabularUCB(torch.nn.Module, Learner):
         self.failure_prob = float(failure_prob)
         S, A, H = self.S, self.A, self.H
         self.hsa = H * S * A
-        self.layout = TabularLayout(S, A, H, pooled=pool_steps, pool_cap=pool_cap)
+        self.layout = TabularLayout(S, A, H, pooled=pool_steps, pool_cap=pool_cap, set_noise=set_noise)
         self.counter_kind = resolve_counter(counter)
         streams = self.layout.num_streams
         private = privacy is not None and privacy.private

@@ -161,12 +161,16 @@ class _GaussianCounter(torch.nn.Module):
             valid increments differ by at most ``sqrt(sum_g 2 mass_g^2)`` in L2 (nonnegative vectors
             with ``||u||_1 <= M``: ``||u - u'||^2 <= ||u||^2 + ||u'||^2 <= 2 M^2``).
         stream_max: largest increment of one stream in one step (default: the largest group mass).
+        stream_noise: optional per-stream multiplier ``c_i`` of the noise (node noise ``c_i sigma``; the
+            caller's sensitivity must be the one of the data scaled by ``1 / c_i``); ``release_std`` is
+            then the std of a stream with ``c_i = 1``.
     """
 
     kind = "gaussian"
 
     def __init__(self, num_streams: int, capacity: int, sigma: float | None = None, *, noise=None,
-                 groups=None, group_mass=None, stream_max: float | None = None, max_chunk: int = 1 << 22):
+                 groups=None, group_mass=None, stream_max: float | None = None, stream_noise=None,
+                 max_chunk: int = 1 << 22):
         super().__init__()
         if capacity < 1:
             raise ConfigError(f"the counter capacity (number of time steps) must be >= 1, got {capacity}")
@@ -180,6 +184,12 @@ class _GaussianCounter(torch.nn.Module):
         self.stream_max = float(self.group_mass.max() if stream_max is None else stream_max)
         self.max_chunk = int(max_chunk)
         n = self.num_streams
+        self.stream_noise = None
+        if stream_noise is not None:
+            sn = np.asarray(stream_noise, np.float64)
+            if sn.shape != (n,) or not (sn > 0).all() or not np.isfinite(sn).all():
+                raise ConfigError(f"stream_noise must hold {n} positive finite multipliers")
+            self.stream_noise = sn
         self.register_buffer("counts", torch.zeros(n, dtype=torch.float64))
         self.register_buffer("t", torch.zeros((), dtype=torch.long))
         self.register_buffer("pending", torch.zeros(n, dtype=torch.float64))       # the open step (``add``)
@@ -250,6 +260,8 @@ class _GaussianCounter(torch.nn.Module):
         if self._chunk is None or self._pos >= self._chunk.shape[0]:
             rows = max(1, min(self._planned, self.max_chunk // max(1, self.num_streams)))
             d["_chunk"] = self.noise.gaussian((rows, self.num_streams), self.sigma).numpy()
+            if self.stream_noise is not None:
+                self._chunk *= self.stream_noise          # node noise c_i sigma (data independent)
             d["_pos"] = 0
         z = self._chunk[self._pos]
         d["_pos"] = self._pos + 1

@@ -38,6 +38,14 @@ Counters (``algo.counter``):
   ``sigma = Delta_2 kappa / sqrt(2 rho)`` (``dppo.privacy.gaussian_counter``). The ledger gets one entry
   per set with that set's share ``rho_set = (Delta_set kappa)^2 / (2 sigma^2)``
   (``Delta_set^2 = 2H`` per step, ``2 H^2`` pooled); the three add up to ``rho`` in the zCDP accountant.
+
+Unequal noise per set (``set_noise = (c_l, c_n, c_m)``, Gaussian counters only). The set's streams get the
+node noise ``c_set sigma`` (a fixed per-stream multiplier of the data-independent noise), which is the
+Gaussian mechanism on the data scaled by ``1 / c_set`` with noise ``sigma``: its joint L2 sensitivity is
+``Delta_c = sqrt(sum_set (Delta_set / c_set)^2)`` (``weighted_l2_sensitivity``; ``sqrt(3) Delta_set`` for
+equal multipliers), ``sigma = Delta_c kappa / sqrt(2 rho)`` and the set's ledger share is
+``rho_set = (Delta_set kappa)^2 / (2 (c_set sigma)^2)``, summing to ``rho``. A learner whose widths are
+dominated by one set (DP-UBEV: the transitions) spends more of the budget on it.
 """
 from __future__ import annotations
 
@@ -58,8 +66,14 @@ SETS = ("rewards", "visits", "transitions")
 class TabularLayout:
     """Stream layout and sensitivity of the (l, n, m) statistics (module docstring)."""
 
-    def __init__(self, S: int, A: int, H: int, pooled: bool, pool_cap: int | None = None):
+    def __init__(self, S: int, A: int, H: int, pooled: bool, pool_cap: int | None = None,
+                 set_noise: tuple | None = None):
         self.S, self.A, self.H, self.pooled = int(S), int(A), int(H), bool(pooled)
+        c = (1.0, 1.0, 1.0) if set_noise is None else tuple(float(x) for x in set_noise)
+        if len(c) != 3 or not all(x > 0 and math.isfinite(x) for x in c):
+            raise ConfigError(f"set_noise must be three positive noise multipliers (rewards, visits, transitions), "
+                              f"got {set_noise}")
+        self.set_noise = c
         Hc = 1 if pooled else H
         self.sa = Hc * S * A                        # streams per set l, n (m: sa * S)
         self.set_sizes = (self.sa, self.sa, self.sa * S)
@@ -93,6 +107,21 @@ class TabularLayout:
     def l2_sensitivity(self) -> float:
         """Joint, all three sets: sqrt(6H) per step, sqrt(6) H pooled."""
         return math.sqrt(3) * self.set_l2_sensitivity
+
+    @property
+    def equal_noise(self) -> bool:
+        return self.set_noise == (1.0, 1.0, 1.0)
+
+    @property
+    def weighted_l2_sensitivity(self) -> float:
+        """``sqrt(sum_set (Delta_set / c_set)^2)`` (module docstring): ``l2_sensitivity`` for equal multipliers."""
+        if self.equal_noise:
+            return self.l2_sensitivity
+        return self.set_l2_sensitivity * math.sqrt(sum(1.0 / (c * c) for c in self.set_noise))
+
+    def stream_noise(self) -> np.ndarray:
+        """Per-stream noise multiplier (``c_set`` over each set's streams)."""
+        return np.concatenate([np.full(k, c) for k, c in zip(self.set_sizes, self.set_noise)])
 
     @property
     def l1_sensitivity(self) -> float:
@@ -164,6 +193,8 @@ def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy, user
     kind = resolve_counter(kind)
     eps = privacy.eps if privacy is not None and privacy.private else None
     n = layout.num_streams
+    if not layout.equal_noise and kind not in COUNTERS:
+        raise ConfigError("algo.set_noise (unequal noise per statistic set) needs a Gaussian counter (algo.counter=gaussian)")
     if kind == "laplace_tree":
         delta_stream = layout.stream_max             # per-stream clip: 1 per step, the cap pooled
         eps_stream = None if eps is None else laplace_stream_eps(eps, layout)
@@ -174,9 +205,9 @@ def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy, user
         return cls(n, capacity, None, groups=layout.groups, group_mass=layout.group_mass,
                    stream_max=layout.stream_max)
     rho = rho_for_target(eps, privacy.delta)
-    sigma = sigma_for_rho(rho, layout.l2_sensitivity, counter_kappa(kind, capacity))
+    sigma = sigma_for_rho(rho, layout.weighted_l2_sensitivity, counter_kappa(kind, capacity))
     counter = cls(n, capacity, sigma, noise=privacy.noise, groups=layout.groups, group_mass=layout.group_mass,
-                  stream_max=layout.stream_max)
+                  stream_max=layout.stream_max, stream_noise=None if layout.equal_noise else layout.stream_noise())
     counter.rho = rho
     return counter
 
@@ -204,7 +235,7 @@ def record_counter_releases(privacy, counter, layout: TabularLayout, users: int)
     release record of every tabular learner (UBEV's exact counts record nothing)."""
     if privacy is None or not privacy.private:
         return
-    for name, size in zip(SETS, layout.set_sizes):
+    for name, size, c in zip(SETS, layout.set_sizes, layout.set_noise):
         if isinstance(counter, TreeCounter):
             privacy.release("tree_counter", round=0, users=users, eps=privacy.eps / 3, delta=0.0, counter_set=name,
                             streams=size, eps_per_stream=counter.eps_stream,
@@ -216,10 +247,11 @@ def record_counter_releases(privacy, counter, layout: TabularLayout, users: int)
         from dppo.privacy.accountants.zcdp import zcdp_to_dp
 
         sens = layout.set_l2_sensitivity * counter.kappa          # over all node releases of the set
-        rho_set = sens ** 2 / (2 * counter.sigma ** 2)
+        sigma_set = counter.sigma if c == 1.0 else counter.sigma * c     # the set's node noise
+        rho_set = sens ** 2 / (2 * sigma_set ** 2)
         privacy.release(f"{counter.kind}_counter", round=0, users=users, eps=zcdp_to_dp(rho_set, privacy.delta),
-                        delta=privacy.delta, sigma=counter.sigma, sensitivity=sens,
-                        noise_multiplier=counter.sigma / sens, rho=rho_set, adjacency="replace_one",
+                        delta=privacy.delta, sigma=sigma_set, sensitivity=sens,
+                        noise_multiplier=sigma_set / sens, rho=rho_set, adjacency="replace_one",
                         counter_set=name, streams=size, step_l2_sensitivity=layout.set_l2_sensitivity,
                         kappa=counter.kappa, capacity=counter.capacity, pooled=layout.pooled,
                         grid=2.0 ** -16)

@@ -63,7 +63,7 @@ def test_error_bound_uses_the_exact_release_std_and_the_union_over_used_releases
     from dppo.privacy.gaussian_counter import GRID, chi_union_quantile, gaussian_union_quantile
     from dppo.privacy.tabular_counters import release_schedule
 
-    L = DPUBEV(riverswim(5), privacy=_ctx(1.0), seed=0, episodes=1000, episodes_per_round=500)
+    L = DPUBEV(riverswim(5), privacy=_ctx(1.0), seed=0, episodes=1000, episodes_per_round=500, set_noise=None)
     ends = release_schedule(1000, 1.05)
     assert L.stats.capacity == len(ends) and L.pair_releases == L.S * L.A * len(ends)
     L.train_round(0)
@@ -82,15 +82,35 @@ def test_error_bound_uses_the_exact_release_std_and_the_union_over_used_releases
     assert (wd.r_round, wd.t_round) == (GRID / 2, GRID / 2 * (2 * S + 1))
 
 
-@pytest.mark.parametrize("counter", ["gaussian", "gaussian_tree", "laplace_tree"])
-def test_widths_cover_the_noise_actually_added_at_every_release(counter):
+def test_unequal_set_noise_widths_use_each_sets_std_and_inverse_variance_visits():
+    from dppo.privacy.gaussian_counter import GRID, chi_union_quantile, gaussian_union_quantile
+
+    cl, cn, cm = 2.0, 3.0, 0.5
+    L = DPUBEV(riverswim(5), privacy=_ctx(1.0), seed=0, episodes=1000, episodes_per_round=500,
+               set_noise=(cl, cn, cm))
+    L.train_round(0)
+    S, N, std = L.S, L.pair_releases, L.stats.release_std()
+    b = cn ** 2 / (cn ** 2 + S * cm ** 2)
+    s = math.sqrt((1 - b) ** 2 * cn ** 2 + b * b * S * cm ** 2)        # std of n^ / sigma_t
+    assert L.mix == pytest.approx(b) and s < min(cn, math.sqrt(S) * cm)  # better than either estimate alone
+    wd = L.widths()
+    assert wd.E == pytest.approx(gaussian_union_quantile(L.beta / 3, N) * s * std + GRID / 2 * ((1 - b) + b * S))
+    assert wd.r_noise == pytest.approx(chi_union_quantile(L.beta / 3, N, 2) * cl * std)
+    assert wd.r_noise_n == pytest.approx(chi_union_quantile(L.beta / 3, N, 2) * s * std)
+    assert wd.t_noise == pytest.approx(chi_union_quantile(L.beta / 3, N, S + 1) * cm * std)
+    assert wd.s2 == pytest.approx((s / cm) ** 2)
+
+
+@pytest.mark.parametrize("counter,set_noise", [("gaussian", None), ("gaussian_tree", None), ("laplace_tree", None),
+                                               ("gaussian", (2.0, 3.0, 1.0))])
+def test_widths_cover_the_noise_actually_added_at_every_release(counter, set_noise):
     """On the noise event the module docstring's three bounds hold for every pair at every release; simulated
     (seeded noise, the learner's own releases, 5 seeds): never violated, and the widths of the plan bound the
     actual gap between the private estimates and the twin's (l/n, m.W/n for random W >= 0)."""
     rng = np.random.default_rng(0)
     for seed in range(5):
         L = DPUBEV(riverswim(5), privacy=_ctx(5.0, seed), seed=seed, episodes=3000, episodes_per_round=1000,
-                   counter=counter)
+                   counter=counter, set_noise=set_noise)
         seen = 0
         for r in range(L.num_rounds):
             L.train_round(r)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy.linalg import solve_triangular
 
-from dppo.errors import PrivacyError
+from dppo.errors import ConfigError, PrivacyError
 from dppo.privacy.accountants.zcdp import rho_for_target, zcdp_to_dp
 from dppo.privacy.gaussian_counter import (GRID, GaussianTreeCounter, SqrtFactorizationCounter, chi_union_quantile,
                                            gaussian_union_quantile, sqrt_coefficients, sqrt_factorization)
@@ -83,6 +83,23 @@ def test_release_error_has_the_exact_variance(cls):
         assert c.release_std() == pytest.approx(sigma * math.sqrt(c.var_factor(t)))
     if cls is GaussianTreeCounter:
         assert [c.var_factor(t) for t in (1, 3, 7, 8, 13)] == [1, 2, 3, 1, 3]
+
+
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+def test_per_stream_noise_multiplier_scales_the_release_error_std(cls):
+    """``stream_noise = c``: every stream's release error is exactly ``N(0, (c_i release_std)^2)``."""
+    n, T, sigma = 60000, 9, 1.5
+    mult = np.repeat([0.5, 1.0, 3.0], n // 3)
+    c = cls(n, T, sigma, noise=NoiseSource(2), groups=np.zeros(n, np.int64), group_mass=np.array([float(n)]),
+            stream_noise=mult)
+    c.reserve(T)
+    for t in range(1, T + 1):
+        c.step(np.arange(n))
+        err = (c.released - c.counts).numpy() / mult
+        for part in np.split(err, 3):
+            assert part.var() == pytest.approx(c.release_std() ** 2, rel=0.04)
+    with pytest.raises(ConfigError):
+        cls(3, T, sigma, noise=NoiseSource(2), stream_noise=[1.0, -1.0, 1.0])
 
 
 @pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])

@@ -51,6 +51,39 @@ def test_l2_sensitivity_is_the_largest_change_over_all_pairs_of_episodes(pooled,
     assert l1 <= layout.l1_sensitivity + 1e-9
 
 
+@pytest.mark.parametrize("pooled,cap,H", [(False, None, 2), (True, 1, 2), (True, 2, 3)])
+def test_weighted_sensitivity_is_the_largest_change_of_the_noise_scaled_data(pooled, cap, H):
+    """Unequal noise per set is the Gaussian mechanism on the data divided by each set's multiplier: the
+    brute-force largest L2 change of that scaled vector is ``weighted_l2_sensitivity``."""
+    S, A, c = 2, 2, (2.0, 3.0, 0.5)
+    layout = TabularLayout(S, A, H, pooled=pooled, pool_cap=cap, set_noise=c)
+    X = _all_increments(layout, S, A, H) / layout.stream_noise()
+    sq = (X * X).sum(1)
+    worst = float((sq[:, None] + sq[None, :] - 2 * X @ X.T).max())
+    assert worst == pytest.approx(layout.weighted_l2_sensitivity ** 2)
+    assert layout.weighted_l2_sensitivity ** 2 == pytest.approx(layout.set_l2_sensitivity ** 2 * sum(1 / x ** 2 for x in c))
+    assert TabularLayout(S, A, H, pooled=pooled, pool_cap=cap).weighted_l2_sensitivity == \
+        TabularLayout(S, A, H, pooled=pooled, pool_cap=cap).l2_sensitivity
+
+
+@pytest.mark.parametrize("kind", ["gaussian_tree", "gaussian_sqrt"])
+def test_unequal_set_noise_composes_to_the_target_eps_and_scales_each_sets_noise(kind):
+    layout = TabularLayout(3, 2, 4, pooled=True, pool_cap=1, set_noise=(2.0, 4.0, 1.0))
+    ctx = PrivacyContext(2.0, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(0))
+    c = build_counter(kind, layout, 100, ctx)
+    record_counter_releases(ctx, c, layout, users=100)
+    entries = ctx.ledger.entries
+    assert [e["sigma"] for e in entries] == pytest.approx([2 * c.sigma, 4 * c.sigma, c.sigma])
+    for e in entries:
+        assert e["rho"] == pytest.approx(e["sensitivity"] ** 2 / (2 * e["sigma"] ** 2))
+    assert sum(e["rho"] for e in entries) == pytest.approx(c.rho)
+    assert ctx.spent() == pytest.approx((2.0, 1e-5))
+    with pytest.raises(ConfigError):
+        build_counter("laplace_tree", layout, 100, ctx)
+    with pytest.raises(ConfigError):
+        TabularLayout(3, 2, 4, pooled=True, set_noise=(1.0, 0.0, 1.0))
+
+
 def test_counter_choice_and_calibration():
     layout = TabularLayout(3, 2, 5, pooled=True, pool_cap=1)
     ctx = PrivacyContext(1.0, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(0))
