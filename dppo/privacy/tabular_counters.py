@@ -240,6 +240,7 @@ def record_counter_releases(privacy, counter, layout: TabularLayout, users: int)
             privacy.release("tree_counter", round=0, users=users, eps=privacy.eps / 3, delta=0.0, counter_set=name,
                             streams=size, eps_per_stream=counter.eps_stream,
                             streams_changed_per_user=layout.streams_changed_per_set, noise_scale=counter.scale,
+                            scale=counter.scale,
                             sensitivity=layout.l1_sensitivity / 3, node_sensitivity=counter.levels * counter.sensitivity,
                             levels=counter.levels, capacity=counter.capacity, adjacency="replace_one",
                             pooled=layout.pooled)
