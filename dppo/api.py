@@ -11,9 +11,9 @@ import dataclasses
 import os
 import re
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from dppo.build import build
+from dppo.build import build, build_env
 from dppo.config import TrainConfig, compose
 from dppo.errors import ConfigError, DPPOError
 from dppo.training import distributed
@@ -130,20 +130,68 @@ def validate_dictconfig(cfg: DictConfig) -> DictConfig:
     return merged
 
 
-def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbacks=(), **objects) -> dict:
+def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbacks=(), reward_funcs=None,
+          reward_weights=None, train_dataset=None, eval_dataset=None, **objects) -> dict:
     """Train from a config (list of ``key=value``, dict, ``TrainConfig`` or DictConfig); returns the summary.
 
     Any of ``policy``, ``env``, ``privacy``, ``logger``, ``sampler``, ``learner`` may be passed in to
     replace the object the config would build (e.g. your own ``nn.Module`` policy); they are checked against
     the env's spaces and the policy protocol before any user is drawn. A new run refuses a ``run_dir`` that
     already holds a run (``resume=True`` continues it).
+
+    With ``env=prompts``, TRL's names give the rewards and prompts from Python (``dppo.envs.prompts``):
+    ``reward_funcs`` (a callable, a dotted path, or a list of them; called as ``f(prompts=, completions=,
+    **columns)``), ``reward_weights``, ``train_dataset`` and ``eval_dataset`` (a ``datasets.Dataset`` or a list
+    of dicts). They go to the prompts env, so the split rules and checks are those of a prompts file: the
+    weighted reward is clipped to ``reward_bound``, user ids name private rows only, evaluation uses the public
+    ones. The run's config records the rewards' dotted names and the rows' SHA-256; a resume (or
+    ``dppo.load``) must pass the same objects again.
     """
-    return _train(cfg, run_dir, resume=resume, callbacks=callbacks, write_config=True, **objects)
+    inputs = {"reward_funcs": reward_funcs, "reward_weights": reward_weights, "train_dataset": train_dataset,
+              "eval_dataset": eval_dataset}
+    return _train(cfg, run_dir, resume=resume, callbacks=callbacks, write_config=True, prompt_inputs=inputs,
+                  **objects)
 
 
-def _train(cfg, run_dir, *, resume: bool = False, callbacks=(), write_config: bool = True, **objects) -> dict:
+def python_prompts(cfg: DictConfig, reward_funcs=None, reward_weights=None, train_dataset=None,
+                   eval_dataset=None):
+    """The prompts env built from ``cfg.env`` with rewards / rows passed from Python (None if none is given);
+    ``cfg.env`` is updated in place to record them (dotted reward names, the rows' fingerprint)."""
+    given = {"reward_funcs": reward_funcs, "reward_weights": reward_weights, "dataset": train_dataset,
+             "eval_dataset": eval_dataset}
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        return None
+    from dppo.envs.prompts import PYTHON_ROWS, PromptsEnv
+
+    target = OmegaConf.select(cfg, "env._target_", default=None)
+    if target != f"{PromptsEnv.__module__}.{PromptsEnv.__name__}":
+        raise ConfigError(f"reward_funcs / reward_weights / train_dataset / eval_dataset apply to env=prompts, "
+                          f"not to env target {target}")
+    if "reward_funcs" in given and not isinstance(reward_funcs, (list, tuple)):
+        given["reward_funcs"] = [reward_funcs]
+    env = build_env(cfg, **given)  # a recorded env.data_sha256 (resume, load) is checked by the env
+    with open_dict(cfg):
+        if "reward_funcs" in given:
+            cfg.env.reward = None
+            cfg.env.reward_funcs = list(env.reward_names)
+        if "reward_weights" in given:
+            cfg.env.reward_weights = list(env.reward_weights)
+        if "dataset" in given:
+            cfg.env.path = PYTHON_ROWS
+            cfg.env.data_sha256 = env.data_sha256
+    return env
+
+
+def _train(cfg, run_dir, *, resume: bool = False, callbacks=(), write_config: bool = True, prompt_inputs=None,
+           **objects) -> dict:
     overrides = as_overrides(cfg)
     cfg = make_config(cfg)
+    env = python_prompts(cfg, **(prompt_inputs or {}))
+    if env is not None:
+        if objects.get("env") is not None:
+            raise ConfigError("pass either env= or reward_funcs / train_dataset / eval_dataset, not both")
+        objects["env"] = env
     dist = distributed.init()  # a torchrun launch: join the process group (dppo/training/distributed.py)
     try:
         if run_dir is not None and not resume and dist.is_main:

@@ -48,8 +48,12 @@ def learner_class(cfg):
         raise ConfigError(f"algo target '{cfg.algo._target_}' cannot be imported; check conf/algo/") from None
 
 
-def build_env(cfg):
+def build_env(cfg, **python_objects):
+    """Instantiate cfg.env; ``python_objects`` (e.g. a prompts env's ``reward_funcs``, ``dataset``: objects
+    passed from Python, not config values) are given to the constructor as they are."""
     try:
+        if python_objects:  # not through the config (OmegaConf would copy rows and callables into nodes)
+            return instantiate(cfg.env, _convert_="all", _partial_=True)(**python_objects)
         return instantiate(cfg.env, _convert_="all")
     except Exception as err:  # noqa: BLE001 - hydra wraps the real error
         raise _unwrap(err, "env") from None

@@ -2,6 +2,7 @@
 
     run = dppo.load("runs/2026-12-01/10-00-00_dp_pg_s0")
     action = run.policy.predict(obs, deterministic=True)      # numpy in, numpy out; single or batched obs
+    run.policy.generate(["123+456="])                          # policy=lm: completions of text prompts
     run.evaluate(episodes=20)                                  # held-out public episodes, as final_return
 
 The learner is rebuilt from ``.hydra/config.yaml`` exactly as training built it (no run directory, no logger
@@ -50,9 +51,14 @@ class SavedRun:
         return float(self.learner.evaluate(n, g))
 
 
-def load(run_dir: str, overrides: list[str] | None = None) -> SavedRun:
-    """Load a run directory written by ``python train.py`` or ``dppo.train`` (see the module docstring)."""
-    from dppo.api import load_run_config
+def load(run_dir: str, overrides: list[str] | None = None, *, reward_funcs=None, reward_weights=None,
+         train_dataset=None, eval_dataset=None) -> SavedRun:
+    """Load a run directory written by ``python train.py`` or ``dppo.train`` (see the module docstring).
+
+    A prompts run trained on rewards or rows passed from Python (``dppo.train(cfg, reward_funcs=...,
+    train_dataset=...)``) needs the same objects again (the rows are checked against the recorded SHA-256).
+    """
+    from dppo.api import load_run_config, python_prompts
     from dppo.build import build, fingerprint
     from dppo.training.checkpoint import check_fingerprint, load_latest_checkpoint, rng_state, set_rng_state
     from dppo.training.logger import Logger
@@ -65,7 +71,9 @@ def load(run_dir: str, overrides: list[str] | None = None) -> SavedRun:
     saved_rng = rng_state()
     try:
         cfg.progress = False
-        trainer = build(cfg, None, logger=Logger([]))
+        env = python_prompts(cfg, reward_funcs=reward_funcs, reward_weights=reward_weights,
+                             train_dataset=train_dataset, eval_dataset=eval_dataset)
+        trainer = build(cfg, None, logger=Logger([]), env=env)
         check_fingerprint(state["fingerprint"], fingerprint(cfg))
         trainer.learner.load_state_dict(state["learner"])
     finally:
