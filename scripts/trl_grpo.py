@@ -1,6 +1,6 @@
 """One TRL ``GRPOTrainer`` run on a dppo LM experiment, scored by dppo's evaluator: the peer baseline.
 
-    python scripts/trl_grpo.py --out runs/trl_s0 +experiment=lm_addition seed=0 --lr 1e-3 policy.lora=null
+    python scripts/trl_grpo.py --out runs/trl_s0 +experiment=lm_addition seed=0 --lr 1e-3 ++policy.freeze=[]
 
 The overrides compose the same config a dppo run would use (``+experiment=lm_<task>``, ``seed``,
 ``policy.lora``, ``users_per_round``, ``rounds``, ``group_size``, ``policy.max_new_tokens``); from it TRL gets:
@@ -9,7 +9,8 @@ The overrides compose the same config a dppo run would use (``+experiment=lm_<ta
 - the same reward callable(s) with their weights (TRL's ``reward_weights``), clipped to ``reward_bound``;
 - G = ``num_generations`` completions per prompt, one optimizer step per round (``generation_batch_size =
   users_per_round x G``, one accumulation step), ``max_steps = rounds``, temperature and completion cap as
-  the policy's, the same LoRA adapter (``peft_config``) or every parameter (``policy.lora=null``).
+  the policy's, the same LoRA adapter (``peft_config``) or every parameter (``policy.lora=null``; those named
+  by ``policy.freeze`` stay frozen).
 Everything else is TRL's own recommended GRPO setting unless a flag changes it: the DAPO loss (token-level
 sum divided by the batch's token count), rewards scaled by the group's std (``scale_rewards="group"``),
 ``beta = 0`` (no reference model), AdamW with TRL's global gradient-norm clip ``max_grad_norm = 1.0`` and a
@@ -88,6 +89,12 @@ def main() -> None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
     lora = OmegaConf.to_container(cfg.policy.lora) if cfg.policy.lora else None
+    frozen = list(OmegaConf.select(cfg, "policy.freeze", default=None) or [])
+    if frozen and not lora:  # policy.freeze names LMPolicy's parameters: "model." + the Hugging Face name
+        names = [n.removeprefix("model.") for n in frozen]
+        for n, p in model.named_parameters():
+            if any(n == f or n.startswith(f + ".") for f in names):
+                p.requires_grad_(False)
     peft_config = None
     if lora:
         from peft import LoraConfig
