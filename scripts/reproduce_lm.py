@@ -272,14 +272,17 @@ def reference(args) -> None:
     for task in args.tasks:
         sft[task] = sft_start(task)
         print(f"{task}: SFT start eval reward {sft[task][0]:.4f} (greedy {sft[task][1]:.4f})", flush=True)
+    reused = any(result(j, args.work) is not None for j in jobs)
     run_all(jobs, args.work, args.jobs, "lm runs")
     minutes = (time.perf_counter() - t0) / 60
     lines, summary = [], {"seeds": args.seeds, "minutes": minutes, "jobs": args.jobs, "trl": with_trl, "tasks": {}}
     lines += [f"# Private RL fine-tuning of tiny LMs against the best non-private fine-tuning, seeds "
               f"{', '.join(map(str, args.seeds))}", "",
-              f"`python scripts/reproduce_lm.py --jobs {args.jobs}` (wall clock {minutes:.1f} min on this machine: "
-              f"{os.cpu_count()} cores, {args.jobs} run(s) at a time, one torch thread each"
-              + ("" if with_trl else "; TRL not installed: its rows are missing") + ").", "",
+              f"`python scripts/reproduce_lm.py --jobs {args.jobs}`: {len(set(jobs))} runs, "
+              f"{sum(result(j, args.work)['wall_time_s'] for j in set(jobs)) / 60:.0f} min of run time (each run's "
+              f"own, one torch thread; {args.jobs} at a time on {os.cpu_count()} cores; this invocation "
+              f"{minutes:.1f} min{', finished runs reused' if reused else ''})"
+              + ("" if with_trl else "; TRL not installed: its rows are missing") + ".", "",
               "Each task: the tiny model (`scripts/build_tiny_lm.py`, SFT on public problems), 16,384 private prompts "
               "(users) each used once (1024 per round x 16 rounds unless stated), G = 8 completions per prompt, "
               "the same reward and evaluator for every row: the mean reward of 16 sampled completions on each of "
@@ -406,8 +409,10 @@ def tune(args) -> None:
     run_all(stage2, args.work, args.jobs, f"tune, seeds {rest}")
     lines = [f"# LM tuning (seeds {', '.join(map(str, args.seeds))}): every grid point on seed {first}, the best "
              f"{args.keep} of each group (2 of the private adapters) on the others", "",
-             f"`python scripts/reproduce_lm.py --tune --jobs {args.jobs}` ({(time.perf_counter() - t0) / 60:.1f} min)."
-             " Eval reward: 16 samples on each of 512 public prompts; non-private unless eps is given.", ""]
+             f"`python scripts/reproduce_lm.py --tune`: {len(set(stage1 + stage2))} runs, "
+             f"{sum(result(j, args.work)['wall_time_s'] for j in set(stage1 + stage2)) / 60:.0f} min of run time "
+             f"(each run's own, one thread; this invocation {(time.perf_counter() - t0) / 60:.1f} min, finished runs "
+             f"reused). Eval reward: 16 samples on each of 512 public prompts; non-private unless eps is given.", ""]
     data = []
     for task in args.tasks:
         sft = sft_start(task)[0]
