@@ -118,6 +118,7 @@ def main() -> None:
     trainer.train()
     wall = time.perf_counter() - t0
     trained = trainer.model
+    trainable = sum(p.numel() for p in trained.parameters() if p.requires_grad)   # before merging the adapter
     if peft_config is not None:
         trained = trained.merge_and_unload()
     model_dir = os.path.join(args.out, "model")
@@ -129,7 +130,7 @@ def main() -> None:
                "complete": True, "lr": args.lr, "scheduler": args.scheduler, "max_grad_norm": args.max_grad_norm,
                "loss_type": args.loss_type, "scale_rewards": args.scale_rewards, "group_size": G,
                "users_per_round": m, "rounds": rounds, "lora": lora, "seed": int(cfg.seed),
-               "trainable_parameters": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+               "trainable_parameters": trainable,
                "trl_log": log}
     with open(os.path.join(args.out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
