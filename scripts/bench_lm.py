@@ -5,9 +5,11 @@ and each policy config - by default the private config of every task in ``script
 (``TASKS[task]["private"]``: what the reference's private rows run), then LoRA r = 2 on q, v, LoRA r = 8 on all
 seven projections and full fine-tuning of the linear layers on the addition model beside them, those not
 benched already (``--adapters`` picks others from ``reproduce_lm.ADAPTERS``) - it times, after a warm-up and as the median of ``--repeats``, interleaved:
-  non-private: one backward pass of the summed GRPO objective (``summed_gradient``);
-  private:     per-user gradients of the trainable parameters (``per_user_gradients``: forward/backward +
-               per-layer products), per-user clipping and the noisy sum (``GaussianSumPrivatizer.release_mean``),
+  non-private: one backward pass of the summed GRPO objective (a plain PG step's cost);
+  private:     per-user gradients of the trainable parameters (the learner's parameter space,
+               ``AdapterSpace`` / ``FullSpace.user_gradients``: the engine ``dppo.policies.per_user_grads``,
+               forward/backward + per-layer products), per-user clipping and the noisy sum
+               (``GaussianSumPrivatizer.release_mean``),
 and the peak memory of each call above its start (CPU: the peak of the running sum of the tensor
 allocations ``torch.profiler`` records; CUDA: ``torch.cuda.max_memory_allocated``).
 With ``--device cuda`` (or ``auto`` on a GPU machine) it also benchmarks ``--large`` config (a wider
@@ -26,9 +28,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from dppo.algos.prompt_po import group_advantages  # noqa: E402
+from dppo.algos.core import group_advantages  # noqa: E402
 from dppo.policies.lm import pick_device  # noqa: E402
-from dppo.policies.lm_grads import per_user_gradients, summed_gradient  # noqa: E402
+from dppo.policies.spaces import make_space  # noqa: E402
 from dppo.privacy import NoiseSource, PrivacyContext  # noqa: E402
 from dppo.privacy.accountants import make_accountant  # noqa: E402
 from dppo.privacy.clipping import GaussianSumPrivatizer  # noqa: E402
@@ -88,33 +90,31 @@ def peak_memory(fn, device) -> tuple[float, float]:
 
 
 def bench(policy, env, users: int, group: int, repeats: int, label: str) -> dict:
-    rows = env.user_rows(range(users))
-    pid, pm = policy.encode(env.prompts(rows))
-    g = torch.Generator().manual_seed(0)
-    u = torch.rand(users * group, policy.max_new_tokens, generator=g, dtype=torch.float64)
-    t = time.perf_counter()
-    comp = policy.sample(pid, pm, u, group=group)
-    gen_s = time.perf_counter() - t
-    rewards, _ = env.rewards(rows, comp.texts, group, 1.0)
-    A = (group_advantages(torch.as_tensor(rewards)).reshape(-1) / group).float()
-
-    def objective(us):
-        sl = slice(us.start * group, us.stop * group)
-        lp = policy.token_log_probs(pid[us], pm[us], comp.ids[sl], comp.mask[sl], group=group)
-        return A[sl].to(lp.device) * lp.sum(1)
+    batch = env.collector(0).users(policy, list(range(users)), 0, group, 1.0)[0]  # a round's data (user streams)
+    A = group_advantages(batch.grouped(batch.returns))[0].reshape(-1, 1)
+    space = make_space(policy, dim=None)   # what the learner moves: AdapterSpace (LoRA) or FullSpace
+    coef = (A.reshape(-1) / group).float()
+    per_pass = max(1, policy.micro_batch // group)
 
     privacy = PrivacyContext(8.0, 1e-5, accountant=make_accountant("parallel"), noise=NoiseSource(0, secure=False))
     privatizer = GaussianSumPrivatizer(privacy, 1.0)
     dev = policy.device_
 
-    def non_private():
-        return summed_gradient(policy, objective, users, group) / users
+    def non_private():  # one backward of the summed objective (micro-batches of users)
+        total = [torch.zeros_like(p, dtype=torch.float64) for p in space.params]
+        for lo in range(0, users, per_pass):
+            us, sl = slice(lo, lo + per_pass), slice(lo * group, (lo + per_pass) * group)
+            lp = policy.token_log_probs(batch.prompt_ids[us], batch.prompt_mask[us], batch.ids[sl],
+                                        batch.token_mask[sl], group=group)
+            for t_, g_ in zip(total, torch.autograd.grad((coef[sl].to(lp.device) * lp.sum(1)).sum(), space.params)):
+                t_ += g_.double()
+        return torch.cat([t_.reshape(-1).cpu() for t_ in total]) / users
 
-    def private():
-        return privatizer.release_mean(per_user_gradients(policy, objective, users, group), 0)[0]
+    def private():  # per-user gradients (dppo.policies.per_user_grads), clipping, the noisy sum
+        return privatizer.release_mean(space.user_gradients(batch, A), 0)[0]
 
     def grads_only():
-        return per_user_gradients(policy, objective, users, group)
+        return space.user_gradients(batch, A)
 
     times = {"non-private": [], "private": [], "per-user grads": []}
     fns = {"non-private": non_private, "private": private, "per-user grads": grads_only}
@@ -134,7 +134,7 @@ def bench(policy, env, users: int, group: int, repeats: int, label: str) -> dict
     tp, tn = med["private"], med["non-private"]
     print(f"\n[{label}] {sum(p.numel() for p in policy.model.parameters())} "
           f"parameters, {policy.num_trainable()} trainable; m={users} prompts x G={group}; device {dev}; "
-          f"generation {comp.tokens / gen_s:,.0f} tokens/s (KV cache)")
+          f"generation {batch.tokens / max(batch.seconds, 1e-9):,.0f} tokens/s (KV cache)")
     print(f"{'update':<34}{'time (s)':>10}{'peak MiB':>10}")
     print(f"{'non-private (one backward)':<34}{tn:>10.3f}{mem['non-private']:>10.1f}")
     print(f"{'private (per-user, clip, noise)':<34}{tp:>10.3f}{mem['private']:>10.1f}")

@@ -412,7 +412,9 @@ def tune(args) -> None:
              f"`python scripts/reproduce_lm.py --tune`: {len(set(stage1 + stage2))} runs, "
              f"{sum(result(j, args.work)['wall_time_s'] for j in set(stage1 + stage2)) / 60:.0f} min of run time "
              f"(each run's own, one thread; this invocation {(time.perf_counter() - t0) / 60:.1f} min, finished runs "
-             f"reused). Eval reward: 16 samples on each of 512 public prompts; non-private unless eps is given.", ""]
+             f"reused). Eval reward: 16 samples on each of 512 public prompts; non-private unless eps is given. "
+             f"Private runs: seeded noise (privacy.secure_rng=false: reproducible; the guarantee does not hold "
+             f"against anyone who knows the seed).", ""]
     data = []
     for task in args.tasks:
         sft = sft_start(task)[0]

@@ -18,13 +18,14 @@ linear learning-rate decay (``--scheduler constant`` keeps it fixed). ``bf16`` a
 off (CPU; they change speed and memory, not the method). Non-private: TRL has no per-user clipping or noise.
 
 The trained model (LoRA merged into the weights) is saved under ``--out/model`` and evaluated by the very
-evaluator of dppo's learners (``PromptLearner.evaluate``: the same public prompts and the same public sampling
-stream), written to ``--out/summary.json`` (``final_return``, ``final_greedy_return``, ``wall_time_s``).
+evaluator of dppo's learners (``Learner.evaluate`` -> ``PromptCollector.evaluate``: the same public prompts
+and the same public sampling stream), written to ``--out/summary.json`` (``final_return``, ``final_greedy_return``, ``wall_time_s``).
 TRL is imported only here (``pip install trl``, the ``bench`` extra).
 """
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import sys
@@ -75,10 +76,13 @@ def main() -> None:
 
     from dppo.api import make_config
     from dppo.build import build_env
-    from dppo.policies.lm import resolve_path
+    from dppo.policies.lm import LMPolicy, resolve_path
 
     cfg = make_config(list(args.overrides) + ["eps=null"])
     env = build_env(cfg)
+    defaults = inspect.signature(LMPolicy).parameters   # the yaml holds only what differs from LMPolicy's defaults
+    temperature = float(OmegaConf.select(cfg, "policy.temperature", default=defaults["temperature"].default))
+    max_new_tokens = int(OmegaConf.select(cfg, "policy.max_new_tokens", default=defaults["max_new_tokens"].default))
     G = int(cfg.group_size or 8)
     m, rounds = int(cfg.users_per_round), int(cfg.rounds)
     env.check_capacity(rounds, m)
@@ -88,7 +92,8 @@ def main() -> None:
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
-    lora = OmegaConf.to_container(cfg.policy.lora) if cfg.policy.lora else None
+    lora = OmegaConf.select(cfg, "policy.lora", default=None)
+    lora = OmegaConf.to_container(lora) if lora else None
     frozen = list(OmegaConf.select(cfg, "policy.freeze", default=None) or [])
     if frozen and not lora:  # policy.freeze names LMPolicy's parameters: "model." + the Hugging Face name
         names = [n.removeprefix("model.") for n in frozen]
@@ -107,7 +112,7 @@ def main() -> None:
         output_dir=os.path.join(args.out, "trl"), learning_rate=args.lr, lr_scheduler_type=args.scheduler,
         max_grad_norm=args.max_grad_norm, loss_type=args.loss_type, scale_rewards=args.scale_rewards, beta=0.0,
         num_generations=G, per_device_train_batch_size=m * G, gradient_accumulation_steps=1, max_steps=rounds,
-        max_completion_length=int(cfg.policy.max_new_tokens), temperature=float(cfg.policy.temperature),
+        max_completion_length=max_new_tokens, temperature=temperature,
         shuffle_dataset=False, seed=int(cfg.seed), data_seed=int(cfg.seed), bf16=False, fp16=False,
         gradient_checkpointing=False, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1,
         disable_tqdm=True, dataloader_num_workers=0, remove_unused_columns=False)

@@ -38,9 +38,13 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
+import time
+from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from dppo.data.streams import public_generator, public_reset_seeds, user_generator
 from dppo.errors import ConfigError, DataError, PrivacyError
 
 
@@ -180,8 +184,8 @@ class PromptsEnv:
         split_key: column holding ``public`` / ``private`` (used when present in every row).
         public_size: without a split column or ``eval_dataset``, the number of rows (after a seeded shuffle)
             that are public.
-        eval_size: held-out public prompts used for ``eval/return`` (the first ``eval_size`` public rows).
-        eval_every: rounds between ``eval/return`` evaluations (0: only the final one).
+        eval_size: held-out public prompts of the final greedy evaluation (``final_greedy_return``) and of
+            the logged completions (the first ``eval_size`` public rows).
         eval_samples: sampled completions per evaluation prompt (the mean reward over all of them).
         show_completions: public prompts whose completions are logged as TensorBoard text.
         show_every: rounds between those text logs (0: never).
@@ -196,11 +200,11 @@ class PromptsEnv:
 
     def __init__(self, path: str | None = None, reward=None, *, reward_funcs=None, reward_weights=None,
                  dataset=None, eval_dataset=None, prompt_key: str = "prompt", split_key: str = "split",
-                 public_size: int | None = None, eval_size: int = 256, eval_every: int = 10, eval_samples: int = 4,
+                 public_size: int | None = None, eval_size: int = 256, eval_samples: int = 4,
                  show_completions: int = 4, show_every: int = 10, seed: int = 0, data_sha256: str | None = None):
         self.prompt_key, self.seed = prompt_key, int(seed)
-        public, private, self.path, self.data_sha256 = self.read(path, dataset, eval_dataset, split_key,
-                                                                 public_size)
+        public, private, rows_of_private, self.path, self.data_sha256 = self.read(path, dataset, eval_dataset,
+                                                                                  split_key, public_size)
         if data_sha256 is not None and data_sha256 != self.data_sha256:
             source = "the rows passed in" if dataset is not None else str(path)
             raise ConfigError(f"{source} are not the prompts this run was trained on (SHA-256 "
@@ -219,17 +223,19 @@ class PromptsEnv:
         self.public, self.private = public, private
         self.population = len(private)
         self.eval_size = min(int(eval_size), len(public))
-        self.eval_every, self.show_every = int(eval_every), int(show_every)
+        self.show_every = int(show_every)
         if eval_samples < 1:
             raise ConfigError(f"env.eval_samples must be >= 1, got {eval_samples}")
         self.eval_samples = int(eval_samples)
         self.show_completions = min(int(show_completions), self.eval_size)
         self.order = np.random.default_rng([self.seed, 11]).permutation(self.population)
+        self.private_rows = np.asarray(rows_of_private, dtype=np.int64)  # source row of each private prompt
         self.id = f"prompts:{os.path.basename(self.path)}"
 
     # ---- rows ----------------------------------------------------------------------------------
     def read(self, path, dataset, eval_dataset, split_key, public_size):
-        """(public rows, private rows, source name, fingerprint) by the split rules of the module docstring."""
+        """(public rows, private rows, the source row of each private one, source name, fingerprint) by the
+        split rules of the module docstring."""
         if dataset is not None:
             rows, source = dataset_rows(dataset, "train_dataset"), PYTHON_ROWS
         elif eval_dataset is not None:
@@ -250,23 +256,25 @@ class PromptsEnv:
                 raise ConfigError(f"train_dataset has a '{split_key}' column and an eval_dataset was given; use one "
                                   f"way to name the public prompts")
             public = dataset_rows(eval_dataset, "eval_dataset")
-            private = rows
+            private, rows_of_private = rows, list(range(len(rows)))
         elif all(split_key in r for r in rows):
             bad = {r[split_key] for r in rows} - {"public", "private"}
             if bad:
                 raise ConfigError(f"column '{split_key}' must be 'public' or 'private', found {sorted(bad)[:3]}")
             public = [r for r in rows if r[split_key] == "public"]
-            private = [r for r in rows if r[split_key] == "private"]
+            rows_of_private = [i for i, r in enumerate(rows) if r[split_key] == "private"]
+            private = [rows[i] for i in rows_of_private]
         else:
             if public_size is None or not 0 <= public_size <= len(rows):
                 raise ConfigError(f"{source} has no '{split_key}' column: set env.public_size (0..{len(rows)})"
                                   + (" or pass an eval_dataset" if dataset is not None else ""))
             perm = np.random.default_rng([self.seed, 7]).permutation(len(rows))
             public = [rows[i] for i in perm[:public_size]]
-            private = [rows[i] for i in perm[public_size:]]
+            rows_of_private = [int(i) for i in perm[public_size:]]
+            private = [rows[i] for i in rows_of_private]
         if not private:
             raise ConfigError(f"{source} has no private prompts (split=private): RL has no users")
-        return public, private, source, rows_sha256(public + private)
+        return public, private, rows_of_private, source, rows_sha256(public + private)
 
     # ---- rewards -------------------------------------------------------------------------------
     def set_rewards(self, reward, reward_funcs, reward_weights) -> None:
@@ -325,6 +333,20 @@ class PromptsEnv:
                                f"rounds * users_per_round or add prompts")
         return [self.private[self.order[u]] for u in users]
 
+    def member_ids(self, users) -> list[int]:
+        """Population members of user ids: the file row of each user's prompt (independent of the seed), so a
+        policy's provenance names the same prompts in any run on this file (``dppo.training.provenance``)."""
+        users = np.asarray([int(u) for u in users], dtype=np.int64)
+        users = users[(users >= 0) & (users < self.population)]
+        return self.private_rows[self.order[users]].tolist()
+
+    def users_of_members(self, members) -> list[int]:
+        """The user ids whose prompts are these file rows (the inverse of ``member_ids``)."""
+        pos = np.empty(self.population, dtype=np.int64)
+        pos[self.order] = np.arange(self.population)      # user id of each private position
+        wanted = np.isin(self.private_rows, np.asarray([int(m) for m in members], dtype=np.int64))
+        return sorted(pos[np.flatnonzero(wanted)].tolist())
+
     def eval_rows(self, n: int | None = None) -> list[dict]:
         """The first ``n`` (default ``eval_size``) held-out public rows."""
         return self.public[: self.eval_size if n is None else min(int(n), len(self.public))]
@@ -359,6 +381,168 @@ class PromptsEnv:
             raise ConfigError(f"one-pass training needs {need} prompts ({rounds} rounds x {users_per_round}) but "
                               f"{self.path} has {self.population} private prompts; lower rounds/users_per_round")
 
+    def collector(self, seed: int) -> "PromptCollector":
+        """What a policy-optimization learner collects from (``dppo.algos.core``)."""
+        return PromptCollector(self, seed)
+
     def __repr__(self) -> str:
         return (f"PromptsEnv({self.path!r}, public={len(self.public)}, private={self.population}, "
                 f"reward={self.reward_name!r})")
+
+
+@dataclass
+class Completions:
+    """One round's completions, in the layout the learners share with episodes of a one-step env.
+
+    ``prompt_ids/prompt_mask`` (U, P) left-padded prompts, one per user; ``ids/token_mask`` (U*G, T)
+    completions, user-major (user i's G completions are rows i*G ..); ``rewards`` (U*G, 1) clipped rewards and
+    ``mask`` (U*G, 1) the steps, as in ``Episodes``: one step per episode, the whole completion is the action.
+    """
+
+    rows: list
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    ids: torch.Tensor
+    token_mask: torch.Tensor
+    texts: list
+    rewards: torch.Tensor
+    group_size: int = 1
+    clipped: int = 0
+    seconds: float = 0.0
+
+    @property
+    def users(self) -> int:
+        return self.prompt_ids.shape[0]
+
+    @property
+    def returns(self) -> torch.Tensor:
+        return self.rewards[:, 0]
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return torch.ones(self.rewards.shape, dtype=torch.bool)
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        return torch.ones(self.rewards.shape[0], dtype=torch.long)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.token_mask.sum())
+
+    def grouped(self, x: torch.Tensor) -> torch.Tensor:
+        """Reshape a per-completion tensor (U*G, ...) to (users, G, ...)."""
+        return x.reshape(self.users, self.group_size, *x.shape[1:])
+
+    def metrics(self) -> dict:
+        n = max(self.rewards.numel(), 1)
+        return {"rollout/users": self.users, "rollout/episodes": self.users * self.group_size,
+                "diag/return": float(self.returns.mean()), "diag/reward_clip_fraction": self.clipped / n,
+                "diag/completion_tokens": self.tokens / n, "perf/tokens_per_s": self.tokens / max(self.seconds, 1e-9)}
+
+
+class PromptCollector:
+    """What a policy-optimization learner asks of ``env=prompts`` (the prompt-side twin of ``EpisodeCollector``).
+
+    A round's users: user u (a private prompt) gets G completions sampled from u's own stream
+    (``user_generator(run seed, u, round)``), scored by the env's reward and clipped as they arrive.
+    Public completions (evaluation, a public Fisher matrix) use public prompts only: evaluation the first
+    held-out public prompts with a fixed public stream (the same for every run and round), the Fisher's
+    public prompts and sampling streams by round (``public_reset_seeds``). Nothing here reads a private
+    prompt except ``users``.
+    """
+
+    def __init__(self, env: PromptsEnv, seed: int):
+        self.env, self.seed = env, int(seed)
+
+    def check(self, policy, rounds: int, sampler) -> None:
+        """One pass over enough private prompts, each fitting the model's context with a completion."""
+        from dppo.policies.check import check_lm_policy
+
+        check_lm_policy(policy)
+        if getattr(sampler, "multi_pass", False):
+            raise ConfigError("env=prompts supports one-pass training only (privacy.multi_pass=false)")
+        self.env.check_capacity(int(rounds), int(sampler.users_per_round))
+        ctx = policy.context
+        if ctx is None:
+            return
+        room = ctx - policy.max_new_tokens
+        for part, rows in (("public", self.env.public), ("private", self.env.private)):
+            lengths = policy.prompt_lengths(self.env.prompts(rows)) if rows else []
+            too_long = [i for i, n in enumerate(lengths) if n > room or n == 0]
+            if too_long:
+                raise ConfigError(f"{len(too_long)} {part} prompt(s) of {self.env.path} (first: {part} row "
+                                  f"{too_long[0]}) are empty or longer than the model's context ({ctx} tokens) minus "
+                                  f"policy.max_new_tokens ({policy.max_new_tokens})")
+
+    def _batch(self, policy, rows, uniforms, group_size: int, reward_bound: float | None) -> Completions:
+        pid, pmask = policy.encode(self.env.prompts(rows))
+        t0 = time.perf_counter()
+        comp = policy.sample(pid, pmask, uniforms, group=group_size)
+        seconds = time.perf_counter() - t0
+        rewards, clipped = self.env.rewards(rows, comp.texts, group_size, reward_bound)
+        return Completions(rows, pid, pmask, comp.ids, comp.mask, comp.texts,
+                           torch.as_tensor(rewards, dtype=torch.float64).reshape(-1, 1), group_size, clipped, seconds)
+
+    def users(self, policy, users, round_idx: int, group_size: int, reward_bound: float | None,
+              public: int = 0) -> tuple[Completions, Completions | None]:
+        """G completions per user from the user's own stream, and ``public`` public prompts' completions."""
+        rows, G, T = self.env.user_rows(users), int(group_size), policy.max_new_tokens
+        u = torch.cat([torch.rand(G, T, generator=user_generator(self.seed, uid, round_idx), dtype=torch.float64)
+                       for uid in users])
+        return self._batch(policy, rows, u, G, reward_bound), (self.public(policy, "fisher", round_idx, public)
+                                                               if public else None)
+
+    def public(self, policy, stream: str, round_idx: int, n: int, greedy: bool = False) -> Completions:
+        """One completion of each of ``n`` public prompts drawn by the public stream (never a private one)."""
+        public = self.env.public
+        if not public:
+            raise ConfigError(f"{self.env.path} has no public prompts: public completions (a Fisher matrix) need some")
+        rows = [public[s % len(public)] for s in public_reset_seeds(self.seed, stream, round_idx, n)]
+        u = None if greedy else torch.rand(n, policy.max_new_tokens, generator=public_generator(self.seed, stream,
+                                                                                                round_idx),
+                                           dtype=torch.float64)
+        return self._batch(policy, rows, u, 1, None)
+
+    def completions(self, policy, rows: list[dict], greedy: bool, group: int = 1):
+        """Completions of held-out public prompts from the fixed evaluation stream (or greedy)."""
+        pid, pmask = policy.encode(self.env.prompts(rows))
+        u = None
+        if not greedy:
+            u = torch.rand(len(rows) * group, policy.max_new_tokens, generator=public_generator(0, "eval", 0),
+                           dtype=torch.float64)
+        return policy.sample(pid, pmask, u, group=group)
+
+    def evaluate(self, policy, episodes: int, greedy: bool = False) -> float:
+        """Mean reward (unclipped) on the first ``episodes`` held-out public prompts: ``env.eval_samples``
+        completions each from a fixed public stream (the same for every run and round), or one greedy one."""
+        rows = self.env.eval_rows(episodes)
+        if not rows:
+            return float("nan")
+        k = 1 if greedy else self.env.eval_samples
+        rewards, _ = self.env.rewards(rows, self.completions(policy, rows, greedy, group=k).texts, k, None)
+        return float(rewards.mean())
+
+    def log_examples(self, policy, logger, round_idx: int) -> None:
+        """Greedy completions of a few held-out public prompts as TensorBoard text (never private ones)."""
+        env = self.env
+        if logger is None or not env.show_every or round_idx % env.show_every:
+            return
+        rows = env.eval_rows(env.show_completions)
+        if not rows:
+            return
+        comp = self.completions(policy, rows, greedy=True)
+        rewards, _ = env.rewards(rows, comp.texts, 1, None)
+        lines = ["|prompt|completion|reward|", "|-|-|-|"]
+        lines += [f"|`{p}`|`{c}`|{float(r):.3f}|" for p, c, r in zip(env.prompts(rows), comp.texts, rewards[:, 0])]
+        logger.text("eval/completions", "\n".join(lines), round_idx)
+
+    def summary(self, policy) -> dict:
+        try:  # public prompts; a reward that fails here has already failed the run (DataError)
+            greedy = self.evaluate(policy, self.env.eval_size, greedy=True)
+        except DataError:
+            greedy = None
+        return {"trainable_parameters": policy.num_trainable(), "eval_samples": self.env.eval_samples,
+                "final_greedy_return": greedy}
+
+

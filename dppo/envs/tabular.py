@@ -129,16 +129,6 @@ class TabularMDP:
         states.append(s)
         return states, actions, rewards
 
-    def sample_episode(self, policy: torch.Tensor, generator: torch.Generator):
-        """One episode of a deterministic policy ``pi[h, s]`` (or stationary ``pi[s]``).
-
-        Returns:
-            (states [H+1], actions [H], rewards [H]) tensors (long, long, float64).
-        """
-        pi = self._as_deterministic(policy).tolist()
-        st, ac, rw = self.episode_from_uniforms(pi, self.uniforms(1, generator)[0].tolist())
-        return torch.tensor(st), torch.tensor(ac), torch.tensor(rw, dtype=torch.float64)
-
     def sample_episodes(self, policy: torch.Tensor, n: int, generator: torch.Generator):
         """``n`` episodes at once, vectorized over episodes (same uniforms -> same draws as the fast path).
 

@@ -151,18 +151,6 @@ class LMPolicy(nn.Module):
     def num_trainable(self) -> int:
         return sum(p.numel() for _, p in self.trainable())
 
-    def trainable_vector(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for _, p in self.trainable()])
-
-    def add_to_trainable(self, delta: torch.Tensor) -> None:
-        """theta <- theta + delta on the trainable parameters (flattened in ``trainable()`` order)."""
-        offset = 0
-        with torch.no_grad():
-            for _, p in self.trainable():
-                n = p.numel()
-                p.add_(delta[offset:offset + n].view_as(p).to(device=p.device, dtype=p.dtype))
-                offset += n
-
     def adapter_state(self) -> dict:
         return {n: p.detach().cpu().clone() for n, p in self.trainable()}
 
