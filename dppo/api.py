@@ -135,7 +135,8 @@ def validate_dictconfig(cfg: DictConfig) -> DictConfig:
     return merged
 
 
-def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbacks=(), **objects) -> dict:
+def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbacks=(), reward_funcs=None,
+          reward_weights=None, train_dataset=None, eval_dataset=None, **objects) -> dict:
     """Train from a config (list of ``key=value``, dict, ``TrainConfig`` or DictConfig); returns the summary.
 
     Any of ``policy``, ``env``, ``privacy``, ``logger``, ``sampler``, ``learner`` may be passed in to
@@ -147,9 +148,20 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
     ``summary.json`` (the returned summary and the objects you passed in are all that remains), and such a
     run cannot be resumed. Give a ``run_dir`` to keep the run (the CLI's layout: ``python train.py
     resume=<run_dir>`` continues it).
+
+    With ``env=prompts``, TRL's names give the rewards and prompts from Python (``dppo.envs.prompts``):
+    ``reward_funcs`` (a callable, a dotted path, or a list of them; called as ``f(prompts=, completions=,
+    **columns)``), ``reward_weights``, ``train_dataset`` and ``eval_dataset`` (a ``datasets.Dataset`` or a list
+    of dicts). They go to the prompts env through the one build path (``dppo.build.build_env``), so the split
+    rules and checks are those of a prompts file: the weighted reward is clipped to ``reward_bound``, user ids
+    name private rows only, evaluation uses the public ones. The run's config records the rewards' dotted names
+    and the rows' SHA-256; a resume (or ``dppo.load``) must pass the same objects again.
     """
     composed, overrides = _config_and_overrides(cfg)
-    trainer, dist = start(composed, run_dir, resume=resume, callbacks=callbacks, overrides=overrides, **objects)
+    inputs = {"reward_funcs": reward_funcs, "reward_weights": reward_weights, "train_dataset": train_dataset,
+              "eval_dataset": eval_dataset}
+    trainer, dist = start(composed, run_dir, resume=resume, callbacks=callbacks, overrides=overrides,
+                          env_inputs=inputs, **objects)
     return finish(trainer, dist)
 
 

@@ -10,7 +10,7 @@ import os
 
 import torch
 from hydra.utils import get_class, instantiate
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from dppo.config import to_container, validate
 from dppo.data import OnePassUserSampler, PoissonUserSampler
@@ -54,12 +54,62 @@ def learner_class(cfg):
         raise ConfigError(f"algo target '{cfg.algo._target_}' cannot be imported; check conf/algo/") from None
 
 
-def build_env(cfg):
+ENV_INPUTS = ("reward_funcs", "reward_weights", "train_dataset", "eval_dataset")  # TRL's names, Python only
+
+
+def build_env(cfg, inputs: dict | None = None):
+    """Instantiate cfg.env. ``inputs``: objects passed from Python to a prompts env (TRL's ``reward_funcs``,
+    ``reward_weights``, ``train_dataset``, ``eval_dataset``: callables and rows, not config values), given to
+    its constructor as they are and recorded in ``cfg.env`` (the rewards' dotted names, the rows' SHA-256), so
+    the run's config, fingerprint and a resume or ``dppo.load`` name the same rewards and rows."""
     check_target_keys(cfg.env, "env")
+    given = env_inputs(cfg, inputs)
     try:
-        return instantiate(cfg.env, _convert_="all")
+        if not given:
+            return instantiate(cfg.env, _convert_="all")
+        # not through the config (OmegaConf would copy rows and callables into nodes)
+        env = instantiate(cfg.env, _convert_="all", _partial_=True)(**given)
     except Exception as err:  # noqa: BLE001 - hydra wraps the real error
         raise _unwrap(err, "env") from None
+    record_env_inputs(cfg, env, given)
+    return env
+
+
+def env_inputs(cfg, inputs: dict | None) -> dict:
+    """The Python objects given for the env, as the prompts env's constructor takes them ({} if none)."""
+    given = {k: v for k, v in (inputs or {}).items() if v is not None}
+    unknown = set(given) - set(ENV_INPUTS)
+    if unknown:
+        raise ConfigError(f"unknown env input(s) {sorted(unknown)}; the Python inputs are {list(ENV_INPUTS)}")
+    if not given:
+        return {}
+    from dppo.envs.prompts import PromptsEnv
+
+    target = OmegaConf.select(cfg, "env._target_", default=None)
+    if target != f"{PromptsEnv.__module__}.{PromptsEnv.__name__}":
+        raise ConfigError(f"reward_funcs / reward_weights / train_dataset / eval_dataset apply to env=prompts, "
+                          f"not to env target {target}")
+    if "reward_funcs" in given and not isinstance(given["reward_funcs"], (list, tuple)):
+        given["reward_funcs"] = [given["reward_funcs"]]
+    if "train_dataset" in given:
+        given["dataset"] = given.pop("train_dataset")
+    return given
+
+
+def record_env_inputs(cfg, env, given: dict) -> None:
+    """Write what the Python inputs were into ``cfg.env``: dotted reward names, weights, the rows' SHA-256 (a
+    resume or reload handed other rows is refused by the env)."""
+    from dppo.envs.prompts import PYTHON_ROWS
+
+    with open_dict(cfg):
+        if "reward_funcs" in given:
+            cfg.env.reward = None
+            cfg.env.reward_funcs = list(env.reward_names)
+        if "reward_weights" in given:
+            cfg.env.reward_weights = list(env.reward_weights)
+        if "dataset" in given:
+            cfg.env.path = PYTHON_ROWS
+            cfg.env.data_sha256 = env.data_sha256
 
 
 def load_init_source(init_from: str | None) -> tuple[dict | None, dict | None]:
@@ -467,10 +517,11 @@ def _plain(v):
 
 
 def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=None, privacy=None, logger=None,
-          sampler=None, learner=None) -> Trainer:
+          sampler=None, learner=None, env_inputs: dict | None = None) -> Trainer:
     """Build every object of a run from ``cfg``, once and in order (env -> privacy -> sampler -> logger ->
     policy -> space -> oracle -> learner -> trainer); any object passed in is used instead of being built.
-    Nothing is written before every object is built and checked: the run directory is made last."""
+    Nothing is written before every object is built and checked: the run directory is made last.
+    ``env_inputs``: a prompts env's objects from Python (``build_env``; ``cfg.env`` records them)."""
     validate(cfg)
     dist = distributed.from_env()
     if not dist.is_main:  # torchrun rank > 0: computes its shard of each round, writes nothing
@@ -480,7 +531,9 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     check_shortcuts(cfg, cls)
     check_memory(cfg)
     env_given = env is not None
-    env = env if env_given else build_env(cfg)
+    if env_given and any(v is not None for v in (env_inputs or {}).values()):
+        raise ConfigError("pass either env= or reward_funcs / train_dataset / eval_dataset, not both")
+    env = env if env_given else build_env(cfg, env_inputs)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
     init_state, init_record = load_init_source(OmegaConf.select(cfg, "policy.init_from", default=None))
     if sampler is None:

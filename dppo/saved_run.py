@@ -3,6 +3,7 @@
     run = dppo.load("runs/2026-12-01/10-00-00_dp_pg_s0")     # a run directory, or a policy.pt on its own
     action = run.policy.predict(obs, deterministic=True)      # numpy in, numpy out; single or batched obs
     action, _ = run.predict(obs, deterministic=True)          # Stable-Baselines3's contract: (actions, state)
+    run.policy.generate(["123+456="])                          # policy=lm: completions of text prompts
     run.evaluate(episodes=20)                                  # held-out public episodes, as final_return
 
 From a run directory with checkpoints, the learner is rebuilt from ``.hydra/config.yaml`` exactly as training
@@ -73,37 +74,44 @@ class SavedRun:
         return self.policy.predict(observation, deterministic=deterministic), None
 
 
-def load(path: str, overrides: list[str] | None = None) -> SavedRun:
-    """Load a run directory written by ``python train.py`` or ``dppo.train``, or a ``policy.pt`` file."""
+def load(path: str, overrides: list[str] | None = None, *, reward_funcs=None, reward_weights=None,
+         train_dataset=None, eval_dataset=None) -> SavedRun:
+    """Load a run directory written by ``python train.py`` or ``dppo.train``, or a ``policy.pt`` file.
+
+    A prompts run trained on rewards or rows passed from Python (``dppo.train(cfg, reward_funcs=...,
+    train_dataset=...)``) needs the same objects again (the rows are checked against the recorded SHA-256).
+    """
     from dppo.training.checkpoint import load_latest_checkpoint
 
+    inputs = {"reward_funcs": reward_funcs, "reward_weights": reward_weights, "train_dataset": train_dataset,
+              "eval_dataset": eval_dataset}
     if os.path.isfile(path):
-        return _load_policy_file(path, os.path.dirname(os.path.abspath(path)), overrides)
+        return _load_policy_file(path, os.path.dirname(os.path.abspath(path)), overrides, inputs)
     if not os.path.isdir(path):
         raise ConfigError(f"{path} is neither a run directory nor a policy.pt file")
     ckpt_dir = os.path.join(path, "checkpoints")
     state, ckpt = load_latest_checkpoint(ckpt_dir) if os.path.isdir(ckpt_dir) else (None, None)
     if state is not None and os.path.isfile(os.path.join(path, ".hydra", "config.yaml")):
-        return _load_checkpoint(path, state, ckpt, overrides)
+        return _load_checkpoint(path, state, ckpt, overrides, inputs)
     if os.path.isfile(os.path.join(path, POLICY_FILE)):
-        return _load_policy_file(os.path.join(path, POLICY_FILE), path, overrides)
+        return _load_policy_file(os.path.join(path, POLICY_FILE), path, overrides, inputs)
     raise ConfigError(f"{path} is not a run directory to load: it has neither a usable checkpoint "
                       f"(checkpoints/ckpt_*.pt) nor a {POLICY_FILE}")
 
 
-def _load_checkpoint(run_dir: str, state: dict, path: str, overrides) -> SavedRun:
+def _load_checkpoint(run_dir: str, state: dict, path: str, overrides, inputs=None) -> SavedRun:
     from dppo.api import load_run_config
     from dppo.build import fingerprint
     from dppo.training.checkpoint import check_fingerprint
 
     cfg = load_run_config(run_dir, overrides)
     check_fingerprint(state["fingerprint"], fingerprint(cfg))
-    trainer = _build(_without_init_source(copy.deepcopy(cfg)))   # the checkpoint holds the weights
+    trainer = _build(_without_init_source(copy.deepcopy(cfg)), inputs)   # the checkpoint holds the weights
     trainer.learner.load_state_dict(state["learner"])
     return _saved(trainer, cfg, run_dir, path, int(state["round"]), state.get("provenance"))
 
 
-def _load_policy_file(path: str, folder: str, overrides) -> SavedRun:
+def _load_policy_file(path: str, folder: str, overrides, inputs=None) -> SavedRun:
     """Rebuild the policy of a ``policy.pt``: its own config (else the folder's ``.hydra/config.yaml``)."""
     import torch
     from omegaconf import OmegaConf
@@ -125,7 +133,7 @@ def _load_policy_file(path: str, folder: str, overrides) -> SavedRun:
         cfg = load_run_config(folder, overrides)
     else:
         raise ConfigError(f"{path} carries no config and {folder} has no .hydra/config.yaml; nothing to rebuild from")
-    trainer = _build(_without_init_source(cfg))
+    trainer = _build(_without_init_source(cfg), inputs)
     policy = getattr(trainer.learner, "policy", None)
     if policy is None:
         raise ConfigError(f"the config in {path} builds a learner without a neural policy")
@@ -147,8 +155,9 @@ def _without_init_source(cfg):
     return cfg
 
 
-def _build(cfg):
-    """The learner of ``cfg``, built exactly as training builds it, writing nothing; global RNGs untouched."""
+def _build(cfg, inputs=None):
+    """The learner of ``cfg``, built exactly as training builds it, writing nothing; global RNGs untouched
+    (``inputs``: a prompts env's Python objects, ``dppo.build.build_env``)."""
     from dppo.build import build
     from dppo.training.checkpoint import rng_state, set_rng_state
     from dppo.training.logger import Logger
@@ -156,7 +165,7 @@ def _build(cfg):
     saved_rng = rng_state()
     try:
         cfg.progress = False
-        return build(cfg, None, logger=Logger([]))
+        return build(cfg, None, logger=Logger([]), env_inputs=inputs)
     finally:
         set_rng_state(saved_rng)
 

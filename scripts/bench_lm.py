@@ -1,10 +1,13 @@
 """Private vs non-private update cost of the LM learners, side by side in one run: ``python scripts/bench_lm.py``.
 
-For one round's data (m prompts x G sampled completions; by default the m, G and LoRA config of
-``+experiment=lm_addition``, and LoRA r = 4 on all seven projections beside it) it times, after a warm-up and as the median of
-``--repeats``:
+For one round's data (m prompts x G sampled completions of a task's prompts; the m and G of its experiment)
+and each policy config - by default the private config of every task in ``scripts/reproduce_lm.py``
+(``TASKS[task]["private"]``: what the reference's private rows run), then LoRA r = 2 on q, v, LoRA r = 8 on all
+seven projections and full fine-tuning of the linear layers on the addition model beside them, those not
+benched already (``--adapters`` picks others from ``reproduce_lm.ADAPTERS``) - it times, after a warm-up and as the median of ``--repeats``, interleaved:
   non-private: one backward pass of the summed GRPO objective (a plain PG step's cost);
-  private:     per-user adapter gradients (``AdapterSpace.user_gradients``: the per-user-gradient engine,
+  private:     per-user gradients of the trainable parameters (the learner's parameter space,
+               ``AdapterSpace`` / ``FullSpace.user_gradients``: the engine ``dppo.policies.per_user_grads``,
                forward/backward + per-layer products), per-user clipping and the noisy sum
                (``GaussianSumPrivatizer.release_mean``),
 and the peak memory of each call above its start (CPU: the peak of the running sum of the tensor
@@ -26,26 +29,26 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from dppo.algos.core import group_advantages  # noqa: E402
-from dppo.envs.prompts import PromptsEnv  # noqa: E402
-from dppo.policies.lm import LMPolicy, pick_device  # noqa: E402
+from dppo.policies.lm import pick_device  # noqa: E402
 from dppo.policies.spaces import make_space  # noqa: E402
 from dppo.privacy import NoiseSource, PrivacyContext  # noqa: E402
 from dppo.privacy.accountants import make_accountant  # noqa: E402
 from dppo.privacy.clipping import GaussianSumPrivatizer  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-WIDE_LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                    "down_proj"]}
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from reproduce_lm import ADAPTERS, TASKS  # noqa: E402
 
 
-def experiment_lora() -> tuple[dict, int, int]:
-    """The LoRA config, prompts per round and G of ``+experiment=lm_addition`` (what the reference runs use)."""
-    from omegaconf import OmegaConf
-
+def setup(task: str, adapter: str, device: str, extra: tuple = ()):
+    """(policy, env, m, G) of a task's experiment with an adapter of ``reproduce_lm.ADAPTERS`` (as a run builds them)."""
     from dppo.api import make_config
+    from dppo.build import build_env, build_policy
 
-    cfg = make_config(["+experiment=lm_addition"])
-    return OmegaConf.to_container(cfg.policy.lora), int(cfg.users_per_round), int(cfg.group_size)
+    cfg = make_config([f"+experiment={TASKS[task]['experiment']}", *ADAPTERS[adapter][0], f"device={device}",
+                       "eps=null", *extra])
+    env = build_env(cfg)
+    return build_policy(cfg, env), env, int(cfg.users_per_round), int(cfg.group_size)
 
 
 def large_model_dir(device) -> str:
@@ -86,18 +89,16 @@ def peak_memory(fn, device) -> tuple[float, float]:
     return float("nan"), peak / 2**20
 
 
-def bench(path: str, device: str, users: int, group: int, repeats: int, label: str, lora: dict) -> dict:
-    policy = LMPolicy(path, lora=lora, max_new_tokens=5, device=device)
-    env = PromptsEnv(os.path.join(ROOT, "assets", "lm", "addition.jsonl.gz"), "dppo.envs.tasks.addition.digit_reward")
+def bench(policy, env, users: int, group: int, repeats: int, label: str) -> dict:
     batch = env.collector(0).users(policy, list(range(users)), 0, group, 1.0)[0]  # a round's data (user streams)
     A = group_advantages(batch.grouped(batch.returns))[0].reshape(-1, 1)
-    space = make_space(policy, dim=None)
+    space = make_space(policy, dim=None)   # what the learner moves: AdapterSpace (LoRA) or FullSpace
     coef = (A.reshape(-1) / group).float()
     per_pass = max(1, policy.micro_batch // group)
 
     privacy = PrivacyContext(8.0, 1e-5, accountant=make_accountant("parallel"), noise=NoiseSource(0, secure=False))
     privatizer = GaussianSumPrivatizer(privacy, 1.0)
-    dev = pick_device(device)
+    dev = policy.device_
 
     def non_private():  # one backward of the summed objective (micro-batches of users)
         total = [torch.zeros_like(p, dtype=torch.float64) for p in space.params]
@@ -109,7 +110,7 @@ def bench(path: str, device: str, users: int, group: int, repeats: int, label: s
                 t_ += g_.double()
         return torch.cat([t_.reshape(-1).cpu() for t_ in total]) / users
 
-    def private():
+    def private():  # per-user gradients (dppo.policies.per_user_grads), clipping, the noisy sum
         return privatizer.release_mean(space.user_gradients(batch, A), 0)[0]
 
     def grads_only():
@@ -131,8 +132,7 @@ def bench(path: str, device: str, users: int, group: int, repeats: int, label: s
     mem = {name: peak_memory(fn, dev)[1] for name, fn in fns.items() if name != "per-user grads"}
     med = {name: statistics.median(v) for name, v in times.items()}
     tp, tn = med["private"], med["non-private"]
-    targets = ",".join(t.replace("_proj", "") for t in lora["target_modules"])
-    print(f"\n[{label}, LoRA r={lora['r']} on {targets}] {sum(p.numel() for p in policy.model.parameters())} "
+    print(f"\n[{label}] {sum(p.numel() for p in policy.model.parameters())} "
           f"parameters, {policy.num_trainable()} trainable; m={users} prompts x G={group}; device {dev}; "
           f"generation {batch.tokens / max(batch.seconds, 1e-9):,.0f} tokens/s (KV cache)")
     print(f"{'update':<34}{'time (s)':>10}{'peak MiB':>10}")
@@ -151,22 +151,29 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=None, help="prompts per round (default: the experiment's)")
     ap.add_argument("--group", type=int, default=None, help="G (default: the experiment's)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--adapters", nargs="*", default=None, choices=sorted(ADAPTERS),
+                    help="configs on the addition model beside the tasks' private configs "
+                         "(default: lora_r2_qv lora_r8_all full_linear, those not already benched)")
     ap.add_argument("--large", action="store_true", help="also the larger config (default on a GPU)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    lora, users, group = experiment_lora()
-    users, group = args.users or users, args.group or group
-    tiny = os.path.join(ROOT, "assets", "lm", "tiny-addition")
-    rows = [("tiny-addition (experiment lm_addition)", tiny, lora)]
-    if lora != WIDE_LORA:
-        rows.append(("tiny-addition", tiny, WIDE_LORA))
+    rows = [(task, TASKS[task]["private"][0], "private config of the reference") for task in TASKS]
+    for adapter in (["lora_r2_qv", "lora_r8_all", "full_linear"] if args.adapters is None else args.adapters):
+        if ("addition", adapter) not in [(t, a) for t, a, _ in rows]:
+            rows.append(("addition", adapter, "other config"))
     if args.large or pick_device(args.device).type == "cuda":
-        rows.append(("large (hidden 512)", large_model_dir(args.device), lora))
-    ratios = [(label, lo, bench(path, args.device, users, group, args.repeats, label, lo)) for label, path, lo in rows]
+        rows.append(("addition", TASKS["addition"]["private"][0], "large (hidden 512)"))
+    ratios = []
+    for task, adapter, why in rows:
+        extra = (f"policy.path={large_model_dir(args.device)}",) if why.startswith("large") else ()
+        policy, env, users, group = setup(task, adapter, args.device, extra)
+        label = f"{task}, {ADAPTERS[adapter][1]} ({why})"
+        r = bench(policy, env, args.users or users, args.group or group, args.repeats, label)
+        ratios.append((label, policy.num_trainable(), r))
+        del policy
     print("\nsummary (private / non-private update, side by side in this run):")
-    for label, lo, r in ratios:
-        print(f"  {label:<40} LoRA r={lo['r']} x {len(lo['target_modules'])} modules: time {r['time']:.2f}x, "
-              f"peak memory {r['memory']:.2f}x")
+    for label, d, r in ratios:
+        print(f"  {label:<75} {d:>8,} trainable: time {r['time']:.2f}x, peak memory {r['memory']:.2f}x")
 
 
 if __name__ == "__main__":

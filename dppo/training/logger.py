@@ -226,6 +226,8 @@ class Logger:
         self.diagnostics = bool(diagnostics)
         self.values: dict[str, float] = {}
         self.last: dict[str, float] = {}
+        self.texts: list[tuple[str, str]] = []
+        self.last_step = 0
 
     def record(self, key: str, value) -> None:
         if not self.diagnostics and key.startswith((DIAG_PREFIX, TIMING_PREFIX)):
@@ -242,8 +244,16 @@ class Logger:
         if clean:
             for out in self.outputs:
                 out.write(clean, int(step))
+        self.write_texts(int(step))
         self.last = dict(self.values)
         self.values = {}
+        self.last_step = int(step)
+
+    def write_texts(self, step: int) -> None:
+        for key, text in self.texts:
+            for out in self.outputs:
+                out.write_text(key, text, step)
+        self.texts = []
 
     def log_hparams(self, hparams: dict, metrics: dict | None = None, step: int = 0) -> None:
         """Resolved hyper-parameters; with ``metrics`` (end of a session) they are written with those results."""
@@ -259,12 +269,16 @@ class Logger:
         for out in self.outputs:
             out.open()
 
-    def text(self, key: str, text: str, step: int) -> None:
-        """A text record (e.g. completions of public prompts) written at once to the outputs that take text."""
-        for out in self.outputs:
-            out.write_text(key, text, step)
+    def text(self, key: str, text: str, round_idx: int | None = None) -> None:
+        """A text record (e.g. completions of public prompts), recorded like a value: written with the next
+        ``dump``, at its step (``global_step``, the axis of every metric of the round), to the outputs that
+        take text. ``round_idx``, the round it belongs to, heads the text."""
+        head = "" if round_idx is None else f"round {int(round_idx)}\n\n"
+        self.texts.append((key, head + text))
 
     def close(self) -> None:
+        if self.texts:  # recorded after the last dump: written at its step
+            self.write_texts(self.last_step)
         for out in self.outputs:
             out.close()
 
