@@ -17,6 +17,8 @@ import json
 
 import numpy as np
 
+from dppo.envs.tasks.addition import distinct_rows
+
 MAX_OPERAND = 999
 CHARS = "0123456789+=;"
 STOP = 0.25          # the share of demonstrations that end right after the answer
@@ -65,15 +67,9 @@ def demonstration(first: tuple[str, str], rng: np.random.Generator, max_chars: i
 
 
 def write_prompts(path: str, *, public: int, private: int, seed: int = 0) -> None:
-    """A prompts file: ``public`` rows (held-out evaluation, ``split=public``) then ``private`` rows
-    (the users of RL, ``split=private``); distinct problems, seeded. ``.gz`` paths are gzip-compressed."""
-    rng = np.random.default_rng(seed)
-    seen, rows = set(), []
-    while len(rows) < public + private:
-        for p, a in sample_problems(public + private, rng):
-            if p not in seen and len(rows) < public + private:
-                seen.add(p)
-                rows.append({"prompt": p, "answer": a, "split": "public" if len(rows) < public else "private"})
+    """A prompts file of :func:`~dppo.envs.tasks.addition.distinct_rows` (``.gz`` paths are gzip-compressed,
+    with mtime 0)."""
+    rows = distinct_rows(sample_problems, public, private, seed)
     text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in rows).encode()
     with open(path, "wb") as f:  # gzip with mtime 0: the same bytes on every build
         f.write(gzip.compress(text, mtime=0) if path.endswith(".gz") else text)
