@@ -31,7 +31,10 @@ VECTORIZATION = ("auto", "native", "sync", "async", "none")
 class Episodes:
     """Padded episodes: ``obs[N, T, ...]``, ``actions[N, T]``, ``rewards[N, T]`` (clipped, float64),
     ``mask[N, T]`` (True on real steps), ``returns[N]`` (sum of clipped rewards). For a round, the N
-    episodes are m users x G rollouts, user-major (episode i belongs to user i // G)."""
+    episodes are m users x G rollouts, user-major (episode i belongs to user i // G).
+    ``terminated[N]`` is True when the episode ended in a terminal state (False when it was truncated at the
+    horizon: its last step should be bootstrapped) and ``final_obs[N, ...]`` is the observation after its
+    last step (both None from the former collector)."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -40,6 +43,8 @@ class Episodes:
     returns: torch.Tensor
     clipped: torch.Tensor  # (N,) rewards clipped per episode
     group_size: int = 1
+    terminated: torch.Tensor | None = None
+    final_obs: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -52,8 +57,10 @@ class Episodes:
     def take(self, lo: int, hi: int, group_size: int = 1) -> "Episodes":
         """Episodes lo..hi-1 (padding trimmed to their longest)."""
         T = max(1, int(self.mask[lo:hi].sum(1).max())) if hi > lo else 1
+        cut = lambda x: None if x is None else x[lo:hi]
         return Episodes(self.obs[lo:hi, :T], self.actions[lo:hi, :T], self.rewards[lo:hi, :T], self.mask[lo:hi, :T],
-                        self.returns[lo:hi], self.clipped[lo:hi], int(group_size))
+                        self.returns[lo:hi], self.clipped[lo:hi], int(group_size), cut(self.terminated),
+                        cut(self.final_obs))
 
     @property
     def users(self) -> int:
@@ -100,12 +107,12 @@ class _ListBackend:
 
     def step(self, actions: np.ndarray, active: np.ndarray, cur: np.ndarray):
         obs, rew = cur.copy(), np.zeros(len(self.envs))
-        done = ~active
+        term, trunc = np.zeros(len(self.envs), dtype=bool), ~active
         for i in np.flatnonzero(active):
             a = actions[i] if actions.dtype.kind == "f" else int(actions[i])  # Box actions stay vectors
-            o, r, term, trunc, _ = self.envs[i].step(a)
-            obs[i], rew[i], done[i] = np.asarray(o, dtype=np.float32), float(r), bool(term or trunc)
-        return obs, rew, done
+            o, r, te, tr, _ = self.envs[i].step(a)
+            obs[i], rew[i], term[i], trunc[i] = np.asarray(o, dtype=np.float32), float(r), bool(te), bool(tr)
+        return obs, rew, term, trunc
 
     def close(self):
         for e in self.envs:
@@ -149,7 +156,8 @@ class _VectorBackend:
 
     def step(self, actions: np.ndarray, active: np.ndarray, cur: np.ndarray):
         obs, rew, term, trunc, _ = self.vec.step(actions)
-        return np.asarray(obs, dtype=np.float32), np.asarray(rew, dtype=np.float64), np.logical_or(term, trunc)
+        return (np.asarray(obs, dtype=np.float32), np.asarray(rew, dtype=np.float64), np.asarray(term, dtype=bool),
+                np.asarray(trunc, dtype=bool))
 
     def close(self):
         self.vec.close()
@@ -214,6 +222,8 @@ class RolloutEngine:
             rew_buf = np.zeros((n, horizon), dtype=np.float64)
             lengths = np.zeros(n, dtype=np.int64)
             active = np.ones(n, dtype=bool)
+            terminated = np.zeros(n, dtype=bool)
+            final = np.array(cur, dtype=np.float32)   # the observation after each episode's last step
             for t in range(horizon):
                 if not active.any():
                     break
@@ -230,10 +240,12 @@ class RolloutEngine:
                     actions = inverse_cdf_actions(policy.logits(obs_t)[:n], u_t).numpy()
                     act_buf[:, t] = actions
                 obs_buf[:, t] = cur  # rows of finished episodes are masked out below
-                nxt, rew, done = backend.step(actions, active, cur)
+                nxt, rew, term, trunc = backend.step(actions, active, cur)
                 rew_buf[:, t] = np.where(active, rew, 0.0)
                 lengths += active
-                active &= ~done
+                final[active] = nxt[active]
+                terminated |= active & term
+                active &= ~(term | trunc)
                 cur = nxt
         except DataError:
             raise
@@ -251,7 +263,8 @@ class RolloutEngine:
         rewards = torch.from_numpy(np.where(mask, rewards, 0.0))
         obs = torch.from_numpy(obs_buf[:, :T].reshape(n, T, -1))
         return Episodes(obs, torch.from_numpy(act_buf[:, :T]), rewards, torch.from_numpy(mask), rewards.sum(1),
-                        clipped, int(group_size))
+                        clipped, int(group_size), torch.from_numpy(terminated),
+                        torch.from_numpy(final.reshape(n, -1)))
 
 
 # ---- the former collector (reference implementation for the tests and scripts/bench_rollout.py) ----------
