@@ -13,6 +13,9 @@ class Learner:
 
     name = "learner"
     num_rounds: int = 0
+    # env steps of public rollouts (evaluation, public Fisher states) run so far; None if not counted.
+    # The trainer checkpoints it and reports it in summary.json's ``env_steps``.
+    public_env_steps: int | None = None
 
     def train_round(self, round_idx: int) -> dict[str, float]:
         """Run round ``round_idx``: collect from this round's users, make the (private) update,

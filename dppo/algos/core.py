@@ -87,6 +87,7 @@ class GroupPolicyOptimizer(Learner):
         self.group_size, self.advantage = int(group_size), advantage
         self.group_std, self.leave_one_out, self.gamma = bool(group_std), bool(leave_one_out), float(gamma)
         self.rollouts = RolloutEngine(env)
+        self.public_env_steps = 0
         self.params = [p for p in policy.parameters() if p.requires_grad]
         if not self.params:
             raise ConfigError("the policy has no trainable parameters (requires_grad=False everywhere)")
@@ -130,6 +131,8 @@ class GroupPolicyOptimizer(Learner):
         both = self.rollouts.run(self.policy, seeds, torch.cat(uniforms), reward_bound=self.reward_bound)
         n = len(users) * self.group_size
         self.public_batch = both.take(n, n + k) if k else None
+        if k:
+            self.public_env_steps += self.public_batch.env_steps
         return both.take(0, n, self.group_size)
 
     def public_episodes(self, stream: str, round_idx: int, n: int, greedy: bool = False) -> Episodes:
@@ -137,7 +140,9 @@ class GroupPolicyOptimizer(Learner):
         gen = streams.public_generator(self.seed, stream, round_idx)
         uniforms = None if greedy else torch.rand((n, int(self.env.horizon)) + self.action_uniform_shape(),
                                                   generator=gen, dtype=torch.float64)
-        return self.rollouts.run(self.policy, self.public_seeds(stream, round_idx, n), uniforms, reward_bound=None)
+        episodes = self.rollouts.run(self.policy, self.public_seeds(stream, round_idx, n), uniforms, reward_bound=None)
+        self.public_env_steps += episodes.env_steps
+        return episodes
 
     def step_advantages(self, batch: Episodes) -> tuple[torch.Tensor, float]:
         """(A (N, T) float64 per step, zero on padding; fraction of users with zero reward spread)."""
