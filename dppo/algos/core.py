@@ -121,8 +121,8 @@ class GroupPolicyOptimizer(Learner):
         """
         H, k = int(self.env.horizon), self.public_per_round
         extra = self.action_uniform_shape()
-        uniforms = [torch.rand((self.group_size, H) + extra, generator=streams.user_generator(self.seed, u, round_idx),
-                               dtype=torch.float64) for u in users]
+        uniforms = [self.action_uniforms(streams.user_generator(self.seed, u, round_idx), (self.group_size, H) + extra)
+                    for u in users]
         seeds = self.user_reset_seeds(users)
         if k:
             uniforms.append(torch.rand((k, H) + extra, generator=streams.public_generator(self.seed, "fisher", round_idx),
@@ -134,6 +134,10 @@ class GroupPolicyOptimizer(Learner):
         if k:
             self.public_env_steps += self.public_batch.env_steps
         return both.take(0, n, self.group_size)
+
+    def action_uniforms(self, generator: torch.Generator, shape: tuple) -> torch.Tensor:
+        """The uniforms of one user's rollouts (G, horizon, ...), from that user's own generator: iid U(0, 1)."""
+        return torch.rand(shape, generator=generator, dtype=torch.float64)
 
     def public_episodes(self, stream: str, round_idx: int, n: int, greedy: bool = False) -> Episodes:
         """``n`` rollouts of the current (released) policy from public seeds, public sampling stream."""
