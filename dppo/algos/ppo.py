@@ -36,12 +36,14 @@ PPO (``eps=null``) runs the same code with the noiseless clipped sums.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
 
 from dppo.algos.core import GroupPolicyOptimizer
 from dppo.algos.per_user_grads import per_user_gradients
+from dppo.algos.rollout import RolloutEngine
 from dppo.data import streams
 from dppo.errors import ConfigError, DataError
 from dppo.policies.critic import ValueMLP
@@ -112,6 +114,10 @@ class PPO(GroupPolicyOptimizer):
         action_noise_corr: rho of temporally correlated exploration: a user's sampling uniforms are
             Phi(z_t) with z an AR(1) process of correlation rho (each u_t still exactly U(0, 1), so each
             action is marginally pi(.|s_t); 0: independent uniforms), drawn from the user's own stream.
+        user_horizon: cut each user's episodes after this many steps (null: the env's horizon); the cut
+            episodes are bootstrapped from the critic like any truncated one, evaluation keeps the full
+            horizon. Fewer users' env steps per user, more users per env step.
+        optimizer, momentum: ``adam`` (default) or ``sgd`` (with ``momentum``) on the released means.
         composition: ``gdp`` (exact) or ``rdp``: how the round's releases are composed
             (``dppo.privacy.composed``).
     """
@@ -124,7 +130,8 @@ class PPO(GroupPolicyOptimizer):
                  clip_range: float = 0.2, ent_coef: float = 0.0, lr: float = 3e-4, critic_lr: float | None = None,
                  anneal_lr: bool = False, adam_eps: float = 1e-5, critic_max_grad_norm: float | None = None,
                  critic_hidden_sizes=(64, 64), critic_activation: str = "tanh", value_scale="auto",
-                 adv_norm: str = "scale", action_noise_corr: float = 0.0, composition: str = "gdp"):
+                 adv_norm: str = "scale", action_noise_corr: float = 0.0, user_horizon: int | None = None,
+                 optimizer: str = "adam", momentum: float = 0.9, composition: str = "gdp"):
         super().__init__(policy, env, privacy, sampler, seed=seed, rounds=rounds, reward_bound=reward_bound,
                          group_size=group_size, advantage="to_go", gamma=gamma)  # (PPO's advantages: GAE below)
         if adv_norm not in ADV_NORMS:
@@ -160,8 +167,20 @@ class PPO(GroupPolicyOptimizer):
         self.critic = ValueMLP(env.observation_space, critic_hidden_sizes, critic_activation)
         self.critic_params = list(self.critic.parameters())
         self.lr, self.critic_lr, self.anneal_lr = float(lr), float(critic_lr or lr), bool(anneal_lr)
-        self.optimizer = torch.optim.Adam([{"params": self.params, "lr": self.lr},
-                                           {"params": self.critic_params, "lr": self.critic_lr}], eps=adam_eps)
+        groups = [{"params": self.params, "lr": self.lr}, {"params": self.critic_params, "lr": self.critic_lr}]
+        if optimizer == "adam":
+            self.optimizer = torch.optim.Adam(groups, eps=adam_eps)
+        elif optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(groups, momentum=momentum)
+        else:
+            raise ConfigError(f"algo.optimizer must be 'adam' or 'sgd', got '{optimizer}'")
+        self.user_env = None
+        if user_horizon is not None and int(user_horizon) < int(env.horizon):
+            if int(user_horizon) < 1 or not hasattr(env, "make"):
+                raise ConfigError(f"algo.user_horizon must be >= 1 and needs a gym env factory, got {user_horizon}")
+            self.user_env = copy.copy(env)
+            self.user_env.horizon = int(user_horizon)
+            self.user_rollouts = RolloutEngine(self.user_env)
         # each user: one minibatch per epoch, two sums (actor, critic) per minibatch step
         self.release = composed_sums(privacy, releases_per_user=2 * self.epochs, composition=composition)
 
@@ -311,8 +330,16 @@ class PPO(GroupPolicyOptimizer):
         return torch.special.ndtr(z).clamp(1e-12, 1 - 1e-12)
 
     def collect(self, users, round_idx: int):
+        """The users' episodes (``dppo.algos.core``), cut at ``user_horizon`` when it is set."""
         self.round_users = [int(u) for u in users]
-        return super().collect(users, round_idx)
+        if self.user_env is None:
+            return super().collect(users, round_idx)
+        full = self.env, self.rollouts
+        self.env, self.rollouts = self.user_env, self.user_rollouts
+        try:
+            return super().collect(users, round_idx)
+        finally:
+            self.env, self.rollouts = full
 
     # ---- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:

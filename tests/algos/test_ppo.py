@@ -207,3 +207,19 @@ def test_correlated_exploration_keeps_every_uniform_exactly_uniform_and_correlat
     assert float((z[:, 1:] * z[:, :-1]).mean()) == pytest.approx(0.9, abs=0.03)
     white = _learner().action_uniforms(torch.Generator().manual_seed(0), (3, 5))
     assert torch.equal(white, torch.rand((3, 5), generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+
+
+def test_user_horizon_cuts_the_users_episodes_and_bootstraps_them_while_evaluation_keeps_the_full_horizon():
+    """user_horizon = 6 on a 30-step CartPole: every training episode has <= 6 steps, a 6-step episode is
+    truncated (bootstrapped), not terminated; the learner's env (evaluation) keeps horizon 30."""
+    L = _learner(users=4, user_horizon=6)
+    batch = L.collect(list(range(4)), 0)
+    assert int(batch.lengths.max()) <= 6 and batch.mask.shape[-1] == 6
+    full = batch.lengths == 6
+    assert full.any() and not bool(batch.terminated[full].any())
+    assert L.env.horizon == 30 and L.rollouts.factory.horizon == 30
+    L.update(batch, 0)
+    with pytest.raises(ConfigError, match="user_horizon"):
+        _learner(user_horizon=0)
+    with pytest.raises(ConfigError, match="optimizer"):
+        _learner(optimizer="rmsprop")
