@@ -14,21 +14,19 @@ import re
 from omegaconf import DictConfig, OmegaConf
 
 from dppo.build import build
-from dppo.config import TrainConfig, compose
+from dppo.config import TrainConfig, compose, hydra_message
 from dppo.errors import ConfigError, DPPOError
 from dppo.training import distributed
 from dppo.training.rundir import check_fresh, write_layout
 
-GROUPS = ("algo", "env", "policy", "privacy", "logger", "callbacks")
+GROUPS = ("algo", "env", "policy", "oracle", "logger", "callbacks")  # group choices (a string picks an option)
 _PLAIN = re.compile(r"[A-Za-z_/][\w\-./:]*")  # a string Hydra reads as the same string when unquoted
 _KEYWORDS = ("true", "false", "null", "none", "inf", "nan", "yes", "no", "on", "off")
 
 
 def config_error(err: BaseException) -> ConfigError:
     """The one-line error the CLI prints for a Hydra/OmegaConf composition failure."""
-    from dppo.cli import _hydra_message
-
-    return ConfigError(_hydra_message(err))
+    return ConfigError(hydra_message(err))
 
 
 def _compose(overrides: list[str]) -> DictConfig:
@@ -60,15 +58,13 @@ def render(value) -> str:
 
 
 def dict_to_overrides(d: dict) -> list[str]:
-    """Group choices (``{'algo': 'dp_pg'}``) first, then one override per leaf; a dict value is descended
-    where the composed config has a group there, else given whole (``algo.fisher_states={low: ...}``)."""
-    choices = [f"{k}={v}" for k, v in d.items() if k in GROUPS and isinstance(v, str)]
-    base = _compose(choices)
-    out = list(choices)
+    """Group choices (``{'algo': 'dp_pg'}``) first, then one override per leaf: a nested dict is descended to
+    its leaves (``{'env': {'id': 'Acrobot-v1'}}`` -> ``env.id=Acrobot-v1``), a list is one value. Nothing is
+    composed here: the overrides are composed once, by ``make_config``."""
+    out = [f"{k}={v}" for k, v in d.items() if k in GROUPS and isinstance(v, str)]
 
     def walk(prefix: str, value):
-        node = OmegaConf.select(base, prefix.lstrip("+"), default=None) if prefix else base
-        if isinstance(value, dict) and (not prefix or isinstance(node, DictConfig)):
+        if isinstance(value, dict) and value:
             for k, v in value.items():
                 walk(f"{prefix}.{k}" if prefix else str(k), v)
         else:
@@ -113,15 +109,24 @@ def as_overrides(cfg) -> list[str] | None:
 
 def make_config(overrides: list[str] | dict | TrainConfig | DictConfig | None = None) -> DictConfig:
     """The packaged default config with overrides (``key=value`` list, nested dict, or ``TrainConfig``),
-    validated exactly like the CLI's (same one-line ``ConfigError`` for an unknown key or a wrong type)."""
-    ovr = as_overrides(overrides)
+    composed once and validated exactly like the CLI's (same one-line ``ConfigError`` for an unknown key or a
+    wrong type); a DictConfig is type-checked against the schema as it is."""
+    return _config_and_overrides(overrides)[0]
+
+
+def _config_and_overrides(cfg) -> tuple[DictConfig, list[str] | None]:
+    """(the composed config, the overrides it was composed from: None for a DictConfig given whole)."""
+    ovr = as_overrides(cfg)
     if ovr is None:
-        return validate_dictconfig(overrides)
-    return _compose(ovr)
+        return validate_dictconfig(cfg), None
+    return _compose(ovr), ovr
 
 
 def validate_dictconfig(cfg: DictConfig) -> DictConfig:
-    """Type-check a DictConfig against the schema (unknown top-level key, wrong type: one line)."""
+    """Type-check a DictConfig against the schema (unknown top-level key, wrong type: one line); one that is
+    already typed by the schema (composed by ``make_config``, Hydra or ``load_run_config``) is returned as it is."""
+    if OmegaConf.get_type(cfg) is TrainConfig:
+        return cfg
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg)
     except Exception as err:  # noqa: BLE001
@@ -130,43 +135,78 @@ def validate_dictconfig(cfg: DictConfig) -> DictConfig:
     return merged
 
 
-def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbacks=(), **objects) -> dict:
+def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbacks=(), reward_funcs=None,
+          reward_weights=None, train_dataset=None, eval_dataset=None, **objects) -> dict:
     """Train from a config (list of ``key=value``, dict, ``TrainConfig`` or DictConfig); returns the summary.
 
     Any of ``policy``, ``env``, ``privacy``, ``logger``, ``sampler``, ``learner`` may be passed in to
     replace the object the config would build (e.g. your own ``nn.Module`` policy); they are checked against
     the env's spaces and the policy protocol before any user is drawn. A new run refuses a ``run_dir`` that
-    already holds a run (``resume=True`` continues it).
+    already holds a run (``resume=True`` continues it, whatever point it stopped at).
+
+    Without ``run_dir`` nothing is written anywhere: no checkpoints, journal, logs, ``policy.pt`` or
+    ``summary.json`` (the returned summary and the objects you passed in are all that remains), and such a
+    run cannot be resumed. Give a ``run_dir`` to keep the run (the CLI's layout: ``python train.py
+    resume=<run_dir>`` continues it).
+
+    With ``env=prompts``, TRL's names give the rewards and prompts from Python (``dppo.envs.prompts``):
+    ``reward_funcs`` (a callable, a dotted path, or a list of them; called as ``f(prompts=, completions=,
+    **columns)``), ``reward_weights``, ``train_dataset`` and ``eval_dataset`` (a ``datasets.Dataset`` or a list
+    of dicts). They go to the prompts env through the one build path (``dppo.build.build_env``), so the split
+    rules and checks are those of a prompts file: the weighted reward is clipped to ``reward_bound``, user ids
+    name private rows only, evaluation uses the public ones. The run's config records the rewards' dotted names
+    and the rows' SHA-256; a resume (or ``dppo.load``) must pass the same objects again.
     """
-    return _train(cfg, run_dir, resume=resume, callbacks=callbacks, write_config=True, **objects)
+    composed, overrides = _config_and_overrides(cfg)
+    inputs = {"reward_funcs": reward_funcs, "reward_weights": reward_weights, "train_dataset": train_dataset,
+              "eval_dataset": eval_dataset}
+    trainer, dist = start(composed, run_dir, resume=resume, callbacks=callbacks, overrides=overrides,
+                          env_inputs=inputs, **objects)
+    return finish(trainer, dist)
 
 
-def _train(cfg, run_dir, *, resume: bool = False, callbacks=(), write_config: bool = True, **objects) -> dict:
-    overrides = as_overrides(cfg)
-    cfg = make_config(cfg)
+def start(cfg: DictConfig, run_dir: str | None, *, resume: bool = False, callbacks=(), overrides=None,
+          write_config: bool = True, **objects):
+    """The one path from a composed config to a ready run, shared by the CLI and the API: validate and build
+    every object once, in order (``dppo.build.build``: nothing is written before every object is built and
+    checked), continue a resumed run's state, then write the run layout (``.hydra/config.yaml``, the
+    overrides). Returns (trainer, the process group of a torchrun launch); ``finish`` runs the loop."""
     dist = distributed.init()  # a torchrun launch: join the process group (dppo/training/distributed.py)
     try:
         if run_dir is not None and not resume and dist.is_main:
             check_fresh(run_dir)
         trainer = build(cfg, run_dir, callbacks=callbacks, **objects)
         if resume:
-            def load():
-                if not trainer.try_resume():
-                    raise ConfigError(f"no usable checkpoint in {run_dir}/checkpoints; start a new run instead")
-            distributed.on_main(load, dist)  # rank 0 loads; fit() hands the state to the other ranks
+            # rank 0 loads the newest good checkpoint, or (none yet, or all damaged) starts again from the
+            # initial state with the journal applied; fit() hands the state to the other ranks
+            distributed.on_main(trainer.try_resume, dist)
         if run_dir is not None and write_config and not resume and dist.is_main:
             write_layout(run_dir, cfg, overrides)
+    except BaseException:
+        distributed.shutdown(dist)
+        raise
+    return trainer, dist
+
+
+def finish(trainer, dist) -> dict:
+    """Run the loop of a run ``start`` built; returns the summary."""
+    try:
         return trainer.fit()
     finally:
         distributed.shutdown(dist)
 
 
 def load_run_config(run_dir: str, overrides: list[str] | None = None) -> DictConfig:
-    """The saved config of a run directory (``.hydra/config.yaml``) with extra overrides applied."""
+    """The saved config of a run directory (``.hydra/config.yaml``) with extra overrides applied.
+
+    ``hydra.*`` overrides configure where Hydra puts a *new* run; a resume continues ``run_dir`` in place, so
+    they are dropped, and a ``hydra.run.dir`` naming another directory is refused.
+    """
     path = os.path.join(run_dir, ".hydra", "config.yaml")
     if not os.path.isfile(path):
         raise ConfigError(f"{run_dir} is not a run directory (no .hydra/config.yaml); "
                           f"pass the directory of an earlier run")
+    overrides = [o for o in overrides or [] if not _check_hydra_override(o, run_dir)]
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path))
         cfg.resume = None
@@ -175,3 +215,14 @@ def load_run_config(run_dir: str, overrides: list[str] | None = None) -> DictCon
     except Exception as err:  # noqa: BLE001
         raise config_error(err) from None
     return cfg
+
+
+def _check_hydra_override(override: str, run_dir: str) -> bool:
+    """True for a ``hydra.*`` override (dropped on resume); refuses a ``hydra.run.dir`` other than the run's."""
+    key, _, value = override.lstrip("+~").partition("=")
+    if not key.startswith("hydra.") and key != "hydra":
+        return False
+    if key == "hydra.run.dir" and os.path.abspath(value) != os.path.abspath(run_dir):
+        raise ConfigError(f"resume={run_dir} continues that run in its own directory; drop hydra.run.dir={value} "
+                          f"(a resumed run cannot move)")
+    return True

@@ -1,14 +1,16 @@
 """Config -> objects, in one place and in order: env -> policy -> privacy -> sampler -> learner -> trainer."""
 from __future__ import annotations
 
+import difflib
 import hashlib
+import importlib
 import inspect
 import json
 import os
 
 import torch
 from hydra.utils import get_class, instantiate
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from dppo.config import to_container, validate
 from dppo.data import OnePassUserSampler, PoissonUserSampler
@@ -18,16 +20,20 @@ from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
 from dppo.training import distributed
 from dppo.training.logger import make_logger
+from dppo.training.provenance import Population
 from dppo.training.trainer import Trainer
 
-INJECTABLE = ("policy", "env", "privacy", "sampler", "logger", "seed", "rounds", "users_per_round", "episodes",
-              "batch_size", "max_grad_norm", "reward_bound", "eps", "delta", "oracle")
+INJECTABLE = ("policy", "space", "env", "privacy", "sampler", "logger", "seed", "rounds", "users_per_round",
+              "episodes", "batch_size", "max_grad_norm", "reward_bound", "group_size", "eps", "delta", "oracle")
+# top-level keys that only some learners read: a learner refuses one set to anything but its schema default
+SHORTCUTS = ("rounds", "users_per_round", "group_size", "max_grad_norm", "reward_bound", "episodes", "batch_size")
+POLICY_KEYS = ("init_from", "init_users_offset", "freeze")  # policy.* keys the builder reads itself (with SPACE_KEYS)
 # The only settings a resumed run may change: where and how often it logs, checkpoints, evaluates, stops on
 # a public evaluation. Every other key (eps, delta, rounds, users_per_round, group_size, clip norms, the
 # algo's and oracle's parameters, accountant, population, secure_rng, max_epsilon, env, policy, seed) can
 # change what a release spends or on whom, and a change to it refuses the resume, naming the key.
 RESUME_MAY_CHANGE = ("logger", "progress", "checkpoint_every", "eval_episodes", "eval", "resume", "callbacks",
-                     "hydra")
+                     "hydra", "privacy.allow_over_target")
 ROUND_MEMORY_FRACTION = 0.5   # refuse a round (or population) whose arrays would need more than this share of RAM
 
 
@@ -48,36 +54,115 @@ def learner_class(cfg):
         raise ConfigError(f"algo target '{cfg.algo._target_}' cannot be imported; check conf/algo/") from None
 
 
-def build_env(cfg):
+ENV_INPUTS = ("reward_funcs", "reward_weights", "train_dataset", "eval_dataset")  # TRL's names, Python only
+
+
+def build_env(cfg, inputs: dict | None = None):
+    """Instantiate cfg.env. ``inputs``: objects passed from Python to a prompts env (TRL's ``reward_funcs``,
+    ``reward_weights``, ``train_dataset``, ``eval_dataset``: callables and rows, not config values), given to
+    its constructor as they are and recorded in ``cfg.env`` (the rewards' dotted names, the rows' SHA-256), so
+    the run's config, fingerprint and a resume or ``dppo.load`` name the same rewards and rows."""
+    check_target_keys(cfg.env, "env")
+    given = env_inputs(cfg, inputs)
     try:
-        return instantiate(cfg.env, _convert_="all")
+        if not given:
+            return instantiate(cfg.env, _convert_="all")
+        # not through the config (OmegaConf would copy rows and callables into nodes)
+        env = instantiate(cfg.env, _convert_="all", _partial_=True)(**given)
     except Exception as err:  # noqa: BLE001 - hydra wraps the real error
         raise _unwrap(err, "env") from None
+    record_env_inputs(cfg, env, given)
+    return env
 
 
-def load_init_source(init_from: str | None) -> tuple[dict | None, list[int] | None]:
-    """``policy.init_from``: a run directory (its newest checkpoint), a run's checkpoint file, or a file holding
-    a bare ``state_dict`` (or ``{"policy": state_dict}``). Returns (policy state_dict, the user ids the
-    pretraining run used, or None when the source does not record them)."""
+def env_inputs(cfg, inputs: dict | None) -> dict:
+    """The Python objects given for the env, as the prompts env's constructor takes them ({} if none)."""
+    given = {k: v for k, v in (inputs or {}).items() if v is not None}
+    unknown = set(given) - set(ENV_INPUTS)
+    if unknown:
+        raise ConfigError(f"unknown env input(s) {sorted(unknown)}; the Python inputs are {list(ENV_INPUTS)}")
+    if not given:
+        return {}
+    from dppo.envs.prompts import PromptsEnv
+
+    target = OmegaConf.select(cfg, "env._target_", default=None)
+    if target != f"{PromptsEnv.__module__}.{PromptsEnv.__name__}":
+        raise ConfigError(f"reward_funcs / reward_weights / train_dataset / eval_dataset apply to env=prompts, "
+                          f"not to env target {target}")
+    if "reward_funcs" in given and not isinstance(given["reward_funcs"], (list, tuple)):
+        given["reward_funcs"] = [given["reward_funcs"]]
+    if "train_dataset" in given:
+        given["dataset"] = given.pop("train_dataset")
+    return given
+
+
+def record_env_inputs(cfg, env, given: dict) -> None:
+    """Write what the Python inputs were into ``cfg.env``: dotted reward names, weights, the rows' SHA-256 (a
+    resume or reload handed other rows is refused by the env)."""
+    from dppo.envs.prompts import PYTHON_ROWS
+
+    with open_dict(cfg):
+        if "reward_funcs" in given:
+            cfg.env.reward = None
+            cfg.env.reward_funcs = list(env.reward_names)
+        if "reward_weights" in given:
+            cfg.env.reward_weights = list(env.reward_weights)
+        if "dataset" in given:
+            cfg.env.path = PYTHON_ROWS
+            cfg.env.data_sha256 = env.data_sha256
+
+
+def load_init_source(init_from: str | None) -> tuple[dict | None, dict | None]:
+    """``policy.init_from``: a run directory (its newest checkpoint, else its ``policy.pt``), a ``policy.pt``,
+    a run's checkpoint file, or a file holding a bare ``state_dict`` (or ``{"policy": state_dict}``).
+
+    Returns (policy state_dict, provenance record: which users the weights' training consumed, or None for
+    a bare state_dict, whose provenance is unknown). Every file is read with ``weights_only=True``.
+    """
+    from dppo.training import provenance
+    from dppo.training.checkpoint import load_latest_checkpoint
+
     if not init_from:
         return None, None
     path = str(init_from)
     if os.path.isdir(path):
-        from dppo.training.checkpoint import load_latest_checkpoint
-
         state, _ = load_latest_checkpoint(os.path.join(path, "checkpoints"))
+        if state is None and os.path.isfile(os.path.join(path, "policy.pt")):
+            state = _torch_load(os.path.join(path, "policy.pt"), path)
         if state is None:
-            raise ConfigError(f"policy.init_from={path} is a directory without a readable checkpoint")
+            raise ConfigError(f"policy.init_from={path} is a directory without a readable checkpoint or policy.pt")
     elif os.path.isfile(path):
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        state = _torch_load(path, path)
     else:
         raise ConfigError(f"policy.init_from={path} is neither a run directory nor a file")
+    if isinstance(state, dict) and state.get("format") == "dppo-policy-1" and isinstance(state.get("policy"), dict):
+        record = state.get("provenance")
+        return state["policy"], record if provenance.is_record(record) else None
     if isinstance(state, dict) and isinstance(state.get("learner"), dict) and "policy" in state["learner"]:
-        used = (state.get("sampler") or {}).get("used")
-        return state["learner"]["policy"], None if used is None else [int(u) for u in used]
+        record = state.get("provenance")
+        if not provenance.is_record(record):   # a checkpoint from before provenance: its sampler's ids
+            used = (state.get("sampler") or {}).get("used")
+            record = None if used is None else provenance.legacy_record(used)
+        return state["learner"]["policy"], record
     if isinstance(state, dict) and isinstance(state.get("policy"), dict):
-        return state["policy"], None
+        state = state["policy"]
+    if not (isinstance(state, dict) and state and all(isinstance(k, str) and isinstance(v, torch.Tensor)
+                                                      for k, v in state.items())):
+        raise ConfigError(f"policy.init_from={path} holds no policy weights (a policy.pt, a run's checkpoint or a "
+                          f"state_dict of tensors)")
     return state, None
+
+
+def _torch_load(path: str, shown: str):
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - not a torch file, or one that would need to run code
+        reason = " ".join(str(err).split())[:120] or type(err).__name__
+        raise ConfigError(f"policy.init_from={shown} is not a file torch.load(weights_only=True) can read "
+                          f"({type(err).__name__}: {reason})") from None
+
+
+SPACE_KEYS = ("subspace", "dim")  # policy.* keys of the parameter space (dppo.policies.spaces.make_space)
 
 
 def build_policy(cfg, env, init_state: dict | None = None):
@@ -87,7 +172,11 @@ def build_policy(cfg, env, init_state: dict | None = None):
     if "_target_" not in spec:
         return None
     init_from = spec.pop("init_from", None)
+    spec.pop("init_users_offset", None)   # read by the builder (provenance), not by the policy
     freeze = spec.pop("freeze", None) or []
+    for k in SPACE_KEYS:
+        spec.pop(k, None)
+    check_target_keys(spec, "policy", extra=POLICY_KEYS + SPACE_KEYS + ("observation_space", "action_space"))
     try:
         policy = instantiate(spec, observation_space=env.observation_space, action_space=env.action_space,
                              _convert_="all")
@@ -111,6 +200,102 @@ def build_policy(cfg, env, init_state: dict | None = None):
     return policy
 
 
+def build_space(cfg, policy, defaults: dict | None = None):
+    """The policy's parameter space (``policy.subspace``, ``policy.dim``; ``dppo.policies.spaces.make_space``);
+    ``defaults``: the learner's own choice where the config names none (``space_defaults``, e.g. PPO's full space)."""
+    from dppo.policies.spaces import make_space
+
+    spec = to_container(cfg.policy) or {}
+    return make_space(policy, seed=cfg.seed, **{**(defaults or {}), **{k: spec[k] for k in SPACE_KEYS if k in spec}})
+
+
+def accepted_keys(target) -> set | None:
+    """The keyword arguments ``target`` (a class or function) accepts, following ``**kwargs`` into the base
+    classes' ``__init__``; None when it accepts anything."""
+    accepted, classes = set(), [target]
+    if inspect.isclass(target):
+        classes = [c for c in target.__mro__ if "__init__" in vars(c) and c is not object]
+    for c in classes:
+        params = inspect.signature(c.__init__ if inspect.isclass(c) else c).parameters
+        accepted |= {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - {"self"}
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return accepted
+        if not inspect.isclass(c):
+            return None
+    return None
+
+
+def check_target_keys(node, group: str, extra=()) -> None:
+    """Refuse a key of a group (env, policy, oracle) that the object it builds does not take (one line)."""
+    spec = dict(node if isinstance(node, dict) else to_container(node) or {})
+    target = spec.pop("_target_", None)
+    if target is None:
+        return
+    try:
+        module, _, attr = target.rpartition(".")
+        obj = getattr(importlib.import_module(module), attr)
+    except Exception:  # noqa: BLE001 - an import error is reported when the object is built
+        return
+    valid = accepted_keys(obj)
+    if valid is None:
+        return
+    valid |= set(extra)
+    for key in spec:
+        if key not in valid:
+            close = difflib.get_close_matches(key, sorted(valid), n=1)
+            hint = f" (did you mean '{group}.{close[0]}'?)" if close else ""
+            shown = sorted(valid - {"observation_space", "action_space"})
+            raise ConfigError(f"unknown key '{group}.{key}'{hint}: {target.rsplit('.', 1)[-1]} takes {shown}")
+
+
+def algo_name(cfg, cls=None, private: bool | None = None) -> str:
+    """The run's algorithm name: the learner's own (``names``: its non-private and private twin, e.g. pg and
+    dp_pg, so ``algo=pg eps=5`` is a dp_pg run), else ``algo.name``, else the group choice."""
+    names = getattr(cls, "names", None)
+    if names and private is not None:
+        return names[1 if private else 0]
+    if cfg.algo.get("name"):
+        return str(cfg.algo.name)
+    if cls is not None and getattr(cls, "name", "learner") != "learner":
+        return cls.name
+    return _algo_name(cfg)
+
+
+def check_shortcuts(cfg, cls) -> None:
+    """Refuse a top-level shortcut (``SHORTCUTS``, ``oracle``) set for a learner that does not read it: one line
+    naming what it reads instead (``algo=dp_npg max_grad_norm=0.1``: DP-NPG's oracle clips its rows)."""
+    from dppo.config import TrainConfig
+
+    sig = inspect.signature(cls.__init__).parameters
+    reads = {k for k in SHORTCUTS if k in sig} | set(getattr(cls, "reads", ()))
+    defaults = TrainConfig()
+    for key in SHORTCUTS:
+        if key not in reads and cfg[key] != getattr(defaults, key):
+            hint = ""
+            if key == "max_grad_norm" and "oracle" in sig:
+                hint = " (its oracle clips each user's rows: oracle.x_bound, oracle.y_bound)"
+            elif key in ("rounds", "users_per_round") and "episodes" in reads:
+                hint = ", which runs for a number of episodes (one user each)"
+            raise ConfigError(f"{key}={cfg[key]} does not apply to algo={algo_name(cfg, cls, cfg.eps is not None)}"
+                              f"{hint}; it reads {sorted(reads) or 'none of them'}: remove {key}")
+    if cfg.oracle is not None and "oracle" not in sig:
+        raise ConfigError(f"oracle= applies to the regression learners (npg, rebel and their private twins), not to "
+                          f"algo={algo_name(cfg, cls, cfg.eps is not None)}: remove it")
+
+
+def build_oracle(cfg, cls, private: bool, dim: int):
+    """The oracle group (``oracle=<name>``, ``oracle.<key>=``) or the learner's default for its privacy and space."""
+    from dppo.oracles import make_oracle
+
+    if cfg.oracle is None:
+        return make_oracle(cls.default_oracle(private, dim))
+    check_target_keys(cfg.oracle, "oracle")
+    try:
+        return instantiate(cfg.oracle, _convert_="all")
+    except Exception as err:  # noqa: BLE001 - hydra wraps the real error
+        raise _unwrap(err, "oracle") from None
+
+
 def _default_accountant(cls, cfg) -> str:
     """The learner's own accountant choice (``accountant_name(privacy_cfg[, algo_cfg])``), else rdp/parallel."""
     fn = getattr(cls, "accountant_name", None)
@@ -121,23 +306,46 @@ def _default_accountant(cls, cfg) -> str:
     return fn(cfg.privacy)
 
 
-def exclude_pretraining_users(sampler, used: list[int] | None) -> None:
-    """Private fine-tuning never reuses a user of the pretraining run: its ids are skipped for ever (a
-    finite population: burned; a user stream: it starts after the largest one)."""
-    if not used:
-        return
-    if getattr(sampler, "multi_pass", False):
-        raise ConfigError("policy.init_from a run with privacy.multi_pass=true: the pretraining run's users "
-                          "cannot be excluded from a Poisson-sampled population; fine-tune one-pass")
-    if sampler.population_size is None:
-        sampler.next_index = max(sampler.next_index, max(used) + 1)
-    else:
-        sampler.burn(used)
+def inherited_provenance(cfg, record: dict | None, population) -> list[dict]:
+    """What the weights of ``policy.init_from`` consumed (their provenance), plus the users
+    ``policy.init_users_offset=<n>`` names (this run's ids 0..n-1). A bare state_dict has no provenance: it is
+    refused unless the offset is stated (0 = the weights never saw a user of this population)."""
+    from dppo.training import provenance
+
+    init_from = OmegaConf.select(cfg, "policy.init_from", default=None)
+    offset = OmegaConf.select(cfg, "policy.init_users_offset", default=None)
+    if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool) or offset < 0):
+        raise ConfigError(f"policy.init_users_offset must be an integer >= 0, got {offset}")
+    if offset is not None and not init_from:
+        raise ConfigError("policy.init_users_offset applies to policy.init_from (the users its weights consumed); "
+                          "set policy.init_from too, or drop the offset")
+    if not init_from:
+        return []
+    if record is None and offset is None:
+        raise ConfigError(f"policy.init_from={init_from} is a bare state_dict: which users trained it is unknown; "
+                          f"state policy.init_users_offset=<n> (its training used user ids 0..n-1 of this run's "
+                          f"population; 0 if it never saw one of them), or init from a run directory or its policy.pt")
+    out = list(record["consumed"]) if record is not None else []
+    if offset:
+        out.append(provenance.offset_entry(population, offset))
+    return out
+
+
+def exclude_pretraining_users(sampler, population, consumed: list[dict]) -> None:
+    """Private fine-tuning never reuses a user whose data trained the initial weights: their ids are skipped
+    for ever (``dppo.training.provenance.exclude``)."""
+    from dppo.training import provenance
+
+    if sampler is not None and consumed:
+        provenance.exclude(sampler, population, consumed, "policy.init_from")
 
 
 def build_privacy(cfg, cls) -> PrivacyContext:
     p = cfg.privacy
     name = p.accountant
+    if p.multi_pass and cfg.eps is not None and _releases_pure_dp(cfg, cls):
+        raise ConfigError(f"privacy.multi_pass=true: Opacus' RDP/PRV accounting composes Poisson-subsampled "
+                          f"Gaussian releases, and {cls.__name__} makes pure-DP releases; use one-pass training")
     if name is None:
         name = _default_accountant(cls, cfg)
     if p.multi_pass and name not in ("rdp", "prv"):
@@ -194,8 +402,8 @@ def _releases_pure_dp(cfg, cls) -> bool:
     (``releases_pure_dp``); an oracle-based learner is pure with the exponential-mechanism oracle."""
     if hasattr(cls, "releases_pure_dp"):
         return bool(cls.releases_pure_dp(cfg))
-    if "oracle" in inspect.signature(cls.__init__).parameters:
-        return (cfg.oracle or cfg.algo.get("oracle")) == "exp_mech"
+    if "oracle" in inspect.signature(cls.__init__).parameters and cfg.oracle is not None:
+        return getattr(get_class(cfg.oracle._target_), "name", None) == "exp_mech"
     return False
 
 
@@ -248,39 +456,34 @@ def check_memory(cfg, env=None, policy=None) -> None:
 
 
 def build_learner(cfg, cls, objects: dict):
-    """Call the learner with its own algo keys plus the injectable objects its signature names."""
+    """Call the learner with its own algo keys plus the injectable objects and top-level keys its signature names."""
     params = dict(to_container(cfg.algo))
     params.pop("_target_")
     params.pop("name", None)
-    on_prompts = params.pop("on_prompts", None) or {}  # the algo's defaults for env=prompts (policy=lm)
-    if getattr(cls, "env_kind", None) == "prompts":
-        params = {**params, **on_prompts}
-    private = params.pop("private", True)
-    if not private and cfg.eps is not None:
-        raise ConfigError(f"algo={_algo_name(cfg)} has no private mode, but eps={cfg.eps} was given; run it with "
-                          f"eps=null, or pick a private algorithm (dp_pg, dp_npg, dp_rebel, pucb)")
-    oracle_name = params.pop("oracle", None)
-    oracle_kwargs = params.pop("oracle_kwargs", None) or {}
+    params.pop("private", None)  # conf/algo/pucb.yaml still names it; eps alone decides privacy
     sig = inspect.signature(cls.__init__).parameters
     accepts_any = any(p.kind == p.VAR_KEYWORD for p in sig.values())
     unknown = [k for k in params if k not in sig and not accepts_any]
     if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} for algo {cls.__name__}; valid: "
-                          f"{sorted(k for k in sig if k not in INJECTABLE and k != 'self')}")
-    if cfg.group_size is not None:
-        if "group_size" not in sig:
-            raise ConfigError(f"group_size applies to the group learners (pg, npg, rebel and their private twins), "
-                              f"not to algo={_algo_name(cfg)}")
-        params["group_size"] = int(cfg.group_size)
+        valid = sorted(k for k in sig if k not in INJECTABLE and k != "self")
+        close = difflib.get_close_matches(unknown[0], valid, n=1)
+        hint = f" (did you mean 'algo.{close[0]}'?)" if close else ""
+        raise ConfigError(f"unknown key 'algo.{unknown[0]}'{hint} for algo={algo_name(cfg, cls, cfg.eps is not None)}; "
+                          f"valid: {valid}")
     available = {"seed": cfg.seed, "rounds": cfg.rounds, "users_per_round": cfg.users_per_round,
-                 "episodes": cfg.episodes, "batch_size": cfg.batch_size, "max_grad_norm": cfg.max_grad_norm,
-                 "reward_bound": cfg.reward_bound, "eps": objects["privacy"].eps, "delta": cfg.delta, **objects}
+                 "group_size": cfg.group_size, "episodes": cfg.episodes, "batch_size": cfg.batch_size,
+                 "max_grad_norm": cfg.max_grad_norm, "reward_bound": cfg.reward_bound, "eps": objects["privacy"].eps,
+                 "delta": cfg.delta, **objects}
     if "oracle" in sig and "oracle" not in objects:
-        from dppo.oracles import make_oracle
-
-        available["oracle"] = make_oracle(cfg.oracle or oracle_name, **oracle_kwargs)
+        space = objects.get("space")
+        available["oracle"] = build_oracle(cfg, cls, objects["privacy"].private, space.dim if space is not None else 0)
+    if hasattr(cls, "check_config"):
+        oracle = available.get("oracle")
+        cls.check_config(params, oracle=oracle,
+                         oracle_keys=[k for k in (to_container(cfg.oracle) if cfg.oracle is not None else {})
+                                      if k != "_target_"])
     for k in INJECTABLE:
-        if k in sig and k in available:
+        if k in sig and k in available and (available[k] is not None or k not in ("episodes",)):
             params[k] = available[k]
     return cls(**params)
 
@@ -299,10 +502,11 @@ def check_writable(run_dir: str) -> None:
 
 
 def fingerprint(cfg) -> dict:
-    """Every setting a resumed run must share with the original, flattened (``algo.oracle_kwargs.x_bound``);
+    """Every setting a resumed run must share with the original, flattened (``oracle.x_bound``);
     the checkpoint stores it and resume compares it key by key (``check_fingerprint``)."""
     flat = _flat(to_container(cfg))
-    keep = {k: _plain(v) for k, v in flat.items() if k.split(".", 1)[0] not in RESUME_MAY_CHANGE}
+    keep = {k: _plain(v) for k, v in flat.items()
+            if k.split(".", 1)[0] not in RESUME_MAY_CHANGE and k not in RESUME_MAY_CHANGE}
     keep["_hash"] = hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
     return keep
 
@@ -314,31 +518,30 @@ def _plain(v):
 
 
 def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=None, privacy=None, logger=None,
-          sampler=None, learner=None) -> Trainer:
-    """Build every object of a run from ``cfg``; any object passed in is used instead of being built."""
+          sampler=None, learner=None, env_inputs: dict | None = None) -> Trainer:
+    """Build every object of a run from ``cfg``, once and in order (env -> privacy -> sampler -> logger ->
+    policy -> space -> oracle -> learner -> trainer); any object passed in is used instead of being built.
+    Nothing is written before every object is built and checked: the run directory is made last.
+    ``env_inputs``: a prompts env's objects from Python (``build_env``; ``cfg.env`` records them)."""
     validate(cfg)
     dist = distributed.from_env()
     if not dist.is_main:  # torchrun rank > 0: computes its shard of each round, writes nothing
         run_dir = None
-    if run_dir is not None:
-        check_writable(run_dir)
     seed_everything(cfg.seed)
     cls = learner_class(cfg)
+    check_shortcuts(cfg, cls)
     check_memory(cfg)
     env_given = env is not None
-    env = env if env_given else build_env(cfg)
-    if getattr(env, "kind", None) == "prompts":  # language-model prompts: the algorithm family's LM learner
-        from dppo.algos.prompt_po import prompt_twin
-
-        cls = prompt_twin(cls)
+    if env_given and any(v is not None for v in (env_inputs or {}).values()):
+        raise ConfigError("pass either env= or reward_funcs / train_dataset / eval_dataset, not both")
+    env = env if env_given else build_env(cfg, env_inputs)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
-    init_state, pretrain_users = load_init_source(OmegaConf.select(cfg, "policy.init_from"))
+    init_state, init_record = load_init_source(OmegaConf.select(cfg, "policy.init_from", default=None))
     if sampler is None:
         sampler = build_sampler(cfg, privacy.noise)
-        exclude_pretraining_users(sampler, pretrain_users)
-    if not getattr(sampler, "multi_pass", False):
-        n_rounds = cfg.rounds if cfg.episodes is None else 1
-        sampler.check_capacity(n_rounds)
+    population = Population(env, sampler)
+    inherited = inherited_provenance(cfg, init_record, population)
+    exclude_pretraining_users(sampler, population, inherited)
     if logger is None:
         logger = make_logger(run_dir, **{**to_container(cfg.logger), **({} if dist.is_main else {"console": False})})
     if learner is None:
@@ -347,24 +550,102 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         if "policy" in sig:
             if env_given:
                 check_env(env)
+            if policy is None:
+                check_policy_fits_env(cfg, env)
             objects["policy"] = policy if policy is not None else build_policy(cfg, env, init_state)
             if objects["policy"] is not None:
                 check_policy(objects["policy"], env)  # before any user is drawn
+                if "space" in sig:
+                    objects["space"] = build_space(cfg, objects["policy"], getattr(cls, "space_defaults", None))
         check_memory(cfg, env, objects.get("policy"))
         learner = build_learner(cfg, cls, objects)
     if dist.enabled:
         distributed.attach(learner, dist)
     cb = [instantiate(spec) for spec in (to_container(cfg.callbacks) or {}).values()] + list(callbacks)
-    meta = {"algo": _algo_name(cfg), "env_id": getattr(env, "id", type(env).__name__), "seed": cfg.seed}
+    meta = {"algo": algo_name(cfg, cls, privacy.private), "env_id": getattr(env, "id", type(env).__name__),
+            "seed": cfg.seed}
     hparams = resolved_hparams(cfg, privacy, learner)
+    env_population = getattr(env, "population", None)
     trainer = Trainer(learner, privacy, logger, sampler=sampler, callbacks=cb, run_dir=run_dir,
                       checkpoint_every=cfg.checkpoint_every, eval_episodes=cfg.eval_episodes if dist.is_main else 0,
                       eval_greedy=cfg.eval.greedy, progress=cfg.progress and dist.is_main, meta=meta,
                       fingerprint=fingerprint(cfg), eval_every=cfg.eval_every if dist.is_main else None,
-                      hparams=hparams)
+                      hparams=hparams, population=population, inherited=inherited, config=public_config(cfg),
+                      extend_refusal=extension_rules(cfg, type(learner), privacy),
+                      allow_over_target=bool(OmegaConf.select(cfg, "privacy.allow_over_target", default=False)),
+                      capacity_limit=env_population if isinstance(env_population, int) else None)
     trainer.dist = dist
+    if dist.is_main:
+        trainer.check_capacity()   # the population covers the run, before any user is drawn
+    if run_dir is not None:
+        check_writable(run_dir)    # the first thing written: after every object is built and checked
     logger.log_hparams(hparams)  # remembered only; written with the final metrics at the end of the session
     return trainer
+
+
+def check_policy_fits_env(cfg, env) -> None:
+    """Refuse, before anything is instantiated, a policy learner on an env it cannot act in: a tabular MDP (no
+    observation or action space) or text prompts with a non-language-model policy."""
+    name = _algo_name(cfg)
+    if getattr(env, "kind", None) == "prompts":
+        target = OmegaConf.select(cfg, "policy._target_", default=None)
+        try:
+            pcls = get_class(target) if target else None
+        except Exception:  # noqa: BLE001 - reported by build_policy with the real reason
+            return
+        missing = [m for m in ("encode", "sample", "token_log_probs") if not callable(getattr(pcls, m, None))]
+        if pcls is None or missing:
+            from dppo.policies.check import LM_PROTOCOL
+
+            shown = target.rsplit(".", 1)[-1] if target else "none"
+            raise ConfigError(f"env=prompts has text prompts as observations, and the policy {shown} cannot act on "
+                              f"them; use policy=lm ({LM_PROTOCOL})")
+        return
+    if getattr(env, "observation_space", None) is None or getattr(env, "action_space", None) is None:
+        raise ConfigError(f"algo={name} trains a neural policy and needs an env with observation and action spaces "
+                          f"(a gymnasium env.id, env=pendulum, env=bandit, or env=prompts with policy=lm); "
+                          f"{getattr(env, 'id', type(env).__name__)} is a tabular MDP: use algo=ubev, pucb, dp_ubev, "
+                          f"gfa or gfa_outcome")
+
+
+def extension_rules(cfg, cls, privacy) -> dict:
+    """Whether a resume may raise ``rounds`` / ``episodes`` (extend a run), or why not (the refusal's reason).
+
+    One-pass rounds under parallel composition (and non-private rounds) may grow: each new round takes new
+    users, released once at the run's eps, so every user's guarantee stays what it was. Not so where more
+    releases compose (multi-pass RDP/PRV, the basic accountant, GFA's batches) or where a learner's private
+    counters are sized for its episodes (the tabular learners).
+    """
+    name = _algo_name(cfg)
+    sig = inspect.signature(cls.__init__).parameters
+    composes = getattr(cls, "uses_composition", False)
+    if "rounds" not in sig:
+        rounds = f"algo={name} runs for a number of episodes, not rounds"
+    elif privacy.private and privacy.multi_pass:
+        rounds = ("multi-pass training composes every round's release (RDP/PRV): more rounds would spend more than "
+                  "the target eps")
+    elif privacy.private and privacy.accountant.name != "parallel":
+        rounds = (f"the {privacy.accountant.name} accountant composes every round's release: more rounds would spend "
+                  f"more than the target eps")
+    else:
+        rounds = None
+    rules = {"rounds": rounds}
+    if composes:
+        rules["episodes"] = (f"algo={name} splits its budget over the batches of the planned episodes (its releases "
+                             f"compose): more episodes would spend more than the target eps")
+    elif "episodes" in sig:
+        rules["episodes"] = (f"algo={name} sizes its counters and confidence bounds for the planned episodes (a "
+                             f"private counter's capacity is fixed when it is built)")
+    return rules
+
+
+def public_config(cfg) -> dict:
+    """The run's composed config as plain values, without Hydra's section or ``resume``: what ``policy.pt``
+    carries to rebuild and run its policy (the same public config as ``.hydra/config.yaml``)."""
+    out = to_container(cfg)
+    out.pop("hydra", None)
+    out.pop("resume", None)
+    return out
 
 
 def resolved_hparams(cfg, privacy, learner) -> dict:
@@ -372,7 +653,7 @@ def resolved_hparams(cfg, privacy, learner) -> dict:
     defaults), eps = null for a non-private run, the algorithm's name; flattened ``a.b`` keys."""
     hp = _flat(to_container(cfg))
     hp.pop("resume", None)
-    hp["algo"] = _algo_name(cfg)
+    hp["algo"] = algo_name(cfg, type(learner), privacy.private)
     hp["eps"] = privacy.eps
     hp["private"] = bool(privacy.private)
     hp["privacy.accountant"] = privacy.accountant.name

@@ -1,4 +1,5 @@
-"""CLI glue: pre-flight validation (one-line errors, exit 2) before Hydra creates a run directory."""
+"""CLI glue: ``python train.py ARGS`` on the one configuration path; bad input is one line on stderr, exit 2,
+before a run directory is made."""
 from __future__ import annotations
 
 import os
@@ -10,19 +11,15 @@ FLAGS_WITH_VALUE = ("--config-path", "--config-name", "--config-dir", "-cp", "-c
 
 
 def fail(err: BaseException) -> None:
-    """Print one line to stderr and exit 2 (no traceback)."""
+    """Print one line to stderr and exit 2 (no traceback); under torchrun only rank 0 prints it."""
     msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
     if not isinstance(err, DPPOError):
-        msg = _hydra_message(err)
-    print(f"dppo: error: {msg}", file=sys.stderr, flush=True)
+        from dppo.config import hydra_message
+
+        msg = hydra_message(err)
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"dppo: error: {msg}", file=sys.stderr, flush=True)
     sys.exit(2)
-
-
-def _hydra_message(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    for marker in ("full_key:", "object_type="):
-        text = text.split(marker)[0].strip()
-    return f"bad config: {text}" if text else f"bad config ({type(err).__name__})"
 
 
 def overrides_of(args: list[str]) -> list[str] | None:
@@ -32,35 +29,36 @@ def overrides_of(args: list[str]) -> list[str] | None:
     return list(args)
 
 
-def precheck(args: list[str]) -> str | None:
-    """Compose and validate the config and build env + policy; return the resume dir if one is given."""
-    overrides = overrides_of(args)
-    if overrides is None:
-        return None
-    resume = next((a.split("=", 1)[1] for a in overrides if a.startswith("resume=")), None)
-    if resume and resume not in ("null", "None", ""):
-        from dppo.api import load_run_config
+def run(overrides: list[str]) -> None:
+    """One run from the command line, on the one configuration path: compose once (``compose_run``, which
+    also resolves Hydra's ``hydra.run.dir``), then ``dppo.api.start`` validates and builds every object once,
+    in order, before the run directory is created, and writes the run layout; then the loop. A bad config is
+    one line and exit 2, with no run directory made."""
+    from dppo.api import finish, start
+    from dppo.config import compose_run
 
-        load_run_config(resume, [a for a in overrides if not a.startswith("resume=")])
-        return resume
-    from dppo.build import build
-    from dppo.config import compose
-    from dppo.training.rundir import check_fresh
-
-    run_dir = next((a.split("=", 1)[1] for a in overrides if a.startswith("hydra.run.dir=")), None)
-    if run_dir:
-        check_fresh(run_dir)  # before Hydra writes its .hydra/ into a directory that holds another run
-    build(compose(overrides))  # a dry build: every object, no run directory, nothing written
-    return None
+    try:
+        cfg, run_dir = compose_run(overrides)
+        trainer, dist = start(cfg, run_dir, overrides=overrides)
+    except Exception as err:  # noqa: BLE001 - every user-facing failure before the run is one line
+        fail(err)
+    try:
+        summary = finish(trainer, dist)
+    except DPPOError as err:
+        fail(err)
+    _report(summary, run_dir)
 
 
 def run_from_hydra(cfg, run_dir: str, multirun: bool = False) -> None:
-    from dppo.api import _train
+    """One job of a Hydra multirun (``-m``; Hydra composed ``cfg`` and wrote ``.hydra/``): build once, run."""
+    from dppo.api import finish, start
 
     try:
-        summary = _train(cfg, run_dir, write_config=False)  # Hydra has written .hydra/ already
+        trainer, dist = start(cfg, run_dir, write_config=False)
+        summary = finish(trainer, dist)
     except DPPOError as err:
-        print(f"dppo: error: {str(err).splitlines()[0]}", file=sys.stderr, flush=True)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"dppo: error: {str(err).splitlines()[0]}", file=sys.stderr, flush=True)
         if multirun:
             return
         sys.exit(2)
@@ -68,10 +66,18 @@ def run_from_hydra(cfg, run_dir: str, multirun: bool = False) -> None:
 
 
 def resume_run(run_dir: str, overrides: list[str]) -> None:
-    from dppo.api import load_run_config, train
+    """``resume=<dir>``: the run's saved config with the overrides a resume may change, built once."""
+    from dppo.api import finish, load_run_config, start
 
-    cfg = load_run_config(run_dir, overrides)
-    summary = train(cfg, run_dir, resume=True)
+    try:
+        cfg = load_run_config(run_dir, overrides)
+        trainer, dist = start(cfg, run_dir, resume=True)
+    except Exception as err:  # noqa: BLE001
+        fail(err)
+    try:
+        summary = finish(trainer, dist)
+    except DPPOError as err:
+        fail(err)
     _report(summary, run_dir)
 
 
@@ -80,21 +86,30 @@ def _report(summary: dict, run_dir: str) -> None:
         return
     if summary.get("stop_reason"):
         print(f"dppo: {summary['stop_reason']}", file=sys.stderr)
-    eps = summary["epsilon_spent"]
-    print(f"done: {summary['algo']} on {summary['env_id']} final_return={summary['final_return']} "
-          f"eps_spent={eps:.4g} delta_spent={summary['delta_spent']:.3g} rounds={summary['rounds_done']} "
-          f"-> {run_dir}/summary.json")
+    if summary.get("eps") is None:
+        spent = "non-private"
+    else:
+        spent = f"eps_spent={summary['epsilon_spent']:.4g} delta_spent={summary['delta_spent']:.3g}"
+    final = summary["final_return"]
+    final = f"{final:.6g}" if isinstance(final, float) else final
+    print(f"done: {summary['algo']} on {summary['env_id']} final_return={final} {spent} "
+          f"rounds={summary['rounds_done']} -> {run_dir}/summary.json")
 
 
 def entry(hydra_main, args: list[str]) -> None:
-    """What ``python train.py ARGS`` does: pre-flight (or resume), then Hydra's run for ``args``."""
+    """What ``python train.py ARGS`` does: a run (or a resume) on the one configuration path; Hydra's own
+    machinery (``hydra_main``) only for what only it does (``-m`` sweeps, ``--help``, ``--cfg``, ...)."""
+    from dppo.config import normalize_override
+
+    sys.argv[1:] = [normalize_override(a) for a in sys.argv[1:]]  # Hydra reads the same overrides as compose()
     if int(os.environ.get("RANK", "0")) > 0:  # torchrun rank > 0: Hydra must not write into rank 0's run dir
         sys.argv += ["hydra.output_subdir=null", "hydra/job_logging=disabled"]
-    try:
-        resume = precheck(args)
-        if resume:
-            resume_run(resume, [a for a in args if not a.startswith("resume=")])
-            return
-    except Exception as err:  # noqa: BLE001 - every user-facing failure is one line
-        fail(err)
-    hydra_main()
+    overrides = overrides_of(args)
+    if overrides is None:
+        hydra_main()
+        return
+    resume = next((a.split("=", 1)[1] for a in overrides if a.startswith("resume=")), None)
+    if resume and resume not in ("null", "None", ""):
+        resume_run(resume, [a for a in overrides if not a.startswith("resume=")])
+    else:
+        run(overrides)

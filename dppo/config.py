@@ -1,7 +1,11 @@
 """Structured config schema (validated by Hydra/OmegaConf before any work starts) and value checks."""
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
+import os
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -11,6 +15,8 @@ from omegaconf import OmegaConf
 from dppo.errors import ConfigError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+# below ~1e-300 the analytic Gaussian's delta(sigma) underflows and its solver pins sigma at its upper limit
+MIN_DELTA = 1e-100
 
 
 @dataclass
@@ -23,6 +29,7 @@ class PrivacyConfig:
     secure_rng: bool = True  # noise from the OS CSPRNG; false = seeded, reproducible, not private against the seed
     max_epsilon: Optional[float] = None  # stop cleanly before a release would exceed this total
     composition: str = "advanced"  # GFA only: advanced | zcdp
+    allow_over_target: bool = False  # resume even if a crashed attempt's charged releases end the run above eps
 
 
 @dataclass
@@ -49,38 +56,41 @@ class EvalConfig:
 
 @dataclass
 class TrainConfig:
-    """Top-level schema: groups + shortcuts (names fixed; later learners rely on them)."""
+    """The top-level keys and their defaults: the one home of each (``conf/config.yaml`` repeats none of them).
 
-    algo: Any = None
-    env: Any = None
-    policy: Any = None
+    The run-level shortcuts (``rounds`` ... ``oracle``) go to the learners that read them; a learner that does
+    not read one refuses it when it is set to anything but its default (``dppo.build.check_shortcuts``).
+    """
+
+    algo: Any = None  # algorithm group (conf/algo/<name>.yaml: its _target_ and what differs from its defaults)
+    env: Any = None  # environment group (conf/env/)
+    policy: Any = None  # policy group (conf/policy/; auto: the MLP the action space calls for)
+    oracle: Any = None  # NPG / REBEL: the least-squares oracle group (conf/oracle/; null: the learner's default)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-    callbacks: Any = field(default_factory=dict)
-    eps: Optional[float] = 5.0  # null = non-private
-    delta: float = 1e-5
-    seed: int = 0
-    rounds: int = 100
-    users_per_round: int = 10
-    group_size: Optional[int] = None  # rollouts per user (one privacy unit); null = the algorithm's default
-    max_grad_norm: float = 1.0
-    reward_bound: Optional[float] = 1.0
-    resume: Optional[str] = None
-    episodes: Optional[int] = None  # tabular / GFA learners: total episodes (users)
-    batch_size: Optional[int] = None  # GFA: episodes per policy update (null = paper's rule)
-    oracle: Optional[str] = None  # NPG/REBEL: private least-squares oracle (null = the algo's default)
-    eval_episodes: int = 20
+    callbacks: Any = field(default_factory=dict)  # named callback _target_ specs (conf/callbacks/)
+    eps: Optional[float] = 5.0  # target eps of the run; null: the non-private twin (the one switch)
+    delta: float = 1e-5  # target delta
+    seed: int = 0  # seeds python/numpy/torch and env resets; the noise only with privacy.secure_rng=false
+    rounds: int = 100  # PG / NPG / REBEL: rounds of the one-pass meta-algorithm
+    users_per_round: int = 10  # PG / NPG / REBEL: m fresh users per round
+    group_size: int = 8  # PG / NPG / REBEL: G rollouts per user from its own start state (one privacy unit)
+    max_grad_norm: float = 1.0  # PG / DP-PG: per-user clip norm C
+    reward_bound: Optional[float] = 1.0  # rewards clipped to [-reward_bound, reward_bound] (null: not clipped)
+    resume: Optional[str] = None  # a run directory to continue
+    episodes: Optional[int] = None  # tabular / GFA learners: total episodes (users; null: the learner's default)
+    batch_size: Optional[int] = None  # GFA: episodes per policy update (null: the paper's rule)
+    eval_episodes: int = 20  # held-out public evaluation episodes (final_return, eval/return)
     eval_every: Optional[int] = None  # also log eval/return every this many rounds (null: at the end only)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    checkpoint_every: int = 10
-    progress: bool = True
+    checkpoint_every: int = 10  # rounds between checkpoints (and one at the end)
+    progress: bool = True  # the progress bar
     device: str = "cpu"  # cpu | cuda | auto (policies that support it, e.g. policy=lm)
 
 
-def eps_tag(eps, private=True) -> str:
-    """Folder tag of a run's privacy level: ``eps5.0``, or ``nonprivate`` when eps is null or the algorithm
-    is a non-private twin (``algo=pg`` ignores the top-level eps). Used by ``hydra.sweep.subdir``."""
-    if eps is None or str(eps).lower() in ("none", "null") or str(private).lower() in ("false", "0"):
+def eps_tag(eps) -> str:
+    """Folder tag of a run's privacy level: ``eps5.0``, or ``nonprivate`` when eps is null (``hydra.sweep.subdir``)."""
+    if eps is None or str(eps).lower() in ("none", "null"):
         return "nonprivate"
     return f"eps{eps}"
 
@@ -94,8 +104,27 @@ def register_schema() -> None:
         OmegaConf.register_new_resolver("dppo_eps_tag", eps_tag)
 
 
-def compose(overrides: list[str] | None = None):
-    """The packaged config with overrides, without Hydra's run-dir machinery (Python API and tests)."""
+GROUPS = ("algo", "env", "policy", "oracle", "logger", "callbacks", "experiment")
+
+
+def normalize_override(arg: str) -> str:
+    """A ``key=value`` override as Hydra must read it when the group yamls hold only what differs from their
+    defaults: a value (``algo.lr=0.1``, ``rounds=5``, ``+rounds_=3``) becomes ``++key=value`` (set or add), so
+    a key the yaml does not list reaches the config like one it does; the schema and the learner then refuse an
+    unknown key by name (``validate``). Group choices (``algo=dp_pg``, ``+experiment=...``), deletions
+    (``~key``), package overrides (``@``) and ``hydra.*`` keys are left as they are."""
+    if "=" not in arg or arg.startswith(("~", "-")):
+        return arg
+    key, value = arg.split("=", 1)
+    bare = key.lstrip("+")
+    if not bare or "@" in bare or "/" in bare or bare in GROUPS or bare.split(".")[0] == "hydra":
+        return arg
+    return f"++{bare}={value}"
+
+
+def compose(overrides: list[str] | None = None, *, hydra: bool = False):
+    """The packaged config with overrides, composed once by Hydra's compose API (``hydra=True``: with Hydra's
+    own section, for ``compose_run``), every key checked (``check_keys``)."""
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -103,17 +132,99 @@ def compose(overrides: list[str] | None = None):
     register_schema()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hcompose(config_name="config", overrides=list(overrides or []))
+        cfg = hcompose(config_name="config", overrides=[normalize_override(o) for o in overrides or []],
+                       return_hydra_config=hydra)
+    check_keys(cfg)
+    return cfg
+
+
+def compose_run(overrides: list[str]):
+    """A command-line run's config and run directory from one composition: ``hydra.run.dir`` resolved as
+    Hydra's run resolves it (``HydraConfig`` set, so ``${hydra:runtime.choices.algo}`` and ``${now:...}`` work),
+    then Hydra's section removed, as Hydra hands a task its config."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    cfg = compose(overrides, hydra=True)
+    HydraConfig.instance().set_config(cfg)
+    run_dir = os.path.abspath(str(cfg.hydra.run.dir))  # as Hydra's runtime.output_dir
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, run_dir
+
+
+def _type_name(tp) -> str:
+    """``Optional[int]`` -> ``an int (or null)``: how a schema field's type reads in an error."""
+    args = typing.get_args(tp)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), tp) if args else tp
+    name = {int: "an int", float: "a number", bool: "true or false", str: "a string"}.get(base, getattr(base, "__name__", str(base)))
+    return f"{name} (or null)" if optional else name
+
+
+def schema_type(path: str):
+    """The type of the schema field at a dotted path (``privacy.max_epsilon`` -> Optional[float]), or None."""
+    node, tp = TrainConfig, None
+    for part in path.split("."):
+        if not dataclasses.is_dataclass(node):
+            return None
+        tp = typing.get_type_hints(node).get(part)
+        if tp is None:
+            return None
+        node = tp
+    return tp
+
+
+def hydra_message(err: BaseException) -> str:
+    """The one line a Hydra/OmegaConf composition failure is reported as: a wrong type names the key and the
+    expected type; otherwise its text, without OmegaConf's location dump."""
+    from omegaconf.errors import ValidationError
+
+    e = err
+    while e is not None:
+        if isinstance(e, ValidationError) and getattr(e, "full_key", None):
+            tp = schema_type(str(e.full_key))
+            if tp is not None:
+                return f"{e.full_key} must be {_type_name(tp)}, got {getattr(e, 'value', None)!r}"
+        e = e.__cause__ or e.__context__
+    text = " ".join(str(err).split())
+    for marker in ("full_key:", "object_type="):
+        text = text.split(marker)[0].strip()
+    return f"bad config: {text}" if text else f"bad config ({type(err).__name__})"
+
+
+def check_keys(cfg, node=None, schema=TrainConfig, prefix: str = "") -> None:
+    """Refuse a key the schema does not know (``unknown_key=``, ``+unknown_key=`` and nested ones alike):
+    the top-level keys and the ``privacy``, ``logger`` and ``eval`` groups are closed; the ``algo``, ``env``,
+    ``policy`` and ``callbacks`` groups are checked against what they build (``dppo.build``)."""
+    node = cfg if node is None else node
+    hints = typing.get_type_hints(schema)
+    names = {f.name for f in dataclasses.fields(schema)}
+    for key in list(node.keys()):
+        if not prefix and key == "hydra":
+            continue
+        if key not in names:
+            close = difflib.get_close_matches(str(key), sorted(names), n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            where = "a top-level key" if not prefix else f"a key of {prefix[:-1]}"
+            raise ConfigError(f"unknown key '{prefix}{key}'{hint}: not {where}; valid: {sorted(names)}")
+        sub = hints.get(key)
+        if dataclasses.is_dataclass(sub) and node[key] is not None:
+            check_keys(cfg, node[key], sub, f"{prefix}{key}.")
 
 
 def validate(cfg) -> None:
     """Value checks the schema's types cannot express; raise ConfigError with a one-line fix."""
+    check_keys(cfg)
     if cfg.eps is not None and not (cfg.eps > 0 and math.isfinite(cfg.eps)):
         raise ConfigError(f"eps must be > 0 (or null for a non-private run), got {cfg.eps}")
     if not (0 < cfg.delta < 1):
         raise ConfigError(f"delta must lie strictly between 0 and 1, got {cfg.delta}")
-    if cfg.group_size is not None and cfg.group_size < 1:
-        raise ConfigError(f"group_size must be >= 1 (or null for the algorithm's default), got {cfg.group_size}")
+    if cfg.delta < MIN_DELTA:
+        raise ConfigError(f"delta={cfg.delta:g} is below {MIN_DELTA:g}: no guarantee needs it (delta is usually "
+                          f"well below 1/users, e.g. 1e-5 to 1e-12), and the noise calibration is exact only above it")
+    if cfg.group_size < 1:
+        raise ConfigError(f"group_size must be >= 1, got {cfg.group_size}")
     if cfg.users_per_round < 1:
         raise ConfigError(f"users_per_round must be >= 1, got {cfg.users_per_round}")
     if not (cfg.max_grad_norm > 0):
@@ -145,6 +256,8 @@ def validate(cfg) -> None:
         node = cfg[group]
         if node is None or "_target_" not in node:
             raise ConfigError(f"the '{group}' group has no _target_; pick one with {group}=<name>")
+    if cfg.oracle is not None and "_target_" not in cfg.oracle:
+        raise ConfigError("oracle.* keys need an oracle: pick one with oracle=ssp|dp_gd|exp_mech|exact")
 
 
 def to_container(cfg) -> dict:

@@ -1,9 +1,11 @@
-"""``python -m dppo.evaluate RUN_DIR [--episodes N] [--greedy] [--video DIR]``: evaluate a saved policy.
+"""``python -m dppo.evaluate RUN [--episodes N] [--greedy] [--video DIR]``: evaluate a saved policy.
 
-Runs the trained policy of RUN_DIR's newest checkpoint on held-out public episodes (the reset seeds of the
+RUN is a run directory (its newest checkpoint, or, with only the shareable files, its ``policy.pt``) or a
+``policy.pt`` on its own. Runs the trained policy on held-out public episodes (the reset seeds of the
 trainer's final evaluation, disjoint from every training user's) and prints the mean return; nothing is
 written into the run directory. ``--video DIR`` also records episodes through gymnasium's ``RecordVideo``
-(needs ``moviepy``; the directory must lie outside the run's logs or be named by you). Errors: one line, exit 2.
+(needs the ``video`` extra, ``pip install -e ".[video]"``: moviepy and pygame; the directory must lie
+outside the run's logs or be named by you). Errors: one line, exit 2.
 """
 from __future__ import annotations
 
@@ -17,15 +19,27 @@ import numpy as np
 from dppo.errors import ConfigError, DPPOError
 
 
+VIDEO_EXTRA = ("--video needs moviepy: pip install -e \".[video]\" (moviepy and pygame; gymnasium's RecordVideo "
+               "writes with them)")
+
+
+def evaluation_seeds(run, n: int) -> list[int]:
+    """The reset seeds of the trainer's held-out evaluation episodes (``dppo.data.streams``' public ``eval``
+    stream, round 0; mapped by the env when it has public seeds of its own): never a training user's."""
+    from dppo.data import streams
+
+    seeds = streams.public_reset_seeds(int(run.config.seed), "eval", 0, int(n))
+    env = run.env
+    return [env.public_seed(s) for s in seeds] if hasattr(env, "public_seed") else seeds
+
+
 def record_video(run, video_dir: str, episodes: int, greedy: bool) -> list[float]:
     """Record ``episodes`` held-out episodes of ``run.policy`` to ``video_dir``; their returns."""
     if importlib.util.find_spec("moviepy") is None:
-        raise ConfigError("--video needs moviepy (pip install moviepy); gymnasium's RecordVideo writes with it")
+        raise ConfigError(VIDEO_EXTRA)
     import gymnasium as gym
     import torch
     from gymnasium.wrappers import RecordVideo
-
-    from dppo.algos.npg import evaluation_seeds
 
     env_factory, policy = run.env, run.policy
     if policy is None or not hasattr(env_factory, "id") or not hasattr(env_factory, "horizon"):
@@ -43,7 +57,7 @@ def record_video(run, video_dir: str, episodes: int, greedy: bool) -> list[float
     gen = torch.Generator().manual_seed(int(run.config.seed) + 99991)
     returns = []
     try:
-        for seed in evaluation_seeds(env_factory, int(run.config.seed), episodes):
+        for seed in evaluation_seeds(run, episodes):
             obs, _ = env.reset(seed=int(seed))
             total, done = 0.0, False
             while not done:
@@ -57,19 +71,25 @@ def record_video(run, video_dir: str, episodes: int, greedy: bool) -> list[float
     return returns
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m dppo.evaluate``."""
     p = argparse.ArgumentParser(prog="python -m dppo.evaluate", description=__doc__.splitlines()[0])
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", metavar="RUN", help="a run directory, or a policy.pt")
     p.add_argument("--episodes", type=int, default=None, help="held-out episodes (default: the run's eval_episodes)")
     p.add_argument("--greedy", action="store_true", help="act with the mode (argmax / Gaussian mean)")
-    p.add_argument("--video", metavar="DIR", default=None, help="record episodes to DIR (needs moviepy)")
+    p.add_argument("--video", metavar="DIR", default=None,
+                   help='record episodes to DIR (needs the video extra: pip install -e ".[video]")')
     p.add_argument("--video-episodes", type=int, default=1, help="how many episodes to record (default 1)")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         if args.episodes is not None and args.episodes < 1:
             raise ConfigError(f"--episodes must be >= 1, got {args.episodes}")
         if args.video is not None and importlib.util.find_spec("moviepy") is None:
-            raise ConfigError("--video needs moviepy (pip install moviepy); gymnasium's RecordVideo writes with it")
+            raise ConfigError(VIDEO_EXTRA)
         from dppo.saved_run import load
 
         run = load(args.run_dir)
@@ -80,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = f" (summary final_return {final:.6g})" if isinstance(final, (int, float)) else ""
         print(f"{run.summary.get('algo', run.config.algo.get('name'))} on {getattr(run.env, 'id', '?')}: "
               f"mean return {mean:.6g} over {n} held-out episodes ({'greedy' if greedy else 'stochastic'}), "
-              f"checkpoint {os.path.basename(run.checkpoint)}{ref}")
+              f"from {os.path.basename(run.checkpoint)}{ref}")
         if args.video is not None:
             rets = record_video(run, args.video, max(1, args.video_episodes), greedy)
             print(f"video: {len(rets)} episode(s) in {args.video} (returns {', '.join(f'{r:.4g}' for r in rets)})")

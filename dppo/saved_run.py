@@ -1,15 +1,23 @@
-"""``dppo.load(run_dir)``: a finished (or interrupted) run's trained policy, config and summary, in one line.
+"""``dppo.load(path)``: a finished (or interrupted) run's trained policy, config and summary, in one line.
 
-    run = dppo.load("runs/2026-12-01/10-00-00_dp_pg_s0")
+    run = dppo.load("runs/2026-12-01/10-00-00_dp_pg_s0")     # a run directory, or a policy.pt on its own
     action = run.policy.predict(obs, deterministic=True)      # numpy in, numpy out; single or batched obs
+    action, _ = run.predict(obs, deterministic=True)          # Stable-Baselines3's contract: (actions, state)
+    run.policy.generate(["123+456="])                          # policy=lm: completions of text prompts
     run.evaluate(episodes=20)                                  # held-out public episodes, as final_return
 
-The learner is rebuilt from ``.hydra/config.yaml`` exactly as training built it (no run directory, no logger
-outputs: nothing is written into the run) and its state is loaded from the newest good checkpoint; a checkpoint
-written under another configuration is refused. The caller's global RNG states are left as they were.
+From a run directory with checkpoints, the learner is rebuilt from ``.hydra/config.yaml`` exactly as training
+built it (no run directory, no logger outputs: nothing is written into the run) and its state is loaded from
+the newest good checkpoint; a checkpoint written under another configuration is refused. From the shareable
+files alone - ``policy.pt`` (with or without ``summary.json`` and ``.hydra/``), or a ``policy.pt`` given on
+its own - the learner is rebuilt from the config inside ``policy.pt`` (or ``.hydra/config.yaml``) and the
+released policy's weights are loaded: what acting and evaluating need, and nothing secret. (Tabular and
+GFA learners have no ``policy.pt``: their policy is rebuilt from a checkpoint.) The caller's global RNG
+states are left as they were.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -17,6 +25,8 @@ from dataclasses import dataclass, field
 from omegaconf import DictConfig
 
 from dppo.errors import ConfigError
+
+POLICY_FILE = "policy.pt"
 
 
 @dataclass
@@ -26,11 +36,13 @@ class SavedRun:
     Attributes:
         policy: the trained policy (``predict``, ``sample``, ``log_prob``); None for tabular/GFA learners.
         config: the run's composed config.
-        summary: ``summary.json`` as a dict (empty if the run never wrote one).
-        learner: the rebuilt learner with the checkpoint's state (``evaluate``, ``state_dict``).
+        summary: ``summary.json`` as a dict (empty if there is none next to the loaded files).
+        learner: the rebuilt learner with the trained state (``evaluate``; from ``policy.pt``: the policy's
+            weights only, no optimizer or learner statistics).
         env: the env factory the run used.
-        checkpoint: the path of the checkpoint that was loaded.
-        run_dir: the run directory.
+        checkpoint: the path of the file that was loaded (a checkpoint, or ``policy.pt``).
+        run_dir: the run directory (the folder holding ``policy.pt`` when a file was given).
+        provenance: which users the policy's training consumed (``dppo/training/provenance.py``), if recorded.
     """
 
     policy: object
@@ -41,6 +53,7 @@ class SavedRun:
     checkpoint: str
     run_dir: str
     rounds_done: int = field(default=0)
+    provenance: dict | None = field(default=None)
 
     def evaluate(self, episodes: int | None = None, greedy: bool | None = None) -> float:
         """Mean return over ``episodes`` held-out episodes (default: the run's ``eval_episodes``; the same
@@ -49,29 +62,117 @@ class SavedRun:
         g = bool(self.config.eval.greedy if greedy is None else greedy)
         return float(self.learner.evaluate(n, g))
 
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = False):
+        """Stable-Baselines3's ``model.predict``: ``(actions, state)``, so ``a, _ = run.predict(obs)`` works.
 
-def load(run_dir: str, overrides: list[str] | None = None) -> SavedRun:
-    """Load a run directory written by ``python train.py`` or ``dppo.train`` (see the module docstring)."""
+        dppo's policies keep no recurrent state: the returned state is always ``None`` (``state`` and
+        ``episode_start`` are accepted and ignored, as SB3's feed-forward policies do). ``run.policy.predict``
+        returns the actions alone.
+        """
+        if self.policy is None:
+            raise ConfigError("this run's learner has no neural policy (tabular / GFA): nothing to predict with")
+        return self.policy.predict(observation, deterministic=deterministic), None
+
+
+def load(path: str, overrides: list[str] | None = None, *, reward_funcs=None, reward_weights=None,
+         train_dataset=None, eval_dataset=None) -> SavedRun:
+    """Load a run directory written by ``python train.py`` or ``dppo.train``, or a ``policy.pt`` file.
+
+    A prompts run trained on rewards or rows passed from Python (``dppo.train(cfg, reward_funcs=...,
+    train_dataset=...)``) needs the same objects again (the rows are checked against the recorded SHA-256).
+    """
+    from dppo.training.checkpoint import load_latest_checkpoint
+
+    inputs = {"reward_funcs": reward_funcs, "reward_weights": reward_weights, "train_dataset": train_dataset,
+              "eval_dataset": eval_dataset}
+    if os.path.isfile(path):
+        return _load_policy_file(path, os.path.dirname(os.path.abspath(path)), overrides, inputs)
+    if not os.path.isdir(path):
+        raise ConfigError(f"{path} is neither a run directory nor a policy.pt file")
+    ckpt_dir = os.path.join(path, "checkpoints")
+    state, ckpt = load_latest_checkpoint(ckpt_dir) if os.path.isdir(ckpt_dir) else (None, None)
+    if state is not None and os.path.isfile(os.path.join(path, ".hydra", "config.yaml")):
+        return _load_checkpoint(path, state, ckpt, overrides, inputs)
+    if os.path.isfile(os.path.join(path, POLICY_FILE)):
+        return _load_policy_file(os.path.join(path, POLICY_FILE), path, overrides, inputs)
+    raise ConfigError(f"{path} is not a run directory to load: it has neither a usable checkpoint "
+                      f"(checkpoints/ckpt_*.pt) nor a {POLICY_FILE}")
+
+
+def _load_checkpoint(run_dir: str, state: dict, path: str, overrides, inputs=None) -> SavedRun:
     from dppo.api import load_run_config
-    from dppo.build import build, fingerprint
-    from dppo.training.checkpoint import check_fingerprint, load_latest_checkpoint, rng_state, set_rng_state
-    from dppo.training.logger import Logger
+    from dppo.build import fingerprint
+    from dppo.training.checkpoint import check_fingerprint
 
     cfg = load_run_config(run_dir, overrides)
-    ckpt_dir = os.path.join(run_dir, "checkpoints")
-    state, path = load_latest_checkpoint(ckpt_dir) if os.path.isdir(ckpt_dir) else (None, None)
-    if state is None:
-        raise ConfigError(f"{run_dir} has no usable checkpoint (checkpoints/ckpt_*.pt); nothing to load")
+    check_fingerprint(state["fingerprint"], fingerprint(cfg))
+    trainer = _build(_without_init_source(copy.deepcopy(cfg)), inputs)   # the checkpoint holds the weights
+    trainer.learner.load_state_dict(state["learner"])
+    return _saved(trainer, cfg, run_dir, path, int(state["round"]), state.get("provenance"))
+
+
+def _load_policy_file(path: str, folder: str, overrides, inputs=None) -> SavedRun:
+    """Rebuild the policy of a ``policy.pt``: its own config (else the folder's ``.hydra/config.yaml``)."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from dppo.api import load_run_config, validate_dictconfig
+
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # noqa: BLE001 - not a torch file, or one that would need to run code
+        raise ConfigError(f"{path} is not a policy file dppo can read ({type(err).__name__})") from None
+    if not (isinstance(saved, dict) and saved.get("format") == "dppo-policy-1"):
+        raise ConfigError(f"{path} is a bare state_dict without its config; load the run directory it came from, "
+                          f"or rebuild the policy yourself and call load_state_dict")
+    if isinstance(saved.get("config"), dict):
+        cfg = validate_dictconfig(OmegaConf.create(saved["config"]))
+        if overrides:
+            cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    elif os.path.isfile(os.path.join(folder, ".hydra", "config.yaml")):
+        cfg = load_run_config(folder, overrides)
+    else:
+        raise ConfigError(f"{path} carries no config and {folder} has no .hydra/config.yaml; nothing to rebuild from")
+    trainer = _build(_without_init_source(cfg), inputs)
+    policy = getattr(trainer.learner, "policy", None)
+    if policy is None:
+        raise ConfigError(f"the config in {path} builds a learner without a neural policy")
+    try:
+        policy.load_state_dict(saved["policy"])
+    except (RuntimeError, TypeError, KeyError) as err:
+        raise ConfigError(f"{path}: the weights do not fit the policy its config builds: "
+                          f"{str(err).splitlines()[0]}") from None
+    return _saved(trainer, cfg, folder, path, int(saved.get("rounds_done") or 0), saved.get("provenance"))
+
+
+def _without_init_source(cfg):
+    """The weights come from the loaded file: do not read the pretraining source (``policy.init_from``) again."""
+    from omegaconf import OmegaConf
+
+    for key in ("init_from", "init_users_offset"):
+        if OmegaConf.select(cfg, f"policy.{key}", default=None) is not None:
+            cfg.policy[key] = None
+    return cfg
+
+
+def _build(cfg, inputs=None):
+    """The learner of ``cfg``, built exactly as training builds it, writing nothing; global RNGs untouched
+    (``inputs``: a prompts env's Python objects, ``dppo.build.build_env``)."""
+    from dppo.build import build
+    from dppo.training.checkpoint import rng_state, set_rng_state
+    from dppo.training.logger import Logger
+
     saved_rng = rng_state()
     try:
         cfg.progress = False
-        trainer = build(cfg, None, logger=Logger([]))
-        check_fingerprint(state["fingerprint"], fingerprint(cfg))
-        trainer.learner.load_state_dict(state["learner"])
+        return build(cfg, None, logger=Logger([]), env_inputs=inputs)
     finally:
         set_rng_state(saved_rng)
+
+
+def _saved(trainer, cfg, folder: str, path: str, rounds: int, provenance) -> SavedRun:
     summary = {}
-    spath = os.path.join(run_dir, "summary.json")
+    spath = os.path.join(folder, "summary.json")
     if os.path.isfile(spath):
         with open(spath) as f:
             summary = json.load(f)
@@ -79,5 +180,5 @@ def load(run_dir: str, overrides: list[str] | None = None) -> SavedRun:
     if policy is not None and hasattr(policy, "eval"):
         policy.eval()
     return SavedRun(policy=policy, config=cfg, summary=summary, learner=trainer.learner,
-                    env=getattr(trainer.learner, "env", None), checkpoint=path, run_dir=run_dir,
-                    rounds_done=int(state["round"]))
+                    env=getattr(trainer.learner, "env", None), checkpoint=path, run_dir=folder,
+                    rounds_done=rounds, provenance=provenance)

@@ -7,7 +7,7 @@ Policies:
             transformers, a toy Embedding/LayerNorm/Linear model stands in (the output says so).
 Rows (each timed as a whole update: per-user gradients, clip, sum, Gaussian noise, mean):
   pg (non-private)   one plain backward of the summed loss
-  dp-pg, hooks       per-user gradients from one backward (dppo.algos.per_user_grads, per-layer rules)
+  dp-pg, hooks       per-user gradients from one backward (dppo.policies.per_user_grads, per-layer rules)
                      ("of which per-user grads": the same without the clip/noise/ledger release;
                      "of which the release": that release alone, clip + float64 noise + ledger, on fixed rows)
   pg, non-private twin  what algo=pg computes on this path: the same per-user gradients, clipped, averaged
@@ -33,7 +33,7 @@ import time
 import torch
 from torch import nn
 
-from dppo.algos.per_user_grads import per_user_gradients
+from dppo.policies.per_user_grads import per_user_gradients
 from dppo.envs.gym_env import GymEnvFactory
 from dppo.policies.mlp import MLPPolicy
 from dppo.privacy import PrivacyContext
@@ -158,7 +158,7 @@ def bench_cartpole(repeats, privatizer, total=1024, opacus=True):
     flat_obs, flat_act, flat_adv = obs[mask], actions[mask], adv[mask]
     user_of_step = torch.arange(obs.shape[0])[:, None].expand_as(mask)[mask]
     m = obs.shape[0]
-    rows = per_user_gradients(policy, obs, actions, adv)  # fixed input of the release-only row
+    rows = per_user_gradients(policy, (obs, actions), adv)  # fixed input of the release-only row
     twin = MeanRelease(privatizer.max_grad_norm)
 
     def pg_update():
@@ -166,14 +166,14 @@ def bench_cartpole(repeats, privatizer, total=1024, opacus=True):
         (-(policy.log_prob(flat_obs, flat_act) * flat_adv).sum() / m).backward()
 
     fns = {"pg (non-private)": pg_update,
-           "dp-pg, hooks": lambda: privatizer.release_mean(per_user_gradients(policy, obs, actions, adv), 0),
-           "  of which per-user grads": lambda: per_user_gradients(policy, obs, actions, adv),
+           "dp-pg, hooks": lambda: privatizer.release_mean(per_user_gradients(policy, (obs, actions), adv), 0),
+           "  of which per-user grads": lambda: per_user_gradients(policy, (obs, actions), adv),
            "  of which the release": lambda: privatizer.release_mean(rows, 0),
-           TWIN: lambda: twin.release_mean(per_user_gradients(policy, obs, actions, adv), 0),
+           TWIN: lambda: twin.release_mean(per_user_gradients(policy, (obs, actions), adv), 0),
            "dp-pg, hooks, flat rows": lambda: privatizer.release_mean(
-               per_user_gradients(policy, flat_obs, flat_act, flat_adv, user_of_step, num_users=m), 0),
+               per_user_gradients(policy, (flat_obs, flat_act), flat_adv, user_of_step, num_users=m), 0),
            "dp-pg, torch.func": lambda: privatizer.release_mean(
-               per_user_gradients(policy, obs, actions, adv, method="func"), 0)}
+               per_user_gradients(policy, (obs, actions), adv, method="func"), 0)}
     try:
         if not opacus:
             raise ImportError
@@ -210,19 +210,19 @@ def bench_lm(repeats, privatizer, lora: bool):
         policy.zero_grad()
         (-(policy(prompts, completions) * adv).sum() / m).backward()
 
-    rows = per_user_gradients(policy, prompts, completions, adv, users, num_users=m)
+    rows = per_user_gradients(policy, (prompts, completions), adv, users, num_users=m)
     twin = MeanRelease(privatizer.max_grad_norm)
     fns = {"pg (non-private)": pg_update,
            "dp-pg, hooks": lambda: privatizer.release_mean(
-               per_user_gradients(policy, prompts, completions, adv, users, num_users=m), 0),
-           "  of which per-user grads": lambda: per_user_gradients(policy, prompts, completions, adv, users,
+               per_user_gradients(policy, (prompts, completions), adv, users, num_users=m), 0),
+           "  of which per-user grads": lambda: per_user_gradients(policy, (prompts, completions), adv, users,
                                                                  num_users=m),
            "  of which the release": lambda: privatizer.release_mean(rows, 0),
-           TWIN: lambda: twin.release_mean(per_user_gradients(policy, prompts, completions, adv, users,
+           TWIN: lambda: twin.release_mean(per_user_gradients(policy, (prompts, completions), adv, users,
                                                              num_users=m), 0)}
 
     def func_update():
-        privatizer.release_mean(per_user_gradients(policy, prompts, completions, adv, users, num_users=m,
+        privatizer.release_mean(per_user_gradients(policy, (prompts, completions), adv, users, num_users=m,
                                                    method="func"), 0)
 
     try:

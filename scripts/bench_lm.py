@@ -1,11 +1,15 @@
 """Private vs non-private update cost of the LM learners, side by side in one run: ``python scripts/bench_lm.py``.
 
-For one round's data (m prompts x G sampled completions; by default the m, G and LoRA config of
-``+experiment=lm_addition``, and LoRA r = 4 on all seven projections beside it) it times, after a warm-up and as the median of
-``--repeats``:
-  non-private: one backward pass of the summed GRPO objective (``summed_gradient``);
-  private:     per-user adapter gradients (``per_user_gradients``: forward/backward + per-layer einsums),
-               per-user clipping and the noisy sum (``GaussianSumPrivatizer.release_mean``),
+For one round's data (m prompts x G sampled completions of a task's prompts; the m and G of its experiment)
+and each policy config - by default the private config of every task in ``scripts/reproduce_lm.py``
+(``TASKS[task]["private"]``: what the reference's private rows run), then LoRA r = 2 on q, v, LoRA r = 8 on all
+seven projections and full fine-tuning of the linear layers on the addition model beside them, those not
+benched already (``--adapters`` picks others from ``reproduce_lm.ADAPTERS``) - it times, after a warm-up and as the median of ``--repeats``, interleaved:
+  non-private: one backward pass of the summed GRPO objective (a plain PG step's cost);
+  private:     per-user gradients of the trainable parameters (the learner's parameter space,
+               ``AdapterSpace`` / ``FullSpace.user_gradients``: the engine ``dppo.policies.per_user_grads``,
+               forward/backward + per-layer products), per-user clipping and the noisy sum
+               (``GaussianSumPrivatizer.release_mean``),
 and the peak memory of each call above its start (CPU: the peak of the running sum of the tensor
 allocations ``torch.profiler`` records; CUDA: ``torch.cuda.max_memory_allocated``).
 With ``--device cuda`` (or ``auto`` on a GPU machine) it also benchmarks ``--large`` config (a wider
@@ -24,27 +28,27 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from dppo.algos.prompt_po import group_advantages  # noqa: E402
-from dppo.envs.prompts import PromptsEnv  # noqa: E402
-from dppo.policies.lm import LMPolicy, pick_device  # noqa: E402
-from dppo.policies.lm_grads import per_user_gradients, summed_gradient  # noqa: E402
+from dppo.algos.core import group_advantages  # noqa: E402
+from dppo.policies.lm import pick_device  # noqa: E402
+from dppo.policies.spaces import make_space  # noqa: E402
 from dppo.privacy import NoiseSource, PrivacyContext  # noqa: E402
 from dppo.privacy.accountants import make_accountant  # noqa: E402
 from dppo.privacy.clipping import GaussianSumPrivatizer  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-WIDE_LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                    "down_proj"]}
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from reproduce_lm import ADAPTERS, TASKS  # noqa: E402
 
 
-def experiment_lora() -> tuple[dict, int, int]:
-    """The LoRA config, prompts per round and G of ``+experiment=lm_addition`` (what the reference runs use)."""
-    from omegaconf import OmegaConf
-
+def setup(task: str, adapter: str, device: str, extra: tuple = ()):
+    """(policy, env, m, G) of a task's experiment with an adapter of ``reproduce_lm.ADAPTERS`` (as a run builds them)."""
     from dppo.api import make_config
+    from dppo.build import build_env, build_policy
 
-    cfg = make_config(["+experiment=lm_addition"])
-    return OmegaConf.to_container(cfg.policy.lora), int(cfg.users_per_round), int(cfg.group_size)
+    cfg = make_config([f"+experiment={TASKS[task]['experiment']}", *ADAPTERS[adapter][0], f"device={device}",
+                       "eps=null", *extra])
+    env = build_env(cfg)
+    return build_policy(cfg, env), env, int(cfg.users_per_round), int(cfg.group_size)
 
 
 def large_model_dir(device) -> str:
@@ -85,36 +89,32 @@ def peak_memory(fn, device) -> tuple[float, float]:
     return float("nan"), peak / 2**20
 
 
-def bench(path: str, device: str, users: int, group: int, repeats: int, label: str, lora: dict) -> dict:
-    policy = LMPolicy(path, lora=lora, max_new_tokens=5, device=device)
-    env = PromptsEnv(os.path.join(ROOT, "assets", "lm", "addition.jsonl.gz"), "dppo.envs.tasks.addition.digit_reward")
-    rows = env.user_rows(range(users))
-    pid, pm = policy.encode(env.prompts(rows))
-    g = torch.Generator().manual_seed(0)
-    u = torch.rand(users * group, policy.max_new_tokens, generator=g, dtype=torch.float64)
-    t = time.perf_counter()
-    comp = policy.sample(pid, pm, u, group=group)
-    gen_s = time.perf_counter() - t
-    rewards, _ = env.rewards(rows, comp.texts, group, 1.0)
-    A = (group_advantages(torch.as_tensor(rewards)).reshape(-1) / group).float()
-
-    def objective(us):
-        sl = slice(us.start * group, us.stop * group)
-        lp = policy.token_log_probs(pid[us], pm[us], comp.ids[sl], comp.mask[sl], group=group)
-        return A[sl].to(lp.device) * lp.sum(1)
+def bench(policy, env, users: int, group: int, repeats: int, label: str) -> dict:
+    batch = env.collector(0).users(policy, list(range(users)), 0, group, 1.0)[0]  # a round's data (user streams)
+    A = group_advantages(batch.grouped(batch.returns))[0].reshape(-1, 1)
+    space = make_space(policy, dim=None)   # what the learner moves: AdapterSpace (LoRA) or FullSpace
+    coef = (A.reshape(-1) / group).float()
+    per_pass = max(1, policy.micro_batch // group)
 
     privacy = PrivacyContext(8.0, 1e-5, accountant=make_accountant("parallel"), noise=NoiseSource(0, secure=False))
     privatizer = GaussianSumPrivatizer(privacy, 1.0)
-    dev = pick_device(device)
+    dev = policy.device_
 
-    def non_private():
-        return summed_gradient(policy, objective, users, group) / users
+    def non_private():  # one backward of the summed objective (micro-batches of users)
+        total = [torch.zeros_like(p, dtype=torch.float64) for p in space.params]
+        for lo in range(0, users, per_pass):
+            us, sl = slice(lo, lo + per_pass), slice(lo * group, (lo + per_pass) * group)
+            lp = policy.token_log_probs(batch.prompt_ids[us], batch.prompt_mask[us], batch.ids[sl],
+                                        batch.token_mask[sl], group=group)
+            for t_, g_ in zip(total, torch.autograd.grad((coef[sl].to(lp.device) * lp.sum(1)).sum(), space.params)):
+                t_ += g_.double()
+        return torch.cat([t_.reshape(-1).cpu() for t_ in total]) / users
 
-    def private():
-        return privatizer.release_mean(per_user_gradients(policy, objective, users, group), 0)[0]
+    def private():  # per-user gradients (dppo.policies.per_user_grads), clipping, the noisy sum
+        return privatizer.release_mean(space.user_gradients(batch, A), 0)[0]
 
     def grads_only():
-        return per_user_gradients(policy, objective, users, group)
+        return space.user_gradients(batch, A)
 
     times = {"non-private": [], "private": [], "per-user grads": []}
     fns = {"non-private": non_private, "private": private, "per-user grads": grads_only}
@@ -132,10 +132,9 @@ def bench(path: str, device: str, users: int, group: int, repeats: int, label: s
     mem = {name: peak_memory(fn, dev)[1] for name, fn in fns.items() if name != "per-user grads"}
     med = {name: statistics.median(v) for name, v in times.items()}
     tp, tn = med["private"], med["non-private"]
-    targets = ",".join(t.replace("_proj", "") for t in lora["target_modules"])
-    print(f"\n[{label}, LoRA r={lora['r']} on {targets}] {sum(p.numel() for p in policy.model.parameters())} "
+    print(f"\n[{label}] {sum(p.numel() for p in policy.model.parameters())} "
           f"parameters, {policy.num_trainable()} trainable; m={users} prompts x G={group}; device {dev}; "
-          f"generation {comp.tokens / gen_s:,.0f} tokens/s (KV cache)")
+          f"generation {batch.tokens / max(batch.seconds, 1e-9):,.0f} tokens/s (KV cache)")
     print(f"{'update':<34}{'time (s)':>10}{'peak MiB':>10}")
     print(f"{'non-private (one backward)':<34}{tn:>10.3f}{mem['non-private']:>10.1f}")
     print(f"{'private (per-user, clip, noise)':<34}{tp:>10.3f}{mem['private']:>10.1f}")
@@ -152,22 +151,29 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=None, help="prompts per round (default: the experiment's)")
     ap.add_argument("--group", type=int, default=None, help="G (default: the experiment's)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--adapters", nargs="*", default=None, choices=sorted(ADAPTERS),
+                    help="configs on the addition model beside the tasks' private configs "
+                         "(default: lora_r2_qv lora_r8_all full_linear, those not already benched)")
     ap.add_argument("--large", action="store_true", help="also the larger config (default on a GPU)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    lora, users, group = experiment_lora()
-    users, group = args.users or users, args.group or group
-    tiny = os.path.join(ROOT, "assets", "lm", "tiny-addition")
-    rows = [("tiny-addition (experiment lm_addition)", tiny, lora)]
-    if lora != WIDE_LORA:
-        rows.append(("tiny-addition", tiny, WIDE_LORA))
+    rows = [(task, TASKS[task]["private"][0], "private config of the reference") for task in TASKS]
+    for adapter in (["lora_r2_qv", "lora_r8_all", "full_linear"] if args.adapters is None else args.adapters):
+        if ("addition", adapter) not in [(t, a) for t, a, _ in rows]:
+            rows.append(("addition", adapter, "other config"))
     if args.large or pick_device(args.device).type == "cuda":
-        rows.append(("large (hidden 512)", large_model_dir(args.device), lora))
-    ratios = [(label, lo, bench(path, args.device, users, group, args.repeats, label, lo)) for label, path, lo in rows]
+        rows.append(("addition", TASKS["addition"]["private"][0], "large (hidden 512)"))
+    ratios = []
+    for task, adapter, why in rows:
+        extra = (f"policy.path={large_model_dir(args.device)}",) if why.startswith("large") else ()
+        policy, env, users, group = setup(task, adapter, args.device, extra)
+        label = f"{task}, {ADAPTERS[adapter][1]} ({why})"
+        r = bench(policy, env, args.users or users, args.group or group, args.repeats, label)
+        ratios.append((label, policy.num_trainable(), r))
+        del policy
     print("\nsummary (private / non-private update, side by side in this run):")
-    for label, lo, r in ratios:
-        print(f"  {label:<40} LoRA r={lo['r']} x {len(lo['target_modules'])} modules: time {r['time']:.2f}x, "
-              f"peak memory {r['memory']:.2f}x")
+    for label, d, r in ratios:
+        print(f"  {label:<75} {d:>8,} trainable: time {r['time']:.2f}x, peak memory {r['memory']:.2f}x")
 
 
 if __name__ == "__main__":

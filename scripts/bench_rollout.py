@@ -19,10 +19,49 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from dppo.algos.rollout import RolloutEngine, collect_episodes  # noqa: E402
 from dppo.data import streams  # noqa: E402
+from dppo.envs.rollout import Episodes, RolloutEngine, clip_rewards  # noqa: E402
 from dppo.envs.gym_env import GymEnvFactory  # noqa: E402
 from dppo.policies.mlp import MLPPolicy  # noqa: E402
+
+
+def collect_episodes(policy, env_factory, reset_seeds: list[int], *, reward_bound: float | None,
+                     generator: torch.Generator | None = None) -> Episodes:
+    """The former lockstep collector (the reference row): one episode per reset seed, all users stepped in
+    lockstep with batched policy calls, envs built per call and actions drawn from one shared generator."""
+    m, horizon = len(reset_seeds), env_factory.horizon
+    envs = [env_factory.make() for _ in range(m)]
+    obs_list, act_list, rew_list = [[] for _ in range(m)], [[] for _ in range(m)], [[] for _ in range(m)]
+    cur = [np.asarray(e.reset(seed=int(s))[0], dtype=np.float32) for e, s in zip(envs, reset_seeds)]
+    active = list(range(m))
+    for _ in range(horizon):
+        if not active:
+            break
+        batch = np.stack([cur[i] for i in active]).reshape(len(active), -1)
+        actions, _ = policy.sample(torch.as_tensor(batch), generator=generator)
+        still = []
+        for j, i in enumerate(active):
+            a = int(actions[j])
+            nxt, r, term, trunc, _ = envs[i].step(a)
+            obs_list[i].append(cur[i]), act_list[i].append(a), rew_list[i].append(float(r))
+            cur[i] = np.asarray(nxt, dtype=np.float32)
+            if not (term or trunc):
+                still.append(i)
+        active = still
+    for e in envs:
+        e.close()
+    T = max(1, max(len(a) for a in act_list))
+    obs = torch.zeros((m, T) + np.asarray(obs_list[0][0]).reshape(-1).shape)
+    actions = torch.zeros(m, T, dtype=torch.long)
+    rewards = torch.zeros(m, T, dtype=torch.float64)
+    mask = torch.zeros(m, T, dtype=torch.bool)
+    for i in range(m):
+        n = len(act_list[i])
+        obs[i, :n] = torch.as_tensor(np.stack(obs_list[i])).reshape(n, -1)
+        actions[i, :n] = torch.as_tensor(act_list[i])
+        rewards[i, :n] = torch.as_tensor(clip_rewards(np.asarray(rew_list[i]), reward_bound)[0])
+        mask[i, :n] = True
+    return Episodes(obs, actions, rewards, mask, rewards.sum(1), torch.zeros(m))
 
 
 def timed(fn, repeats: int) -> float:

@@ -22,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from reproduce_cartpole import _mean_std, _worker_init, load, run_in_process  # noqa: E402
+from secure_spread import SEEDED_NOTE  # noqa: E402
 
 from dppo.training.rundir import complete, write_report  # noqa: E402
 
@@ -48,7 +49,7 @@ def random_policy_return(seed: int, episodes: int) -> float:
     public "eval" reset seeds and sampling stream the learners' ``evaluate`` uses)."""
     import torch
 
-    from dppo.algos.rollout import RolloutEngine
+    from dppo.envs.rollout import RolloutEngine
     from dppo.data import streams
     from dppo.envs.gym_env import GymEnvFactory
 
@@ -112,7 +113,7 @@ def report(args, grid_wall: float | None) -> None:
     if grid_wall is not None:
         lines += ["", f"Grid wall time: {grid_wall / 60:.1f} min ({args.jobs} run(s) at a time, one torch thread each)."]
     lines += ["", "One cell: `python train.py +experiment=acrobot_dp_npg seed=0`; the grid: "
-                  "`python scripts/reproduce_acrobot.py`.", ""]
+                  "`python scripts/reproduce_acrobot.py`. " + SEEDED_NOTE, ""]
     write_report(args.md, "\n".join(lines))
 
 

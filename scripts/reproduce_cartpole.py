@@ -25,6 +25,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_compl
 from tqdm import tqdm
 
 from dppo.training.rundir import complete, launch_train, write_report
+from secure_spread import SEEDED_NOTE  # noqa: E402  (scripts/ is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # (family, experiment, eps, paper mean final, paper std, paper best-epoch mean)
@@ -160,7 +161,8 @@ def report(args, grid_wall: float | None) -> None:
              "each user runs G rollouts from its own start state (one privacy unit: the same clip, sensitivity and "
              "eps for every G; G = 1 / REBEL's G = 2 rows are the paper's protocol), seeds " + ", ".join(map(str, args.seeds)) + ". Final return: 20 evaluation "
              "episodes on held-out reset seeds after the last round. Best-round mean: max over rounds of the "
-             "seed-mean training return. eps: spent, from the accountant (parallel composition over one-pass rounds).",
+             "seed-mean training return. eps: spent, from the accountant (parallel composition over one-pass rounds). "
+             + SEEDED_NOTE,
              "", "| algorithm | eps | G | env steps / round | mean final return | std | best-round mean | paper mean | "
                  "paper std | paper best | eps spent | seeds | wall s/run |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

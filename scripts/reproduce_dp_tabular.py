@@ -1,19 +1,25 @@
-"""DP-UBEV (Gaussian continual counters) beside UBEV and the paper's PUCB on RiverSwim: one JSON per run
-under --out, then a section of runs/reference/tabular.md (between markers; the PUCB / UBEV grid above it
-is scripts/reproduce_tabular.py's) and runs/reference/tabular_dp.png.
+"""The privacy cost of the tabular learners against their own non-private twins: one JSON per run under --out,
+then a section of runs/reference/tabular.md (between markers; the PUCB / UBEV grid above it is
+scripts/reproduce_tabular.py's) and runs/reference/tabular_dp.png.
 
-    python scripts/reproduce_dp_tabular.py --H 20 --T 100000 --seeds 0 1 2 3 4 --eps 1 5        # table rows
-    python scripts/reproduce_dp_tabular.py --H 10 --T 1000000 --seeds 0 1 2 3 4 --eps 1 5      # ratio curve
-    python scripts/reproduce_dp_tabular.py --gym FrozenLake-v1:20:20000 Taxi-v4:20:300 --eps 1    # toy-text envs
-    python scripts/reproduce_dp_tabular.py --report                                              # section + plot
+    python scripts/reproduce_dp_tabular.py --jobs 2      # every grid below (resumable), then the report
+    python scripts/reproduce_dp_tabular.py --grid riverswim_h10 --jobs 2                # one grid
+    python scripts/reproduce_dp_tabular.py --gym FrozenLake-v1:20:20000 Taxi-v4:20:300 --eps 1   # toy-text envs
+    python scripts/reproduce_dp_tabular.py --bound-check --H 10 --T 100000 --eps 1       # widths vs the noise
+    python scripts/reproduce_dp_tabular.py --report                                      # section + plot only
+
+Twins. A private learner's twin is the same learner with ``eps=null`` (exact counts, everything else equal):
+DP-UBEV's is ``algo=dp_ubev eps=null`` with the same counter layout and release schedule, PUCB's is
+``algo=pucb eps=null`` (PrivQ on exact counts). The report gives private / own twin, and private / the best
+non-private learner of the grid (UBEV, PUCB's twin, and DP-UBEV's twin re-planned after every episode,
+``block_growth=null``, which is not private-friendly but may learn faster), with the seeds' own ratios.
 
 Each run uses the real learners through the Python API (one fresh user per episode from the one-pass
-sampler, releases in the ledger, eps from the zCDP accountant at delta = 1e-5). The noise is seeded
+sampler, releases in the ledger, eps from the accountant at delta = 1e-5). The noise is seeded
 (``NoiseSource(seed, secure=False)``, the CLI's ``privacy.secure_rng=false``) so that runs reproduce.
 Every run records its cumulative regret, count-error bound E and gate-open fraction after every round
-(1000 episodes), so one run of length T gives the curve against t <= T - approximately: DP-UBEV's bound is
-not anytime (its counters and union bound are calibrated for T), so the early part is noisier than a run of
-that length would be (E at t = T/10 is ~1.14x; the report prints it); UBEV's curve is exact.
+(1000 episodes), so one run of length T gives the curve against t <= T; the report prints how much E at t
+in a run of length T differs from E at the end of a run of length t (the counters are calibrated for T).
 """
 from __future__ import annotations
 
@@ -29,25 +35,72 @@ import torch
 from dppo.algos.dp_ubev import DPUBEV
 from dppo.algos.ucb import PUCB, UBEV
 from dppo.data.sampler import OnePassUserSampler
-from dppo.envs.tabular import riverswim
+from dppo.envs.tabular import random_mdp, riverswim
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
 
 BEGIN, END = "<!-- dp_ubev section: scripts/reproduce_dp_tabular.py -->", "<!-- end dp_ubev section -->"
+SEEDS = [0, 1, 2, 3, 4]
+
+ENVS = {
+    "riverswim": (lambda H: riverswim(horizon=H), "RiverSwim (S=6, A=2)"),
+    "random_mdp": (lambda H: random_mdp(S=10, A=3, H=H, seed=0), "random MDP (S=10, A=3, seed 0)"),
+    "random_mdp_drift": (lambda H: random_mdp(S=10, A=3, H=H, seed=0, drift=1.0),
+                         "random MDP with dynamics drifting over h (S=10, A=3, seed 0, drift 1)"),
+}
+
+# learner specs: (algo, eps, kwargs); kwargs of DP-UBEV beyond its defaults
+EVERY_EPISODE = {"block_growth": None}
+BEST_TWIN = {"block_growth": None, "pool_cap": 3}   # the best non-private DP-UBEV on seeds 100-102 (RiverSwim, T=1e5)
+PER_STEP = {"pool_steps": False}
+EQUAL_NOISE = {"set_noise": (1.0, 1.0, 1.0)}        # ablation: the same noise on rewards, visits and transitions
+DP_CORE = [("ubev", None, {}), ("dp_ubev", None, {}), ("dp_ubev", None, EVERY_EPISODE), ("dp_ubev", None, BEST_TWIN),
+           ("dp_ubev", 1.0, {}), ("dp_ubev", 5.0, {})]
+GRIDS = {
+    "riverswim_h10": dict(env="riverswim", H=10, T=[100000, 1000000], seeds=SEEDS,
+                          learners=DP_CORE + [("dp_ubev", 1.0, EQUAL_NOISE), ("dp_ubev", 5.0, EQUAL_NOISE)]),
+    "riverswim_h10_pucb": dict(env="riverswim", H=10, T=[100000], seeds=SEEDS,
+                               learners=[("pucb", None, {}), ("pucb", 1.0, {}), ("pucb", 5.0, {})]),
+    "random_mdp_h10": dict(env="random_mdp", H=10, T=[100000], seeds=SEEDS, learners=DP_CORE),
+    "random_mdp_drift_h10": dict(env="random_mdp_drift", H=10, T=[100000], seeds=SEEDS,
+                                 learners=DP_CORE + [("dp_ubev", None, PER_STEP), ("dp_ubev", 1.0, PER_STEP),
+                                                     ("dp_ubev", 5.0, PER_STEP)]),
+}
 
 
-def run_one(H: int, algo: str, eps, seed: int, T: int, counter: str, pool: bool) -> dict:
-    mdp = riverswim(horizon=H)
-    accountant = "basic" if algo in ("ubev", "pucb") else "zcdp"
+def tag(algo: str, eps, kw: dict) -> str:
+    """Name of a learner spec: ``ubev``, ``pucb_exact``, ``pucb_eps5``, ``dp_ubev_exact``, ``dp_ubev_eps1``, with
+    ``_every_episode`` / ``_per_step`` / ``_<key><value>`` for DP-UBEV's non-default keys."""
+    if algo == "ubev":
+        return "ubev"
+    name = f"{algo}_{'exact' if eps is None else f'eps{eps:g}'}"
+    for k, v in sorted(kw.items()):
+        if (k, v) == ("block_growth", None):
+            name += "_every_episode"
+        elif (k, v) == ("pool_steps", False):
+            name += "_per_step"
+        elif k == "set_noise":
+            name += "_equal_noise" if tuple(v) == (1.0, 1.0, 1.0) else "_noise" + "-".join(f"{x:g}" for x in v)
+        else:
+            name += f"_{k}{v}"
+    return name
+
+
+def twin_tag(r: dict) -> str | None:
+    """Tag of the run's non-private twin (the same learner and keys with eps=null); None for a non-private run."""
+    if r["eps"] is None:
+        return None
+    return tag(r["algo"], None, {k: v for k, v in r["kw"].items() if k != "set_noise"})   # no noise, no multipliers
+
+
+def run_one(env: str, H: int, algo: str, eps, seed: int, T: int, kw: dict) -> dict:
+    mdp = ENVS[env][0](H)
+    accountant = "zcdp" if algo == "dp_ubev" else "basic"
     privacy = PrivacyContext(eps, 1e-5, accountant=make_accountant(accountant), noise=NoiseSource(seed, secure=False))
     sampler = OnePassUserSampler(1000, seed=seed)
     common = dict(privacy=privacy, sampler=sampler, seed=seed, episodes=T, episodes_per_round=min(1000, T))
-    if algo == "ubev":
-        learner = UBEV(mdp, **common)
-    elif algo == "pucb":
-        learner = PUCB(mdp, **common)
-    else:
-        learner = DPUBEV(mdp, counter=counter, pool_steps=pool, **common)
+    cls = {"ubev": UBEV, "pucb": PUCB, "dp_ubev": DPUBEV}[algo]
+    learner = cls(mdp, **common, **kw)
     t0 = time.perf_counter()
     rounds, gate, E = [], [], []
     for r in range(learner.num_rounds):
@@ -55,18 +108,60 @@ def run_one(H: int, algo: str, eps, seed: int, T: int, counter: str, pool: bool)
         rounds.append(learner.episodes_done)
         gate.append(m.get("counters/gate_open_fraction"))
         E.append(m.get("counters/error_bound"))
-        if r % 100 == 99:
-            print(f"  {algo} H={H} eps={eps} seed={seed}: {learner.episodes_done:,}/{T:,} episodes, "
+        if r % 200 == 199:
+            print(f"  {env} H={H} {tag(algo, eps, kw)} seed={seed}: {learner.episodes_done:,}/{T:,} episodes, "
                   f"regret {m['regret/cumulative']:,.0f}, {time.perf_counter() - t0:.0f} s", flush=True)
     wall = time.perf_counter() - t0
     cum = torch.cumsum(learner.episode_regret, 0)
-    return {"H": H, "algo": algo, "eps": eps, "seed": seed, "T": T, "counter": counter, "pool": pool,
+    return {"env": env, "H": H, "algo": algo, "eps": eps, "kw": kw, "tag": tag(algo, eps, kw), "seed": seed, "T": T,
             "cumulative_regret": float(cum[-1]), "rounds": rounds, "curve": [float(cum[t - 1]) for t in rounds],
             "gate_open_fraction": gate, "E": E, "final_E": learner.count_error_bound(),
-            "epsilon_spent": privacy.spent()[0], "delta": privacy.spent()[1], "wall_s": wall,
-            "episodes_per_s": T / wall, "noise_std": learner.noise_std() if algo == "dp_ubev" else None}
+            "releases": learner.stats.steps_done, "epsilon_spent": privacy.spent()[0], "delta": privacy.spent()[1],
+            "wall_s": wall, "episodes_per_s": T / wall,
+            "noise_std": learner.noise_std() if algo == "dp_ubev" else None}
 
 
+def _path(out: str, spec: tuple) -> str:
+    env, H, algo, eps, seed, T, kw = spec
+    return os.path.join(out, f"{env}_h{H}_{tag(algo, eps, kw)}_s{seed}_T{T}.json")
+
+
+def _run_and_save(args) -> str:
+    out, spec = args
+    path = _path(out, spec)
+    res = run_one(*spec)
+    with open(path + ".tmp", "w") as f:
+        json.dump(res, f)
+    os.replace(path + ".tmp", path)
+    return (f"{os.path.basename(path)}: regret {res['cumulative_regret']:.1f} eps {res['epsilon_spent']:.3g} "
+            f"E {res['final_E']:.4g} {res['episodes_per_s']:.0f} ep/s")
+
+
+def run_grids(names: list, out: str, jobs: int, seeds=None) -> None:
+    os.makedirs(out, exist_ok=True)
+    specs = []
+    for name in names:
+        g = GRIDS[name]
+        for T in g["T"]:
+            for seed in seeds or g["seeds"]:
+                for algo, eps, kw in g["learners"]:
+                    spec = (g["env"], g["H"], algo, eps, seed, T, kw)
+                    if not os.path.exists(_path(out, spec)):
+                        specs.append(spec)
+    specs.sort(key=lambda s: -s[5] * (2 if s[6].get("block_growth", 1) is None or s[2] != "dp_ubev" else 1))  # long first
+    print(f"{len(specs)} runs to do", flush=True)
+    if jobs > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(jobs, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+            for line in pool.imap_unordered(_run_and_save, [(out, s) for s in specs]):
+                print(line, flush=True)
+    else:
+        for s in specs:
+            print(_run_and_save((out, s)), flush=True)
+
+
+# ---- toy-text gymnasium envs ---------------------------------------------------------------------
 def run_gym(env_id: str, H: int, algo: str, eps, seed: int, T: int) -> dict:
     """One run on a toy-text gymnasium env through its exact model (``dppo.envs.tabular.from_gym``): the
     final greedy policy's exact expected return beside the optimal and the uniformly random policy's."""
@@ -113,67 +208,57 @@ def gym_rows(out: str) -> list[str]:
     return rows + [""]
 
 
-def _tag(r):
-    if r["algo"] == "ubev":
-        return "ubev"
-    if r["algo"] == "pucb":
-        return f"pucb_eps{r['eps']:g}"
-    eps = "exact" if r["eps"] is None else f"eps{r['eps']:g}"
-    return f"dp_ubev_{eps}_{r['counter']}" + ("" if r["pool"] else "_perstep")
-
-
-def run_grid(args) -> None:
-    os.makedirs(args.out, exist_ok=True)
-    configs = [("ubev", None)] * (not args.no_ubev) + [("pucb", e) for e in args.pucb_eps] + \
-        [("dp_ubev", e) for e in args.eps]
-    for T in args.T:
-        for seed in args.seeds:
-            for algo, eps in configs:
-                spec = {"algo": algo, "eps": eps, "counter": args.counter, "pool": not args.per_step}
-                path = os.path.join(args.out, f"riverswim_h{args.H}_{_tag(spec)}_s{seed}_T{T}.json")
-                if os.path.exists(path):
-                    continue
-                res = run_one(args.H, algo, eps, seed, T, args.counter, not args.per_step)
-                with open(path + ".tmp", "w") as f:
-                    json.dump(res, f)
-                os.replace(path + ".tmp", path)
-                print(f"{os.path.basename(path)}: regret {res['cumulative_regret']:.1f} eps {res['epsilon_spent']:.3g} "
-                      f"E {res['final_E']:.4g} {res['episodes_per_s']:.0f} ep/s", flush=True)
-
-
+# ---- the widths against the noise actually added --------------------------------------------------
 def bound_check(H: int, T: int, eps: float, seed: int = 0) -> list[str]:
-    """Count-error bound E at episode T for every counter / layout, and the empirical fraction of the
-    default counter's releases (every stream, every episode) outside its per-episode E, on the
+    """E (and the reward / next-state widths' coefficients) at the last release for every counter / layout /
+    schedule, and, for the default learner, the fraction of (pair, release) whose actual noise breaks one of
+    the three bounds of ``dppo/algos/dp_ubev.py`` (each holds w.p. >= 1 - beta/3 over all of them) on the
     statistics of uniformly random RiverSwim episodes."""
     import numpy as np
 
+    from dppo.privacy.gaussian_counter import GRID
+
     mdp = riverswim(horizon=H)
-    rows = ["| learner | counter | statistics | E at T | releases checked | fraction outside E |", "|---|---|---|---|---|---|"]
     ctx = lambda: PrivacyContext(eps, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(seed, secure=False))
     pucb = PUCB(mdp, privacy=PrivacyContext(eps, accountant=make_accountant("basic"), noise=NoiseSource(seed)),
                 episodes=T)
-    rows.append(f"| pucb | laplace_tree | per step | {pucb.count_error_bound():.4g} (reference E_eps) | - | - |")
+    rows = ["| learner | counter | statistics | releases | E at T | releases checked | fraction outside |",
+            "|---|---|---|---|---|---|---|",
+            f"| pucb | laplace_tree | per step | {T:,} | {pucb.count_error_bound():.4g} (reference E_eps) | - | - |"]
     for counter in ("laplace_tree", "gaussian_tree", "gaussian_sqrt"):
         for pool in (False, True):
-            L = DPUBEV(mdp, privacy=ctx(), seed=seed, episodes=T, counter=counter, pool_steps=pool)
-            rows.append(f"| dp_ubev | {counter} | {'pooled, cap 1' if pool else 'per step'} | "
-                        f"{L.final_count_error_bound():.4g} | - | - |")
+            for growth in (None, 1.05):
+                L = DPUBEV(mdp, privacy=ctx(), seed=seed, episodes=T, counter=counter, pool_steps=pool,
+                           block_growth=growth)
+                rows.append(f"| dp_ubev | {counter} | {f'pooled, cap {L.layout.cap}' if pool else 'per step'} | {L.releases:,} | "
+                            f"{L.final_count_error_bound():.4g} | - | - |")
     L = DPUBEV(mdp, privacy=ctx(), seed=seed, episodes=T)
     g = torch.Generator().manual_seed(seed)
     pi = torch.randint(mdp.A, (T, H, mdp.S), generator=g)
-    L.stats.reserve(T)
-    outside = checked = 0
+    L.stats.reserve(L.releases)
+    out_n = out_r = out_t = checked = 0
+    k, S = L.layout.sa, mdp.S
     for t in range(T):
         states, actions, rewards = mdp.episode_from_uniforms(pi[t].tolist(), mdp.uniforms(1, g)[0].tolist())
+        before = L.stats.steps_done
         L._feed(states, actions, rewards)
-        err = np.abs(L.stats.released.numpy() - L.stats.counts.numpy())
-        outside += int((err > L.count_error_bound()).sum())
-        checked += err.size
-    rows.append(f"| dp_ubev (default) | {L.counter_kind} | pooled, cap 1 | {L.count_error_bound():.4g} | "
-                f"{checked:,} | {outside / checked:.2g} (beta = {L.beta:g}) |")
+        if L.stats.steps_done == before:
+            continue
+        xi = L.stats.released.numpy() - L.stats.counts.numpy()          # noise + rounding of every entry
+        wd = L.widths()
+        xl, xn, xm = xi[:k], xi[k:2 * k], xi[2 * k:].reshape(k, S)
+        xv = (1 - wd.mix) * xn + wd.mix * xm.sum(1)                      # error of the visits estimate n^
+        out_n += int((np.abs(xv) > wd.E).sum())
+        out_r += int((np.sqrt(xl ** 2 + xv ** 2 / wd.s2) > wd.r_noise + GRID * 2 * S).sum())
+        out_t += int((np.sqrt((xm ** 2).sum(1) + xn ** 2) > wd.t_noise + GRID * S).sum())
+        checked += k
+    rows.append(f"| dp_ubev (default) | {L.counter_kind} | pooled, cap {L.layout.cap} | {L.releases:,} | {L.count_error_bound():.4g} | "
+                f"{checked:,} (pair, release) | visits {out_n / checked:.2g}, (reward, visit) {out_r / checked:.2g}, "
+                f"(transitions, visit) {out_t / checked:.2g} (each allowed beta/3 = {L.beta / 3:.3g} for all at once) |")
     return rows
 
 
+# ---- report ---------------------------------------------------------------------------------------
 def _mean_std(xs):
     m = sum(xs) / len(xs)
     sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
@@ -188,10 +273,26 @@ def _at(r, t):
 POINTS = (1000, 2000, 5000, 10 ** 4, 2 * 10 ** 4, 5 * 10 ** 4, 10 ** 5, 2 * 10 ** 5, 5 * 10 ** 5, 10 ** 6)
 
 
-def _crossover(ts: list, ratio) -> str:
-    """First t from which the ratio stays <= 1.5; if it is above 1.5 at the end, a log-log extrapolation
+def _order(t: str):
+    return ({"ubev": 0}.get(t, 1), not t.startswith("pucb"), "exact" not in t, t)
+
+
+def _ratio_cells(rs: list, base: dict, t: int | None = None):
+    """(ratio of means, 'min-max' of the seeds' own ratios) of runs rs against base {seed: run}."""
+    val = (lambda r: r["cumulative_regret"]) if t is None else (lambda r: _at(r, t))
+    paired = [r for r in rs if r["seed"] in base]
+    if not paired or len(paired) != len(rs):
+        return None, "-"
+    num = sum(val(r) for r in paired)
+    den = sum(val(base[r["seed"]]) for r in paired)
+    per = [val(r) / max(1e-12, val(base[r["seed"]])) for r in paired]
+    return num / max(1e-12, den), f"{min(per):.2f}-{max(per):.2f}"
+
+
+def _crossover(ts: list, ratio, level: float = 1.5) -> str:
+    """First t from which the ratio stays <= level; if it is above at the end, a log-log extrapolation
     of the ratio's last decade (or '> T' when it is not falling)."""
-    above = [t for t in ts if ratio(t) > 1.5]
+    above = [t for t in ts if ratio(t) > level]
     if not above:
         return f"{ts[0]:,}"
     if above[-1] != ts[-1]:
@@ -202,159 +303,132 @@ def _crossover(ts: list, ratio) -> str:
     if t0 == t1 or r1 >= r0:
         return f"> {t1:,} (not falling)"
     slope = math.log(r1 / r0) / math.log(t1 / t0)
-    return f"> {t1:,} (extrapolated ~{t1 * (1.5 / r1) ** (1 / slope):,.3g})"
+    return f"> {t1:,} (extrapolated ~{t1 * (level / r1) ** (1 / slope):,.3g})"
 
 
-def _anytime_note(H: int, T: int, eps_values: list, runs: list) -> list[str]:
-    """E at t inside a run planned for T beside E of a run planned for t: the bound is not anytime."""
-    rows = ["| eps | t | E at t in the T = {:,} run | E at the end of a run of T = t | ratio |".format(T),
+def _anytime_note(env: str, H: int, T: int, runs: list) -> list[str]:
+    """E at t inside a run planned for T beside E at the end of a run planned for t (no training needed)."""
+    rows = [f"| learner | t | E at t in the T = {T:,} run | E at the end of a run of T = t | ratio |",
             "|---|---|---|---|---|"]
-    mdp = riverswim(horizon=H)
-    for eps in eps_values:
-        rs = [r for r in runs if r["algo"] == "dp_ubev" and r["eps"] == eps and r["T"] == T]
-        if not rs:
-            continue
+    mdp = ENVS[env][0](H)
+    for tg in sorted({r["tag"] for r in runs if r["algo"] == "dp_ubev" and r["eps"] is not None}):
+        r0 = next(r for r in runs if r["tag"] == tg)
         for t in (10 ** 4, 10 ** 5):
-            if t >= T or t not in rs[0]["rounds"]:
+            if t >= T or t not in r0["rounds"]:
                 continue
-            inside = rs[0]["E"][rs[0]["rounds"].index(t)]
-            ctx = PrivacyContext(eps, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(0, secure=False))
-            alone = DPUBEV(mdp, privacy=ctx, seed=0, episodes=t, counter=rs[0]["counter"],
-                           pool_steps=rs[0]["pool"]).final_count_error_bound()
-            rows.append(f"| {eps:g} | {t:,} | {inside:.4g} | {alone:.4g} | {inside / alone:.2f} |")
+            inside = r0["E"][r0["rounds"].index(t)]
+            ctx = PrivacyContext(r0["eps"], 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(0, secure=False))
+            alone = DPUBEV(mdp, privacy=ctx, seed=0, episodes=t, **r0["kw"]).final_count_error_bound()
+            rows.append(f"| {tg} | {t:,} | {inside:.4g} | {alone:.4g} | {inside / alone:.3f} |")
     return rows
 
 
-def _old_subsections(md: str, keep: set) -> dict:
-    """Subsections (``### ...`` blocks) of the current section whose (H, T) has no run JSON in --out: kept
-    as they are (labelled) so that regenerating one part does not drop the others."""
-    if not os.path.exists(md):
-        return {}
-    text = open(md).read()
-    if BEGIN not in text:
-        return {}
-    sec = text[text.index(BEGIN):text.index(END)]
-    out = {}
-    for block in sec.split("\n### ")[1:]:
-        title = block.split("\n", 1)[0]
-        for key in keep:
-            if key in title:
-                body = block.split("\n![DP-UBEV")[0]
-                body = "\n".join(l for l in body.splitlines() if not l.startswith("(carried over"))
-                out[title] = "### " + body.rstrip()
-    return out
-
-
 def report(args) -> None:
-    runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.out, "riverswim_h*_T*.json")))]
-    groups = sorted({(r["H"], r["T"]) for r in runs})
-    # (H, T) groups of the previous section that have no JSON here are carried over (their titles)
-    old_keys = {f"RiverSwim H = {H}, T = {T:,} episodes" for H, T in ((20, 10 ** 5), (10, 10 ** 6))
-                if (H, T) not in groups}
-    old_keys |= {f"(runs of T = {T:,}, RiverSwim H = {H})" for H, T in ((20, 10 ** 5), (10, 10 ** 6))
-                 if (H, T) not in groups}
+    runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.out, "*_h*_T*.json")))
+            if not os.path.basename(p).startswith("gym_")]
+    lines = [BEGIN, "", "## The privacy cost against each learner's own twin", "",
+             "Produced by `python scripts/reproduce_dp_tabular.py` (see docs/tabular.md): cumulative expected regret "
+             "(exact, from the true model), delta = 1e-5, eps from the accountant, seeded noise "
+             "(`privacy.secure_rng=false`). A private learner's **twin** is the same learner with `eps=null` (exact "
+             "counts, everything else equal): `dp_ubev_exact` for DP-UBEV, `pucb_exact` for PUCB. `/ twin` = private "
+             "regret / its twin's (ratio of the seed means; in brackets the range of the seeds' own ratios). `/ best` "
+             "= private regret / the best non-private learner of the table (UBEV, the twins, and DP-UBEV's twin "
+             "re-planned after every episode, `dp_ubev_exact_every_episode`, and with up to 3 visits per pair and episode, `..._pool_cap3`, the best twin on the tuning seeds 100-102). `E` = the count-error bound at the "
+             "last release, `releases` = counter time steps (DP-UBEV releases after blocks of episodes growing 5%). "
+             "DP-UBEV's default puts 2/3 of the zCDP budget on the transitions (`set_noise: [2, 2, 1]`, picked on seeds "
+             "100-102); `..._equal_noise` is the same learner with equal noise on the three statistic sets (its E is "
+             "smaller, its transition noise larger). Tuning seeds are never reported: every row uses seeds 0-4.",
+             ""]
     bounds = os.path.join(args.out, "bounds.md")
-    if not os.path.exists(bounds):
-        old_keys.add("Count-error bounds")
-    carried = _old_subsections(args.md, old_keys)
-    lines = [BEGIN, "", "## DP-UBEV (Gaussian continual counters) beside UBEV and PUCB, RiverSwim",
-             "", "Produced by `python scripts/reproduce_dp_tabular.py` (see docs/tabular.md): delta = 1e-5, eps from "
-             "the zCDP accountant, seeded noise (`privacy.secure_rng=false`). `E` = the count-error bound the learner "
-             "uses at the last episode (exact release std x union quantile over the 4 S A T released quantities its "
-             "plans read; PUCB: the reference's E_eps). Ratio = regret / UBEV's regret at the same T and seeds "
-             "(UBEV per step, the paper's); the per-seed column gives the range of the seeds' own ratios.", ""]
     if os.path.exists(bounds):
-        lines += ["### Count-error bounds (`--bound-check`)", "", open(bounds).read().strip(), ""]
-    for title, block in carried.items():
-        if "Regret ratio" not in title:
-            lines += [block, "", "(carried over from the previous regeneration: its run records / bounds are not in "
-                      f"`{args.out}` this time)", ""]
-    separate = []                                   # (H, tag, T, ratio) of every paired row: the plot's markers
-    for H, T in groups:
-        sel = [r for r in runs if r["H"] == H and r["T"] == T]
-        base = [r for r in sel if r["algo"] == "ubev"]
-        lines += [f"### RiverSwim H = {H}, T = {T:,} episodes", "",
-                  "| algo | eps | seeds | regret (mean +- std) | / UBEV | per-seed ratio (min-max) | E at T | "
-                  "open gates at T | ep/s |", "|---|---|---|---|---|---|---|---|---|"]
-        for tag in sorted({_tag(r) for r in sel}, key=lambda t: (t != "ubev", t)):
-            rs = [r for r in sel if _tag(r) == tag]
-            seeds = [r["seed"] for r in rs]
+        lines += ["### The widths against the noise actually added (`--bound-check`)", "", open(bounds).read().strip(), ""]
+    curve_groups = []
+    for env, H, T in sorted({(r["env"], r["H"], r["T"]) for r in runs}):
+        sel = [r for r in runs if (r["env"], r["H"], r["T"]) == (env, H, T)]
+        by_tag = {}
+        for r in sel:
+            by_tag.setdefault(r["tag"], []).append(r)
+        nonpriv = {tg: rs for tg, rs in by_tag.items() if rs[0]["eps"] is None}
+        best_tag = min(nonpriv, key=lambda tg: _mean_std([r["cumulative_regret"] for r in nonpriv[tg]])[0]) \
+            if nonpriv else None
+        lines += [f"### {ENVS[env][1]}, H = {H}, T = {T:,} episodes", "",
+                  "| learner | eps | seeds | regret (mean +- std) | / twin | / best | E at T | open gates at T | "
+                  "releases | ep/s |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for tg in sorted(by_tag, key=_order):
+            rs = sorted(by_tag[tg], key=lambda r: r["seed"])
             m, sd = _mean_std([r["cumulative_regret"] for r in rs])
-            bmap = {r["seed"]: r["cumulative_regret"] for r in base}
-            paired = tag != "ubev" and all(s in bmap for s in seeds)
-            ratio = f"{m / _mean_std([bmap[s] for s in seeds])[0]:.2f}" if paired else "-"
-            per = [r["cumulative_regret"] / bmap[r["seed"]] for r in rs] if paired else []
-            per = f"{min(per):.2f}-{max(per):.2f}" if per else "-"
+            twin = twin_tag(rs[0])
+            cells = []
+            for base_tag in (twin, best_tag if rs[0]["eps"] is not None else None):
+                base = {r["seed"]: r for r in by_tag.get(base_tag, [])} if base_tag else {}
+                q, per = _ratio_cells(rs, base) if base else (None, "-")
+                cells.append("-" if q is None else f"**{q:.2f}** ({per})" if base_tag == twin else f"{q:.2f} ({per})")
+            if rs[0]["eps"] is None and tg == best_tag:
+                cells[1] = "(best)"
             gate = rs[0]["gate_open_fraction"][-1]
             gate = "-" if gate is None else f"{sum(r['gate_open_fraction'][-1] for r in rs) / len(rs):.2f}"
-            E = "-" if tag == "ubev" else f"{rs[0]['final_E']:.4g}"
-            speed = sum(r["episodes_per_s"] for r in rs) / len(rs)
+            E = "-" if rs[0]["eps"] is None else f"{rs[0]['final_E']:.4g}"
             eps = "-" if rs[0]["eps"] is None else f"{rs[0]['eps']:g}"
-            if paired:
-                separate.append((H, tag, T, float(ratio)))
-            lines.append(f"| {tag} | {eps} | {','.join(map(str, seeds))} | {m:,.1f} +- {sd:,.1f} | {ratio} | {per} | "
-                         f"{E} | {gate} | {speed:,.0f} |")
+            speed = sum(r["episodes_per_s"] for r in rs) / len(rs)
+            lines.append(f"| {tg} | {eps} | {','.join(str(r['seed']) for r in rs)} | {m:,.1f} +- {sd:,.1f} | "
+                         f"{cells[0]} | {cells[1]} | {E} | {gate} | {rs[0].get('releases', '-'):,} | {speed:,.0f} |")
         lines.append("")
-    # ratio against t from the longest runs at each H
-    curve_rows = []
-    for H in sorted({r["H"] for r in runs}):
-        T = max(r["T"] for r in runs if r["H"] == H)
-        sel = [r for r in runs if r["H"] == H and r["T"] == T]
-        base = [r for r in sel if r["algo"] == "ubev"]
-        if not base:
-            continue
+        curve_groups.append((env, H, T, by_tag))
+    # ratio to the twin against t, from the longest runs of every (env, H)
+    for env, H in sorted({(e, h) for e, h, _, _ in curve_groups}):
+        T, by_tag = max(((T, bt) for e, h, T, bt in curve_groups if (e, h) == (env, H)), key=lambda x: x[0])
         points = [t for t in POINTS if t <= T]
-        head = "| algo | seeds | " + " | ".join(f"t={t:,}" for t in points)
-        ratio_lines = [f"### Regret ratio to UBEV against t (runs of T = {T:,}, RiverSwim H = {H})", "",
-                       head + " | crossover t (ratio <= 1.5 from t on) |", "|---|---|" + "---|" * (len(points) + 1)]
-        gate_lines = [f"### Gate-open fraction and E against t (runs of T = {T:,}, RiverSwim H = {H})", "",
-                      "Share of pooled (s, a) with `n~ > E` after t episodes (mean over the seeds; from released counts "
-                      "only), and the count-error bound E the learner used at t.", "",
-                      "| algo | quantity | " + " | ".join(f"t={t:,}" for t in points) + " |",
+        if len(points) < 2:
+            continue
+        head = "| learner / twin | seeds | " + " | ".join(f"t={t:,}" for t in points)
+        ratio_lines = [f"### Ratio to the twin against t ({ENVS[env][1]}, H = {H}, runs of T = {T:,})", "",
+                       head + " | ratio <= 1.5 from t on |", "|---|---|" + "---|" * (len(points) + 1)]
+        gate_lines = [f"### Gate-open fraction and E against t ({ENVS[env][1]}, H = {H}, runs of T = {T:,})", "",
+                      "Share of released (s, a[, h]) with `n~ > E` after t episodes (mean over the seeds; from released "
+                      "counts only), and the count-error bound E at t.", "",
+                      "| learner | quantity | " + " | ".join(f"t={t:,}" for t in points) + " |",
                       "|---|---|" + "---|" * len(points)]
-        for tag in sorted({_tag(r) for r in sel if r["algo"] != "ubev"}):
-            rs = [r for r in sel if _tag(r) == tag]
-            bmap = {r["seed"]: r for r in base}
-            rs = [r for r in rs if r["seed"] in bmap]
-            if not rs:
+        for tg in sorted(by_tag, key=_order):
+            rs = sorted(by_tag[tg], key=lambda r: r["seed"])
+            twin = twin_tag(rs[0])
+            if twin not in by_tag:
                 continue
-            seeds = [r["seed"] for r in rs]
-            b = [bmap[s] for s in seeds]
-            ratio = lambda t, rs=rs, b=b: sum(_at(r, t) for r in rs) / max(1e-12, sum(_at(r, t) for r in b))
-            ts = rs[0]["rounds"]
-            cells = [f"{ratio(t):.2f}" for t in points]
-            ratio_lines.append(f"| {tag} | {','.join(map(str, seeds))} | " + " | ".join(cells) + " | "
-                               + _crossover(ts, ratio) + " |")
+            base = {r["seed"]: r for r in by_tag[twin]}
+            ratio = lambda t, rs=rs, base=base: _ratio_cells(rs, base, t)[0]
+            if ratio(points[-1]) is None:
+                continue
+            ratio_lines.append(f"| {tg} / {twin} | {','.join(str(r['seed']) for r in rs)} | "
+                               + " | ".join(f"{ratio(t):.2f}" for t in points) + " | "
+                               + _crossover(rs[0]["rounds"], ratio) + " |")
             if rs[0]["gate_open_fraction"][0] is not None:
-                idx = [ts.index(t) for t in points]
-                gate_lines.append(f"| {tag} | open gates | " + " | ".join(
+                idx = [rs[0]["rounds"].index(t) for t in points]
+                gate_lines.append(f"| {tg} | open gates | " + " | ".join(
                     f"{sum(r['gate_open_fraction'][i] for r in rs) / len(rs):.2f}" for i in idx) + " |")
-                gate_lines.append(f"| {tag} | E | " + " | ".join(f"{rs[0]['E'][i]:.4g}" for i in idx) + " |")
-            curve_rows.append((H, tag, rs, b))
+                gate_lines.append(f"| {tg} | E | " + " | ".join(f"{rs[0]['E'][i]:.4g}" for i in idx) + " |")
         lines += ratio_lines + [""] + gate_lines + [""]
-        eps_values = sorted({r["eps"] for r in sel if r["algo"] == "dp_ubev" and r["eps"] is not None})
-        note = _anytime_note(H, T, eps_values, sel) if T > 10 ** 4 else []
+        note = _anytime_note(env, H, T, [r for rs in by_tag.values() for r in rs])
         if len(note) > 2:
-            lines += [f"Not anytime: E at t in a run planned for T = {T:,} is larger than in a run planned for t "
-                      "(the union quantile z covers 4 S A T releases and the square-root counter's sensitivity "
-                      "kappa grows with T), so the curve above is the regret of the T-calibrated learner at t, an "
-                      "upper estimate for a separate run of length t:", ""] + note + [""]
-    for title, block in carried.items():
-        if "Regret ratio" in title:
-            lines += [block, "", "(carried over from the previous regeneration)", ""]
+            lines += [f"E at t inside the runs of T = {T:,} against E at the end of a run of length t (the counters and "
+                      "the union bounds are calibrated for T; with blocks the number of releases grows like log T, so "
+                      "the curve above is close to what separate runs of length t give):", ""] + note + [""]
     lines += gym_rows(args.out)
-    lines += ["![DP-UBEV vs UBEV](tabular_dp.png)", "", END]
+    lines += ["![ratio to the twin](tabular_dp.png)", "", END]
     text = open(args.md).read() if os.path.exists(args.md) else ""
     if BEGIN in text:
         text = text[:text.index(BEGIN)] + text[text.index(END) + len(END):].lstrip("\n")
     with open(args.md, "w") as f:
         f.write(text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n")
-    _plot(curve_rows, args.png, separate)
+    _plot(curve_groups, args.png)
     print("\n".join(lines))
 
 
-def _plot(curve_rows, png, separate=()) -> None:
-    if not curve_rows:
+def _plot(curve_groups, png) -> None:
+    """Left: private / twin against t (longest runs; markers: separate shorter runs); right: gate-open fraction."""
+    longest = {}
+    for env, H, T, by_tag in curve_groups:
+        if T >= longest.get((env, H), (0, None))[0]:
+            longest[(env, H)] = (T, by_tag)
+    if not longest:
         return
     import matplotlib
 
@@ -362,27 +436,42 @@ def _plot(curve_rows, png, separate=()) -> None:
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for H, tag, rs, b in curve_rows:
-        t = rs[0]["rounds"]
-        ratio = [sum(_at(r, x) for r in rs) / sum(_at(r, x) for r in b) for x in t]
-        line, = ax1.semilogx(t, ratio, label=f"{tag}, H={H} ({len(rs)} seeds)")
-        pts = [(T, q) for h, g, T, q in separate if h == H and g == tag]
-        if pts:
-            ax1.semilogx(*zip(*pts), "o", color=line.get_color(), label=f"{tag}, H={H}: separate runs of length T")
-        if rs[0]["gate_open_fraction"][0] is not None:
-            gate = [sum(r["gate_open_fraction"][i] for r in rs) / len(rs) for i in range(len(t))]
-            ax2.semilogx(t, gate, label=f"{tag}, H={H}")
-    ax1.axhline(1.5, color="k", ls=":", lw=0.8)
+    for (env, H), (T, by_tag) in sorted(longest.items()):
+        for tg in sorted(by_tag, key=_order):
+            rs = by_tag[tg]
+            twin = twin_tag(rs[0])
+            if twin not in by_tag:
+                continue
+            base = {r["seed"]: r for r in by_tag[twin]}
+            t = rs[0]["rounds"]
+            ratio = [_ratio_cells(rs, base, x)[0] for x in t]
+            if None in ratio:
+                continue
+            label = f"{env} H={H}: {tg}"
+            line, = ax1.semilogx(t, ratio, label=label)
+            pts = []
+            for e2, h2, T2, bt2 in curve_groups:
+                if (e2, h2) == (env, H) and T2 != T and tg in bt2 and twin in bt2:
+                    q = _ratio_cells(bt2[tg], {r["seed"]: r for r in bt2[twin]})[0]
+                    if q is not None:
+                        pts.append((T2, q))
+            if pts:
+                ax1.semilogx(*zip(*pts), "o", color=line.get_color())
+            if rs[0]["gate_open_fraction"][0] is not None:
+                gate = [sum(r["gate_open_fraction"][i] for r in rs) / len(rs) for i in range(len(t))]
+                ax2.semilogx(t, gate, label=label)
+    for level in (1.5, 3.0):
+        ax1.axhline(level, color="k", ls=":", lw=0.8)
     ax1.set_xlabel("episodes t")
-    ax1.set_ylabel("cumulative regret / UBEV's")
-    ax1.set_title("regret ratio to UBEV")
+    ax1.set_ylabel("cumulative regret / the twin's (eps = null)")
+    ax1.set_title("privacy cost against the twin (dots: separate runs of length T)")
     ax1.grid(True, which="both", alpha=0.3)
-    ax1.legend(fontsize=7, loc="upper right")
+    ax1.legend(fontsize=6, loc="upper right")
     ax2.set_xlabel("episodes t")
     ax2.set_ylabel("share of (s, a) with n~ > E")
     ax2.set_title("gate-open fraction (from released counts)")
     ax2.grid(True, which="both", alpha=0.3)
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
 
@@ -394,14 +483,12 @@ def _eps(text: str):
 def main() -> None:
     torch.set_num_threads(1)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--H", type=int, default=20)
-    p.add_argument("--T", type=int, nargs="+", default=[100000])
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--eps", type=_eps, nargs="*", default=[1.0, 5.0], help="dp_ubev eps values ('none' = exact counts)")
-    p.add_argument("--pucb-eps", type=float, nargs="*", default=[], help="PUCB eps values beside it")
-    p.add_argument("--counter", default="gaussian")
-    p.add_argument("--per-step", action="store_true", help="dp_ubev with per-step (unpooled) statistics")
-    p.add_argument("--no-ubev", action="store_true")
+    p.add_argument("--grid", nargs="*", default=None, choices=sorted(GRIDS), help="grids to run (default: all)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="override the grids' seeds")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (one thread each)")
+    p.add_argument("--H", type=int, default=10, help="--bound-check / --gym: horizon")
+    p.add_argument("--T", type=int, default=100000, help="--bound-check: episodes")
+    p.add_argument("--eps", type=_eps, nargs="*", default=[1.0], help="--bound-check / --gym: eps values")
     p.add_argument("--out", default="runs/tabular_dp")
     p.add_argument("--md", default="runs/reference/tabular.md")
     p.add_argument("--png", default="runs/reference/tabular_dp.png")
@@ -409,34 +496,34 @@ def main() -> None:
                    help="runs on toy-text gymnasium envs (UBEV and dp_ubev at each --eps, seed --seeds[0]), "
                         "e.g. FrozenLake-v1:20:20000")
     p.add_argument("--report", action="store_true", help="only write the section and plot from existing runs")
-    p.add_argument("--bound-check", action="store_true", help="E of every counter at --H, --T[0], eps=--eps[0], "
-                   "and the empirical fraction of releases outside it (written to --out/bounds.md)")
+    p.add_argument("--bound-check", action="store_true", help="E of every counter at --H, --T, eps=--eps[0], and "
+                   "the fraction of (pair, release) outside the widths (written to --out/bounds.md)")
     args = p.parse_args()
     if args.bound_check:
-        rows = bound_check(args.H, args.T[0], args.eps[0])
+        rows = bound_check(args.H, args.T, args.eps[0])
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "bounds.md"), "w") as f:
-            f.write(f"RiverSwim H = {args.H}, T = {args.T[0]:,}, eps = {args.eps[0]:g}, delta = 1e-5\n\n" + "\n".join(rows) + "\n")
+            f.write(f"RiverSwim H = {args.H}, T = {args.T:,}, eps = {args.eps[0]:g}, delta = 1e-5\n\n" + "\n".join(rows) + "\n")
         print("\n".join(rows))
         return
     if args.gym is not None:
         os.makedirs(args.out, exist_ok=True)
+        seed = (args.seeds or [0])[0]
         for spec in args.gym:
             env_id, H, T = spec.split(":")
-            for algo, eps in [("ubev", None)] * (not args.no_ubev) + [("dp_ubev", e) for e in args.eps]:
+            for algo, eps in [("ubev", None)] + [("dp_ubev", e) for e in args.eps]:
                 path = os.path.join(args.out, f"gym_{env_id}_h{H}_{algo}_{'exact' if eps is None else f'eps{eps:g}'}"
-                                    f"_s{args.seeds[0]}_T{T}.json")
+                                    f"_s{seed}_T{T}.json")
                 if os.path.exists(path):
                     continue
-                res = run_gym(env_id, int(H), algo, eps, args.seeds[0], int(T))
+                res = run_gym(env_id, int(H), algo, eps, seed, int(T))
                 with open(path, "w") as f:
                     json.dump(res, f)
                 print(json.dumps(res), flush=True)
         return
     if not args.report:
-        run_grid(args)
-    else:
-        report(args)
+        run_grids(args.grid if args.grid else sorted(GRIDS), args.out, args.jobs, args.seeds)
+    report(args)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from dppo.privacy.accountants import make_accountant
 from dppo.privacy.accountants.advanced import paper_eps0
 from dppo.privacy.accountants.zcdp import ZCDPAccountant
 from dppo.privacy.calibration import exp_mech_beta
+from secure_spread import SEEDED_NOTE  # noqa: E402  (scripts/ is on sys.path)
 
 PAPER = {"non-private, update every episode": (13, 31), "non-private, batched": (24, 34),
          "private eps=8, advanced (paper's accounting)": (37, 87),
@@ -63,10 +64,12 @@ def plateau_episode(regret: torch.Tensor, frac: float = 0.95) -> int:
     return int(torch.nonzero(cum >= frac * cum[-1])[0]) + 1
 
 
-def make_learner(variant, eps, batch_size, composition, seed, args, **over):
-    """The learner as the table runs it: the script's config, then the row's overrides."""
+def make_learner(variant, eps, batch_size, composition, seed, args, noise=None, **over):
+    """The learner as the table runs it: the script's config, then the row's overrides. The noise is
+    seeded (= privacy.secure_rng=false) so the table reproduces, unless ``noise`` is given."""
     env = ContextBitsMDP(variant)
-    privacy = PrivacyContext(eps, args.delta, accountant=make_accountant(composition), noise=NoiseSource(seed))  # seeded (= privacy.secure_rng=false): reproducible table
+    noise = NoiseSource(seed) if noise is None else noise
+    privacy = PrivacyContext(eps, args.delta, accountant=make_accountant(composition), noise=noise)
     kw = {"batch_const": args.batch_const, "eta": args.eta, "class_size": args.class_size,
           "class_scales": tuple(args.scales), "budget_decay": 0.0, "sensitivity": "class", **over}
     learner = GFAOutcomeLearner(env, privacy, OnePassUserSampler(1), seed=seed, episodes=args.episodes,
@@ -80,8 +83,8 @@ def play(learner) -> torch.Tensor:
     return torch.tensor(learner.regret, dtype=torch.float64)
 
 
-def run_one(variant, eps, batch_size, composition, seed, args, **over):
-    learner, privacy = make_learner(variant, eps, batch_size, composition, seed, args, **over)
+def run_one(variant, eps, batch_size, composition, seed, args, noise=None, **over):
+    learner, privacy = make_learner(variant, eps, batch_size, composition, seed, args, noise, **over)
     regret = play(learner)
     return regret, learner, privacy.spent()[0]
 
@@ -101,7 +104,7 @@ def pair(p: dict) -> str:
     return " / ".join(fmt(p[v]) for v in VARIANTS)
 
 
-def main():
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--episodes", type=int, default=500)
@@ -114,7 +117,16 @@ def main():
     ap.add_argument("--no-diagnostics", action="store_true", help="only the main table")
     ap.add_argument("--riverswim-seeds", type=int, default=5, help="Algorithm 1 on RiverSwim (0 = skip)")
     ap.add_argument("--riverswim-episodes", type=int, default=2000)
-    args = ap.parse_args()
+    return ap
+
+
+def default_args() -> argparse.Namespace:
+    """The table's settings (the command line's defaults)."""
+    return build_parser().parse_args([])
+
+
+def main():
+    args = build_parser().parse_args()
     torch.set_num_threads(1)
     t0 = time.time()
     results, curves, info = {}, {}, {}
@@ -249,8 +261,9 @@ def required_budget(args, eps0s) -> list[str]:
             vals = []
             for seed in range(args.seeds):
                 learner, _ = make_learner(v, 8.0, None, "advanced", seed, args)
-                learner.eps_schedule = [e0] * R
-                learner.eps0, learner.beta = e0, exp_mech_beta(e0, learner.sensitivity)
+                sched = learner.schedule  # a fixed eps_0 per release instead of the calibrated one
+                sched.eps, sched.eps0, sched.beta = [e0] * R, e0, exp_mech_beta(e0, learner.sensitivity)
+                learner.eps_schedule, learner.eps0, learner.beta = sched.eps, sched.eps0, sched.beta
                 vals.append(plateau_episode(play(learner)))
             p[v] = torch.tensor(vals, dtype=torch.float64)
         adv, zc = composition_cost(e0, R, args.delta)
@@ -361,7 +374,7 @@ def write_markdown(args, results, info, elapsed, total, extra=()):
         f"(2-core CPU, one thread). K = {args.episodes} episodes (one user each), |F| = {args.class_size} "
         f"(scales {scales}), B = round({args.batch_const:g} K^(3/5)) = {B} (M = {M} batches, {M - 1} data-dependent "
         f"releases), delta = {args.delta:g}, eta = {args.eta:g}, seeds 0..{args.seeds - 1} (mean +- std). "
-        "The batch constant and the front-loaded split were selected on seeds 100-119 (docs/gfa.md).",
+        "The batch constant and the front-loaded split were selected on seeds 100-119 (docs/gfa.md). " + SEEDED_NOTE,
         "",
         "Plateau episode = first episode whose cumulative regret reaches 95% of its final value; regret is the "
         "exact expected regret E_rho[V* - V^pi_k] of the policy played in episode k. A plateau only means "

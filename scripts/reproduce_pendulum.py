@@ -65,7 +65,7 @@ def describe(cfg) -> str:
 
 
 def group_size(cfg) -> int:
-    return int(cfg.group_size if cfg.group_size is not None else cfg.algo.group_size)
+    return int(cfg.group_size)
 
 
 def report(args) -> str:

@@ -285,7 +285,7 @@ def report(args, wall: float | None) -> None:
               f"on Pendulum-v1), mean and min over seeds. Users' env steps: the environment steps of the episodes "
               f"the learner trained on (for SB3: its training steps), mean over seeds. Env steps to target: the "
               f"first point of the evaluation curve ({CURVE_EPISODES} held-out episodes) at or above the target, "
-              f"mean and max over seeds (k/n: seeds that reached it). delta = 1e-5, seeded noise. Configs: "
+              f"mean and max over seeds (k/n: seeds that reached it). delta = 1e-5, seeded noise (`privacy.secure_rng=false`). Configs: "
               f"`conf/experiment/<env>_<algo>.yaml` where one exists, else the algorithm's defaults; SB3: "
               f"rl-baselines3-zoo's hyper-parameters and budgets. Command: `python scripts/reproduce_suite.py "
               f"--jobs 2`.", ""]

@@ -1,5 +1,7 @@
-"""Cumulative regret of UBEV and PUCB (eps in {0.5, 1, 2, 5}) on RiverSwim (H=20) and a random MDP
-(S=10, A=3, H=10): one JSON per run under --out, then runs/reference/tabular.md and tabular.png.
+"""Cumulative regret of UBEV, PUCB (eps in {0.5, 1, 2, 5}) and PUCB's non-private twin (eps=null: PrivQ on
+exact counts) on RiverSwim (H=20) and a random MDP (S=10, A=3, H=10): one JSON per run under --out, then
+runs/reference/tabular.md (the DP-UBEV section of scripts/reproduce_dp_tabular.py below it is kept) and
+tabular.png.
 
     python scripts/reproduce_tabular.py --T 1000 10000 100000 --seeds 0 1 2 3 4      # run (resumable)
     python scripts/reproduce_tabular.py --report                                     # table + plot only
@@ -30,6 +32,7 @@ from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
 from dppo.training.rundir import write_report
 
+DP_SECTION = "<!-- dp_ubev section: scripts/reproduce_dp_tabular.py -->"
 ENVS = {"riverswim": lambda: riverswim(horizon=20), "random_mdp": lambda: random_mdp(S=10, A=3, H=10, seed=0)}
 ENV_LABEL = {"riverswim": "RiverSwim (S=6, A=2, H=20)", "random_mdp": "random MDP (S=10, A=3, H=10)"}
 
@@ -65,23 +68,37 @@ def _key(env, algo, eps, seed, T, bound):
     return f"{env}_{tag}_s{seed}_T{T}"
 
 
+def _run_and_save(job) -> str:
+    out, (T, seed, env, algo, eps, bound) = job
+    path = os.path.join(out, _key(env, algo, eps, seed, T, bound) + ".json")
+    res = run_one(env, algo, eps, seed, T, bound)
+    with open(path + ".tmp", "w") as f:
+        json.dump(res, f)
+    os.replace(path + ".tmp", path)
+    return f"{os.path.basename(path)}: regret {res['cumulative_regret']:.1f} eps {res['epsilon_spent']:.3g} " \
+           f"{res['episodes_per_s']:.0f} ep/s"
+
+
 def run_grid(args) -> None:
     os.makedirs(args.out, exist_ok=True)
     configs = ([] if args.no_ubev else [("ubev", None)]) + [("pucb", e) for e in args.eps]
-    jobs = [(T, seed, env, algo, eps) for T in args.T for seed in args.seeds for env in args.envs
+    jobs = [(T, seed, env, algo, eps, args.bound) for T in args.T for seed in args.seeds for env in args.envs
             for algo, eps in configs]
-    bar = tqdm(jobs, desc="tabular grid", unit="run", dynamic_ncols=True)
-    for T, seed, env, algo, eps in bar:
-        path = os.path.join(args.out, _key(env, algo, eps, seed, T, args.bound) + ".json")
-        if os.path.exists(path):
-            continue
-        bar.set_postfix_str(os.path.basename(path))
-        res = run_one(env, algo, eps, seed, T, args.bound)
-        with open(path + ".tmp", "w") as f:
-            json.dump(res, f)
-        os.replace(path + ".tmp", path)
-        bar.write(f"{os.path.basename(path)}: regret {res['cumulative_regret']:.1f} "
-                  f"eps {res['epsilon_spent']:.3g} {res['episodes_per_s']:.0f} ep/s")
+    jobs = [j for j in jobs if not os.path.exists(os.path.join(args.out, _key(j[2], j[3], j[4], j[1], j[0], j[5])
+                                                                + ".json"))]
+    jobs.sort(key=lambda j: -j[0])                      # long runs first
+    bar = tqdm(total=len(jobs), desc="tabular grid", unit="run", dynamic_ncols=True)
+    if args.jobs > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(args.jobs, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+            for line in pool.imap_unordered(_run_and_save, [(args.out, j) for j in jobs]):
+                bar.update()
+                bar.write(line)
+    else:
+        for j in jobs:
+            bar.write(_run_and_save((args.out, j)))
+            bar.update()
     bar.close()
 
 
@@ -93,7 +110,7 @@ def _mean_std(xs):
 
 def report(args) -> None:
     runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.out, "*_T*.json")))]
-    runs = [r for r in runs if r["algo"] == "ubev" or (r["eps"] is not None and r["count_error_bound"] == args.bound)]
+    runs = [r for r in runs if r["algo"] == "ubev" or r["eps"] is None or r["count_error_bound"] == args.bound]
     if not runs:
         sys.exit(f"no runs under {args.out}")
     Ts = sorted({r["T"] for r in runs})
@@ -101,44 +118,57 @@ def report(args) -> None:
              "Produced by `python scripts/reproduce_tabular.py` (see docs/tabular.md). Cumulative expected regret "
              "sum_t (rho* - rho^{pi_t}), computed exactly from the true model, mean +- std over the seeds listed; "
              f"PUCB count error bound: `{args.bound}`. Each T is a separate run of T episodes "
-             "(PUCB's counters and E_eps depend on T).", ""]
+             "(PUCB's counters and E_eps depend on T). PUCB's twin is PUCB with `eps=null` (the same learner on exact "
+             "counts, E = 0); `PUCB/twin` is the privacy cost, `PUCB/UBEV` the cost against the best non-private "
+             "learner of the table (UBEV's bonus is much narrower than PrivQ's).", ""]
     for T in Ts:
         lines += [f"## T = {T:,} episodes", "", "| env | algo | eps | seeds | final regret (mean +- std) | "
-                  "PUCB/UBEV | E_eps | open gates at T | ep/s |", "|---|---|---|---|---|---|---|---|---|"]
+                  "PUCB/twin | PUCB/UBEV | E_eps | open gates at T | ep/s |", "|---|---|---|---|---|---|---|---|---|---|"]
         for env in args.envs:
             sel = [r for r in runs if r["T"] == T and r["env"] == env]
             ubev = [r["cumulative_regret"] for r in sel if r["algo"] == "ubev"]
             base = _mean_std(ubev)[0] if ubev else None
+            twin = [r["cumulative_regret"] for r in sel if r["algo"] == "pucb" and r["eps"] is None]
+            twin = _mean_std(twin)[0] if twin else None
             groups = [("ubev", None)] + sorted({("pucb", r["eps"]) for r in sel if r["algo"] == "pucb"},
-                                               key=lambda x: x[1])
+                                               key=lambda x: -1 if x[1] is None else x[1])
             for algo, eps in groups:
                 rs = [r for r in sel if r["algo"] == algo and r["eps"] == eps]
                 if not rs:
                     continue
                 m, sd = _mean_std([r["cumulative_regret"] for r in rs])
                 ratio = "-" if algo == "ubev" or not base else f"{m / base:.2f}"
+                to_twin = "-" if algo == "ubev" or eps is None or not twin else f"**{m / twin:.2f}**"
                 E = "-" if algo == "ubev" else f"{rs[0]['E']:.3g}"
                 gate = "-" if algo == "ubev" else f"{sum(r.get('gate_open_fraction') or 0 for r in rs) / len(rs):.2f}"
                 speed = sum(r["episodes_per_s"] for r in rs) / len(rs)
                 seeds = ",".join(str(r["seed"]) for r in rs)
-                lines.append(f"| {ENV_LABEL[env]} | {algo.upper()} | {eps if eps is not None else '-'} | {seeds} | "
-                             f"{m:,.1f} +- {sd:,.1f} | {ratio} | {E} | {gate} | {speed:,.0f} |")
+                name = algo.upper() if algo == "ubev" or eps is not None else "PUCB (twin)"
+                lines.append(f"| {ENV_LABEL[env]} | {name} | {eps if eps is not None else '-'} | {seeds} | "
+                             f"{m:,.1f} +- {sd:,.1f} | {to_twin} | {ratio} | {E} | {gate} | {speed:,.0f} |")
         lines.append("")
-    lines += ["## PUCB/UBEV regret ratio vs T", "", "| env | eps | " + " | ".join(f"T={T:,}" for T in Ts) + " |",
-              "|---|---|" + "---|" * len(Ts)]
+    lines += ["## PUCB's regret ratio vs T: to its twin (eps=null) and to UBEV", "",
+              "| env | eps | ratio to | " + " | ".join(f"T={T:,}" for T in Ts) + " |", "|---|---|---|" + "---|" * len(Ts)]
     for env in args.envs:
-        for eps in sorted({r["eps"] for r in runs if r["algo"] == "pucb"}):
-            cells = []
-            for T in Ts:
-                u = [r["cumulative_regret"] for r in runs if r["env"] == env and r["T"] == T and r["algo"] == "ubev"]
-                p = [r["cumulative_regret"] for r in runs if r["env"] == env and r["T"] == T and r["algo"] == "pucb"
-                     and r["eps"] == eps]
-                cells.append(f"{_mean_std(p)[0] / _mean_std(u)[0]:.2f}" if u and p else "n/a")
-            lines.append(f"| {ENV_LABEL[env]} | {eps:g} | " + " | ".join(cells) + " |")
+        for eps in sorted({r["eps"] for r in runs if r["algo"] == "pucb" and r["eps"] is not None}):
+            for label, base_of in (("twin", lambda r: r["algo"] == "pucb" and r["eps"] is None),
+                                   ("UBEV", lambda r: r["algo"] == "ubev")):
+                cells = []
+                for T in Ts:
+                    u = [r["cumulative_regret"] for r in runs if r["env"] == env and r["T"] == T and base_of(r)]
+                    p = [r["cumulative_regret"] for r in runs if r["env"] == env and r["T"] == T and r["algo"] == "pucb"
+                         and r["eps"] == eps]
+                    cells.append(f"{_mean_std(p)[0] / _mean_std(u)[0]:.2f}" if u and p else "n/a")
+                lines.append(f"| {ENV_LABEL[env]} | {eps:g} | {label} | " + " | ".join(cells) + " |")
     lines.append("")
     lines += _ablation_lines(args)
     lines += _bench_lines(os.path.join(args.out, "bench.json"))
-    write_report(args.md, "\n".join(lines))
+    kept = ""                                   # the DP-UBEV section below (scripts/reproduce_dp_tabular.py)
+    if os.path.exists(args.md):
+        old = open(args.md).read()
+        if DP_SECTION in old:
+            kept = "\n" + old[old.index(DP_SECTION):]
+    write_report(args.md, "\n".join(lines) + kept)
     _plot(runs, args)
 
 
@@ -153,17 +183,17 @@ def _plot(runs, args) -> None:
     for ax, env in zip(axes[0], args.envs):
         sel = [r for r in runs if r["env"] == env and r["T"] == T]
         for algo, eps in [("ubev", None)] + sorted({("pucb", r["eps"]) for r in sel if r["algo"] == "pucb"},
-                                                   key=lambda x: x[1]):
+                                                   key=lambda x: -1 if x[1] is None else x[1]):
             rs = [r for r in sel if r["algo"] == algo and r["eps"] == eps]
             if not rs:
                 continue
             t = rs[0]["curve_t"]
             mean = [sum(r["curve"][i] for r in rs) / len(rs) for i in range(len(t))]
-            label = "UBEV" if algo == "ubev" else f"PUCB eps={eps:g}"
+            label = "UBEV" if algo == "ubev" else "PUCB twin (eps=null)" if eps is None else f"PUCB eps={eps:g}"
             ax.loglog(t, [max(v, 1e-3) for v in mean], label=f"{label} ({len(rs)} seeds)",
                       lw=2.5 if algo == "ubev" else 1.2)
         abl = [json.load(open(q)) for q in sorted(glob.glob(os.path.join(args.ablation_out, "*_T*.json")))]
-        abl = [r for r in abl if r["env"] == env and r["T"] == T and r["algo"] == "pucb"]
+        abl = [r for r in abl if r["env"] == env and r["T"] == T and r["algo"] == "pucb" and r["eps"] is not None]
         for eps in sorted({r["eps"] if r["eps"] is not None else -1.0 for r in abl}):
             rs2 = [r for r in abl if (r["eps"] if r["eps"] is not None else -1.0) == eps]
             t2 = rs2[0]["curve_t"]
@@ -188,11 +218,12 @@ def _bench_lines(path: str) -> list[str]:
     rows = json.load(open(path))
     out = ["## Speed (scripts/bench_tabular.py, one thread, shared 2-core machine)", "",
            "| algo | env (S, A, H) | episodes timed | episodes/s | time for 100k episodes (s) | plan us | "
-           "simulate us | counter update us | load avg |", "|---|---|---|---|---|---|---|---|---|"]
+           "plans per episode | simulate us | counter update us | load avg |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         out.append(f"| {r['algo'].upper()} | {r['env']} ({r['S']}, {r['A']}, {r['H']}) | {r['episodes']:,} | "
                    f"{r['episodes_per_s']:,.1f} | {r['time_for_100k_s']:,.0f} | {r['plan_us']:,.0f} | "
-                   f"{r['simulate_us']:,.0f} | {r['counter_update_us']:,.0f} | {r['load_avg_1min']:.1f} |")
+                   f"{r.get('plans_per_episode', 1):.3g} | {r['simulate_us']:,.0f} | {r['counter_update_us']:,.0f} | "
+                   f"{r['load_avg_1min']:.1f} |")
     return out + [""]
 
 
@@ -204,10 +235,12 @@ def _ablation_lines(args) -> list[str]:
     runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.ablation_out, "*_T*.json")))]
     if not runs:
         return []
-    out = ["## Ablation: PUCB with the tree mechanism's own error bound, and on exact counts", "",
+    runs = [r for r in runs if r["eps"] is not None]            # the twin (exact counts) is in the tables above
+    if not runs:
+        return []
+    out = ["## Ablation: PUCB with the tree mechanism's own error bound", "",
            "Same learners and seeds; `tree` = `count_error_bound=tree` (Chernoff bound of the tree counter, "
-           "union over all streams and episodes, also valid w.p. 1 - beta'); `exact counts` = `eps=null` "
-           "(no noise, E_eps = 0): isolates the cost of PUCB's bonus design from the cost of privacy.", "",
+           "union over all streams and episodes, also valid w.p. 1 - beta').", "",
            "| T | env | PUCB variant | seeds | final regret (mean +- std) | E | open gates at T |",
            "|---|---|---|---|---|---|---|"]
     groups = sorted({(r["T"], r["env"], r["eps"] if r["eps"] is not None else -1.0, r["count_error_bound"])
@@ -228,8 +261,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--T", type=int, nargs="+", default=[1000, 10000, 100000])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--eps", type=_eps, nargs="+", default=[0.5, 1.0, 2.0, 5.0],
-                   help="PUCB eps values; 'none' = PUCB on exact counts (E_eps = 0)")
+    p.add_argument("--eps", type=_eps, nargs="+", default=[None, 0.5, 1.0, 2.0, 5.0],
+                   help="PUCB eps values; 'none' = PUCB's twin on exact counts (E_eps = 0)")
     p.add_argument("--no-ubev", action="store_true", help="skip the UBEV runs (ablations)")
     p.add_argument("--ablation-out", default="runs/tabular_repro_ablation",
                    help="runs listed in an extra ablation table of the report (if the folder exists)")
@@ -239,6 +272,7 @@ def main() -> None:
     p.add_argument("--md", default="runs/reference/tabular.md")
     p.add_argument("--png", default="runs/reference/tabular.png")
     p.add_argument("--report", action="store_true", help="only write the table and plot from existing runs")
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (one thread each)")
     args = p.parse_args()
     if not args.report:
         run_grid(args)

@@ -1,11 +1,7 @@
-import os
-import sys
-
 import pytest
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cli_helpers import run_cli  # noqa: E402
+from tests.cli_helpers import run_cli
 
 torch.set_num_threads(1)
 

@@ -1,6 +1,10 @@
 """The learner interface every algorithm implements; the trainer owns the loop around it."""
 from __future__ import annotations
 
+import inspect
+
+from dppo.errors import ConfigError
+
 
 class Learner:
     """One algorithm. It receives its policy / env factory / privacy context / sampler (it builds none
@@ -13,9 +17,40 @@ class Learner:
 
     name = "learner"
     num_rounds: int = 0
-    # env steps of public rollouts (evaluation, public Fisher states) run so far; None if not counted.
-    # The trainer checkpoints it and reports it in summary.json's ``env_steps``.
-    public_env_steps: int | None = None
+    # the run-level shortcuts this learner reads besides its keyword arguments (``dppo.build.SHORTCUTS``)
+    reads: tuple = ()
+    # algo key -> (option, values): the key is read only when ``algo.<option>`` takes one of ``values``
+    APPLIES: dict = {}
+
+    @property
+    def public_env_steps(self) -> int | None:
+        """Env steps of the public rollouts run so far (evaluation, public Fisher states): the learner's
+        collector counts them (``EpisodeCollector.public_env_steps``); None where nothing counts them. The
+        trainer checkpoints it and reports it in ``summary.json``'s ``env_steps``."""
+        return getattr(getattr(self, "collector", None), "public_env_steps", None)
+
+    @public_env_steps.setter
+    def public_env_steps(self, value: int) -> None:
+        collector = getattr(self, "collector", None)
+        if collector is not None and hasattr(collector, "public_env_steps"):
+            collector.public_env_steps = int(value)
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """The defaults of the learner's keyword arguments (the one home of each hyper-parameter)."""
+        return {n: p.default for n, p in inspect.signature(cls.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+
+    @classmethod
+    def check_config(cls, algo: dict, **context) -> None:
+        """Refuse an ``algo.*`` key that the chosen options make this learner ignore (one line, naming the
+        option it needs); ``algo`` holds the keys set in the config, ``context`` what the builder knows
+        besides (e.g. the oracle's class and keys)."""
+        values = {**cls.defaults(), **algo}
+        for key, (option, allowed) in cls.APPLIES.items():
+            if key in algo and values.get(option) not in allowed:
+                raise ConfigError(f"algo.{key} applies with algo.{option}={'|'.join(allowed)}, not "
+                                  f"algo.{option}={values.get(option)}: remove it")
 
     def train_round(self, round_idx: int) -> dict[str, float]:
         """Run round ``round_idx``: collect from this round's users, make the (private) update,
@@ -29,6 +64,15 @@ class Learner:
     def summary(self) -> dict:
         """Extra fields for ``summary.json`` (e.g. ``cumulative_regret``)."""
         return {}
+
+    def distribute(self, shards) -> None:
+        """Make this learner multi-process (``torchrun``): wrap the parts its release reads with ``shards``
+        (``shards.sampler(sampler, release=None)``: this rank's share of each round's users;
+        ``shards.sum_release(release)``: a mean of clipped per-user vectors computed on rank 0;
+        ``shards.oracle(oracle)``: a least-squares oracle solved on rank 0; ``dppo.training.distributed``).
+        A learner that does not override this runs in one process only."""
+        raise ConfigError(f"multi-process training (torchrun) supports the policy-optimization learners "
+                          f"(algo=pg|dp_pg|npg|dp_npg|rebel|dp_rebel); {type(self).__name__} runs in one process")
 
     def state_dict(self) -> dict:
         raise NotImplementedError

@@ -1,51 +1,108 @@
-"""DP-UBEV: UBEV's optimism on privately released counts, with a bonus for the noise the counter adds.
+"""DP-UBEV: UBEV's optimism on privately released counts, with confidence widths for the noise the counter adds.
 
 Statistics. The reward sums ``l``, visits ``n`` and transitions ``m`` are released by a continual
 counter (``algo.counter``: ``gaussian`` = the square-root factorization by default, ``gaussian_tree``,
 or PUCB's ``laplace_tree``), per step h (``pool_steps=false``, the papers' layout) or pooled over h
-(``pool_steps=true``, default: the MDPs of this project are time-homogeneous, so the statistics of
-different steps estimate the same reward and transition; ``dppo.privacy.tabular_counters`` derives the
-larger per-user sensitivity of pooled counts). Every quantity below is computed from the released
-counts and public constants only, so the policy served to every user is a post-processing of the
-counter's output (billboard lemma): the learner is (eps, delta)-joint-DP with the counter's guarantee.
+(``pool_steps=true``, default: for time-homogeneous MDPs the statistics of different steps estimate the
+same reward and transition; ``dppo.privacy.tabular_counters`` derives the larger per-user sensitivity of
+pooled counts). The counters release after geometrically growing blocks of episodes (``block_growth``,
+``dppo.privacy.tabular_counters.release_schedule``; each block is one counter time step, every user in one
+block) and the policy is re-planned after every release. Every quantity below is computed from the
+released counts and public constants only, so the policy served to every user is a post-processing of
+the counter's output (billboard lemma): the learner is (eps, delta)-joint-DP with the counter's guarantee.
 
-Planning (per episode; 1-based step h, ``V_{H+1} = 0``; for the noise, E = z sigma_t with sigma_t the
-exact std of the current release and z the two-sided union quantile over the ``4 S A H_c T`` released
-quantities the plans read; beta = delta_ubev = failure_prob / 2 when private):
+Confidence widths (per plan; 1-based step h, ``V_{H+1} = 0``). Write the released counts of a pair as
+``n~ = n + xi_n``, ``l~ = l + xi_l``, ``m~ = m + xi_m`` (S entries) around the exact counts of the twin
+(the same learner with ``eps=null``), ``sigma_t`` the exact std of every entry's Gaussian release error
+(``release_std``), rounding to the release grid ``Lambda`` (<= Lambda/2 per entry) aside. The noise of one
+pair's release is exactly ``N(0, sigma_t^2 I)`` in ``(xi_l, xi_n, xi_m)`` whatever the data did (it is a
+fixed linear map of noise drawn independently of the data, Denisov et al. 2022), so with beta =
+failure_prob / 2 split in thirds over the ``N = H_c S A B`` pair-releases the plans read (B releases):
 
-* ``n_lo = n~ - E`` (a lower confidence bound on the true count); a pair is *open* when ``n_lo > 0``,
-  else it is treated as unvisited (``Q = 1 + max V_{h+1}``, UBEV's rule);
-* ``phi = sqrt((2 ln ln max(e, n_lo) + ln(18 S A H / delta)) / n_lo)`` (UBEV's bonus at the lower count);
-* reward term ``min(1, l~/n~ + phi + E (1 + rbar)/n~)``: ``|l~/n~ - l/n| <= (|xi_l| + (l/n) |xi_n|) / n~``
-  and ``l/n <= rbar = min(1, (l~ + E) / n_lo)``;
-* next-state term, with ``M~ = sum_s' m~(s, a, s')`` (a second estimate of the visits: every visit
-  records one transition), ``c = min V_{h+1}`` and ``W = V_{h+1} - c >= 0`` (span ``w = max W``):
-  ``min(max V_{h+1}, c + m~.W/M~ + (H - h) phi + z sigma_t (||W||_2 + sqrt(S) w) / M~)``.
-  Since ``m~.V/M~ = c + m~.W/M~`` exactly, ``m~.W/M~ - m.W/M = (xi_m.W - (m.W/M) sum xi_m) / M~`` with
-  ``xi_m.W ~ N(0, sigma_t^2 ||W||_2^2)`` and ``sum xi_m ~ N(0, S sigma_t^2)`` (the S entries' noises are
-  independent): the slack uses the noise's actual distribution (an L2 projection instead of S
-  worst-case entry errors ``E ||W||_1``) and scales with the *span* of V, not its level - while every
-  value is still at its optimistic cap the span is small and the slack vanishes, which is what
-  keeps the prototype's ``(H - h) E / n`` offset from pinning Q at the cap. A pair is open when
-  ``n~ > E`` and ``M~ > z sigma_t sqrt(S)``. With the Laplace tree the entrywise worst case is used.
+* ``|xi_n| <= E = z sigma_t + Lambda/2``, z the two-sided normal union quantile (``gaussian_union_quantile``);
+* ``||(xi_l, xi_n)||_2 <= q_2 sigma_t`` and ``||(xi_m, xi_n)||_2 <= q_{S+1} sigma_t``, q_k the union
+  quantile of a chi distribution with k degrees of freedom (``chi_union_quantile``). A norm bound holds in
+  every direction at once, so the widths below stay valid although V and the empirical means depend on
+  the noise (every plan reads all released counts).
 
-With exact counts (``eps=null``: E = 0, sigma = 0) and ``pool_steps=false`` this is UBEV (Dann et al.
-2017) on the same counts. Guarantee relied upon: the privacy guarantee is proved (counter + billboard);
-the regret is NOT covered by a theorem here - the noise terms are a valid confidence bound only if V
-were independent of the noise of the pair it multiplies (it is computed from all released counts),
-and pooling assumes a time-homogeneous MDP: treat the regret behaviour as a heuristic, measured in
-``runs/reference/tabular.md``.
+The visits are estimated by ``n^ = (1 - b) n~ + b M~`` with ``M~ = sum_s' m~`` (every kept visit records
+one transition, so ``sum_s' m = n`` exactly): with ``b = 1/(S+1)`` (inverse-variance weights; ``M~`` has
+variance ``S sigma_t^2``) its error ``xi^ = (1 - b) xi_n + b sum xi_m`` has std ``s sigma_t``,
+``s^2 = (1 - b)^2 + b^2 S = S/(S+1)`` (``b = 0``: the released visits alone, as with exact counts).
+
+* ``|xi^| <= E = z s sigma_t + rounding``, z the two-sided normal union quantile (``gaussian_union_quantile``);
+* ``||(xi_l, xi^/s)||_2 <= q_2 sigma_t`` (two independent fixed functionals of the noise) and
+  ``||(xi_m, xi_n)||_2 <= q_{S+1} sigma_t``, q_k the union quantile of a chi distribution with k degrees of
+  freedom (``chi_union_quantile``). A norm bound holds in every direction at once, so the widths below stay
+  valid although V and the empirical means depend on the noise (every plan reads all released counts).
+
+Unequal noise per set (``set_noise = (c_l, c_n, c_m)``, ``dppo.privacy.tabular_counters``): the entries of
+the three sets have stds ``c_l sigma_t``, ``c_n sigma_t``, ``c_m sigma_t``. Everything above holds with the
+noise standardized per set: ``b = c_n^2 / (c_n^2 + S c_m^2)`` (inverse-variance weights), ``s^2 = (1 - b)^2
+c_n^2 + b^2 S c_m^2``; ``(xi_l / c_l, xi^ / s)`` and ``(xi_m / c_m, xi_n / c_n)`` are standard normal vectors
+(in units of ``sigma_t``) with the same chi quantiles, so the reward width is ``q_2 sigma_t sqrt(c_l^2 + s^2
+rbar^2)``, the bound on ``l`` in ``rbar`` uses ``q_2 c_l sigma_t``, and the next-state direction has squared norm
+``c_m^2 (||W||^2 - 2 p b sum W) + p^2 s^2`` (convex in p: the same two endpoints), i.e. ``t_noise = q_{S+1} c_m
+sigma_t`` with ``s2 = s^2 / c_m^2`` in the width below. Equal multipliers give the formulas above.
+
+On that event (probability >= 1 - beta) a pair with ``n^ > E`` has ``n >= n_lo = n^ - E > 0``, and:
+
+* reward: ``l~/n^ - l/n = (xi_l - r xi^) / n^`` with ``r = l/n in [0, rbar]``,
+  ``rbar = min(1, (max(l~, 0) + q_2 sigma_t + Lambda/2) / n_lo)``, so
+  ``|l~/n^ - l/n| <= (q_2 sigma_t sqrt(1 + s^2 rbar^2) + rounding) / n^``;
+* next state, with ``c = min V_{h+1}``, ``W = V_{h+1} - c >= 0``, ``w = max W`` (the span): the twin's
+  ``m.V/n = c + m.W/n``, and the learner uses ``c + m~.W/n^``; the difference is
+  ``<(xi_m, xi_n), (W - p b 1, -p (1 - b))> / n^`` with ``p = m.W/n in [0, w]``; the squared norm of that
+  direction, ``||W||^2 - 2 p b sum W + p^2 s^2``, is convex in p, so at most its value at p = 0 or p = w, and
+  ``|.| <= (q_{S+1} sigma_t sqrt(max(||W||^2, ||W||^2 - 2 w b sum W + w^2 s^2)) + rounding) / n^``
+  (Cauchy-Schwarz);
+* UBEV's bonus ``phi(n) = sqrt((2 ln ln max(e, n) + ln(18 S A H / delta)) / n)`` is decreasing in n,
+  so it is taken at the lower count ``n_lo``.
+
+The rounding of the released entries to the grid adds at most ``Lambda/2`` per entry: ``Lambda/2 ((1 - b) +
+b S)`` to E, ``Lambda/2 (1 + rbar (1 + S))`` to the reward width and ``Lambda/2 (2S + 1) w`` to the
+next-state width (all divided by ``n^``).
+
+Plan: ``Q_h = min(1, l~/n^ + phi + reward width) + min(max V_{h+1}, c + m~.W/n^ + (H - h) phi + next-state
+width)`` for an open pair (``n^ > E``); a closed pair is treated as unvisited (``Q_h = 1 + max V_{h+1}``,
+UBEV's rule). The widths only add to the twin's UBEV bounds, so wherever UBEV's own confidence set holds
+for the twin's (pooled) statistics, the plan is optimistic. With ``counter=laplace_tree`` E is the tree's
+uniform entrywise bound, ``b = 0``, and the widths use it entrywise (``E (1 + rbar)``, ``E (S + 1) w``).
+
+With exact counts (``eps=null``: no widths), ``pool_steps=false`` and ``block_growth=null`` this is UBEV
+(Dann et al. 2017) on the same counts. Guarantee relied upon: the privacy guarantee is proved (counter +
+billboard) and the noise event is exact; the regret is NOT covered by a theorem here - pooling assumes a
+time-homogeneous MDP (``runs/reference/tabular.md`` measures what happens when it is not), and the
+widths are UBEV's with the noise added, not a new analysis: treat the regret as measured.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 from dppo.algos.ucb import _UNVISITED_BONUS, TabularUCB
-from dppo.privacy.gaussian_counter import GRID, gaussian_union_quantile
-from dppo.privacy.tabular_counters import record_counter_releases
+from dppo.privacy.gaussian_counter import GRID, chi_union_quantile, gaussian_union_quantile
+from dppo.privacy.tabular_counters import record_counter_releases, resolve_counter
 from dppo.privacy.tree_counter import TreeCounter
+
+
+class Widths(NamedTuple):
+    """Coefficients of the confidence widths of one release (module docstring): gate ``E``; reward
+    ``sqrt(r_noise^2 + (r_noise_n rbar)^2) + r_round + r_round_n rbar``; next state
+    ``t_noise sqrt(max(||W||^2, ||W||^2 - 2 w mix sum W + w^2 s2)) + t_round w``; all over ``n^``, the visits
+    estimate ``(1 - mix) n~ + mix sum_s' m~``."""
+
+    E: float = 0.0
+    r_noise: float = 0.0
+    r_noise_n: float = 0.0
+    r_round: float = 0.0
+    r_round_n: float = 0.0
+    t_noise: float = 0.0
+    t_round: float = 0.0
+    mix: float = 0.0
+    s2: float = 1.0
 
 
 class DPUBEV(TabularUCB):
@@ -56,6 +113,14 @@ class DPUBEV(TabularUCB):
         pool_steps: pool the statistics over h (time-homogeneous MDPs).
         pool_cap: pooled, keep the first ``pool_cap`` visits of each (s, a) per episode (null: all H);
             the per-user sensitivity is ``sqrt(6 cap H)`` (``dppo.privacy.tabular_counters``).
+        block_growth: release the counters after blocks of episodes growing by this factor (null: after
+            every episode); the policy is re-planned once per block.
+        set_noise: Gaussian counters: noise multipliers of the (rewards, visits, transitions) sets (null:
+            equal); the transitions carry the largest widths, so less noise there lowers the regret. Default
+            (2, 2, 1): the transitions get 2/3 of the zCDP budget (picked on RiverSwim H = 10, T = 10^5, seeds
+            100-102, among (1,1,1), (2,1,1), (2,2,1), (2,4,1), (4,1.5,1)); ignored by ``laplace_tree``.
+        max_block: the longest block in episodes (null: no limit): a plan that explores a poor action
+            costs at most that many episodes before the next release.
     """
 
     name = "dp_ubev"
@@ -63,24 +128,37 @@ class DPUBEV(TabularUCB):
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
                  reward_bound: float = 1.0, counter: str = "gaussian", pool_steps: bool = True,
-                 pool_cap: int | None = 1, max_memory_gb: float = 4.0):
+                 pool_cap: int | None = 1, block_growth: float | None = 1.05, max_block: int | None = None,
+                 set_noise: tuple | None = (2.0, 2.0, 1.0), max_memory_gb: float = 4.0):
         eps = privacy.eps if privacy is not None and privacy.private else None
         super().__init__(env, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
-                         failure_prob=failure_prob, reward_bound=reward_bound, counter_eps=None,
-                         max_memory_gb=max_memory_gb, counter=counter, pool_steps=pool_steps,
-                         pool_cap=pool_cap)
+                         failure_prob=failure_prob, reward_bound=reward_bound, max_memory_gb=max_memory_gb,
+                         counter=counter, pool_steps=pool_steps, pool_cap=pool_cap, block_growth=block_growth,
+                         max_block=max_block,
+                         set_noise=None if set_noise is None or resolve_counter(counter) == "laplace_tree"
+                         else tuple(set_noise))
         self.eps = eps
         self.private = eps is not None
         self.delta_ubev = self.failure_prob / 2 if self.private else self.failure_prob
         self.beta = self.failure_prob / 2
         Hc = 1 if self.layout.pooled else self.H
-        self.releases_used = 4 * Hc * self.S * self.A * self.T      # quantities the T plans read
-        self.z = gaussian_union_quantile(self.beta, self.releases_used) if self.private else 0.0
+        self.releases = self.T if self.release_ends is None else len(self.release_ends)
+        self.pair_releases = Hc * self.S * self.A * self.releases       # (pair, release) the plans read
         self.laplace = isinstance(self.stats, TreeCounter)
-        self._laplace_E = self.stats.error_bound(self.beta, uniform=True) if self.laplace and self.private else 0.0
+        self.z = self.q_reward = self.q_next = 0.0
+        self.mix = 0.0                  # weight of M~ = sum_s' m~ in the visits estimate (module docstring)
+        self.c_l, self.c_n, self.c_m = self.layout.set_noise      # noise multipliers of the three sets
+        self._laplace_E = 0.0
+        if self.private and self.laplace:
+            self._laplace_E = self.stats.error_bound(self.beta, uniform=True)
+        elif self.private:
+            self.z = gaussian_union_quantile(self.beta / 3, self.pair_releases)
+            self.q_reward = chi_union_quantile(self.beta / 3, self.pair_releases, 2)
+            self.q_next = chi_union_quantile(self.beta / 3, self.pair_releases, self.S + 1)
+            cn2, Scm2 = self.c_n ** 2, self.S * self.c_m ** 2
+            self.mix = cn2 / (cn2 + Scm2)          # inverse-variance weights of n~ and M~
         self._plan_state = None
-        self._last_E = 0.0
 
     @classmethod
     def accountant_name(cls, privacy_cfg, algo_cfg=None) -> str:
@@ -113,40 +191,71 @@ class DPUBEV(TabularUCB):
 
     # ---- the noise's error bound at the current release ---------------------------------------
     def noise_std(self) -> float:
-        """Exact std of every stream's current release error (Laplace: its worst-case bound / z)."""
+        """Exact std of every stream's current release error (Laplace: nan, its bound is E)."""
         if not self.private:
             return 0.0
         if self.laplace:
             return float("nan")
         return self.stats.release_std()
 
+    def _visit_std_factor(self) -> tuple[float, float]:
+        """(s, rounding factor) of the visits estimate: ``s = sqrt((1 - b)^2 c_n^2 + b^2 S c_m^2)`` (its std in
+        units of ``sigma_t``), ``(1 - b) + b S``."""
+        b, S = self.mix, self.S
+        if self.c_n == self.c_m == 1.0:
+            return math.sqrt((1 - b) ** 2 + b * b * S), (1 - b) + b * S
+        return math.sqrt((1 - b) ** 2 * self.c_n ** 2 + b * b * S * self.c_m ** 2), (1 - b) + b * S
+
     def count_error_bound(self) -> float:
-        """E for the current release: ``z sigma_t + Lambda/2`` (Gaussian), the tree's uniform bound (Laplace)."""
-        if not self.private:
-            return 0.0
-        if self.laplace:
-            return self._laplace_E
-        return self.z * self.stats.release_std() + GRID / 2
+        """E for the current release: ``z s sigma_t + rounding`` (Gaussian), the tree's uniform bound (Laplace)."""
+        return self.widths().E
 
     def final_count_error_bound(self) -> float:
-        """E at the last episode T (the largest Gaussian release std over the run for the factorization)."""
+        """E at the last release (the largest Gaussian release std over the run for the factorization)."""
         if not self.private or self.laplace:
             return self.count_error_bound()
-        return self.z * self.stats.release_std(self.T) + GRID / 2
+        s, rs = self._visit_std_factor()
+        return self.z * s * self.stats.release_std(self.releases) + GRID / 2 * rs
+
+    def widths(self) -> Widths:
+        """The width coefficients of the current release (module docstring; ``Widths``)."""
+        if not self.private:
+            return Widths()
+        S = self.S
+        if self.laplace:
+            E = self._laplace_E
+            return Widths(E=E, r_round=E, r_round_n=E, t_round=E * (S + 1))
+        std = self.stats.release_std()
+        s, rs = self._visit_std_factor()
+        if self.layout.equal_noise:
+            return Widths(E=self.z * s * std + GRID / 2 * rs, r_noise=self.q_reward * std,
+                          r_noise_n=self.q_reward * s * std, r_round=GRID / 2, r_round_n=GRID / 2 * (1 + S),
+                          t_noise=self.q_next * std, t_round=GRID / 2 * (2 * S + 1), mix=self.mix, s2=s * s)
+        return Widths(E=self.z * s * std + GRID / 2 * rs, r_noise=self.q_reward * self.c_l * std,
+                      r_noise_n=self.q_reward * s * std, r_round=GRID / 2, r_round_n=GRID / 2 * (1 + S),
+                      t_noise=self.q_next * self.c_m * std, t_round=GRID / 2 * (2 * S + 1), mix=self.mix,
+                      s2=(s / self.c_m) ** 2)
+
+    def visits_estimate(self) -> np.ndarray:
+        """``n^ = (1 - b) n~ + b sum_s' m~`` [Hc, S, A] from the released counts."""
+        _, n, m = self.released_stats()
+        return n if self.mix == 0 else (1 - self.mix) * n + self.mix * m.sum(-1)
 
     def gate_open_fraction(self) -> float:
-        """Share of released (s, a[, h]) with ``n~ > E`` (computed from released counts only)."""
-        _, n, _ = self.released_stats()
+        """Share of released (s, a[, h]) with ``n^ > E`` (computed from released counts only)."""
+        n = self.visits_estimate()
         return float((n > self.count_error_bound()).sum()) / n.size
 
     def train_round(self, round_idx: int) -> dict:
         metrics = super().train_round(round_idx)
         metrics["counters/gate_open_fraction"] = self.gate_open_fraction()
+        metrics["counters/releases"] = float(self.stats.steps_done)
         return metrics
 
     def summary(self) -> dict:
         return {**super().summary(), "gate_open_fraction": self.gate_open_fraction(),
-                "noise_std": self.noise_std(), "pooled": self.layout.pooled, "counter": self.counter_kind}
+                "noise_std": self.noise_std(), "pooled": self.layout.pooled, "counter": self.counter_kind,
+                "releases": self.stats.steps_done}
 
     # ---- planning -------------------------------------------------------------------------------
     def _plan(self):
@@ -154,27 +263,15 @@ class DPUBEV(TabularUCB):
         st = self._plan_state
         if st is None or st.n is not n:
             st = self._plan_state = _PlanArrays(l, n, m, self.H)
-        S = self.S
-        if self.laplace or not self.private:
-            E = self.count_error_bound()
-        else:                                           # = count_error_bound(), the std read once per plan
-            std = self.stats.release_std()
-            E = self.z * std + GRID / 2
-        if self.laplace:                                # worst case per entry: |xi.W| <= E ||W||_1 <= E S span
-            a_norm, a_span, E_m = 0.0, 2 * E * S, E * S
-        else:                                           # xi.W ~ N(0, sigma_t^2 ||W||^2), sum xi ~ N(0, S sigma_t^2)
-            zs = self.z * (std if self.private else self.noise_std())
-            a_norm = zs + GRID / 2 * math.sqrt(S)       # (+ rounding of the S entries: <= GRID/2 ||W||_1)
-            E_m = zs * math.sqrt(S) + GRID / 2 * S
-            a_span = E_m
-        return st.plan(self._log_term(), E, a_norm, a_span, E_m, self.private)
+        return st.plan(self._log_term(), self.widths(), self.private)
 
 
 class _PlanArrays:
     """Work arrays of DP-UBEV's backward induction (allocated once; NumPy on CPU).
 
-    Per plan: ``aug[hc] = [m~/n~ | phi | a_norm/n~ | a_max/n~]`` ([S*A, S + 3]) so that one mat-vec with
-    ``[V_{h+1}, H - h, ||V_{h+1}||_2, max V_{h+1}]`` gives the whole next-state term of every (s, a).
+    Per plan: ``aug[hc] = [m~/n^ | phi | t_noise/n^ | t_round/n^]`` ([S*A, S + 3]) so that one mat-vec with
+    ``[W_{h+1}, H - h, sqrt(max(||W||^2, ||W||^2 - 2 w mix sum W + w^2 s2)), w]`` gives the whole next-state
+    term but ``c`` of every (s, a); closed pairs get ``m~/n^ = 0`` and ``phi = _UNVISITED_BONUS``.
     """
 
     def __init__(self, l, n, m, H: int):
@@ -192,31 +289,32 @@ class _PlanArrays:
         self.small = S * A <= 64                        # scalar elementwise steps (``_induct_scalar``)
         self.va_mv, self.y_mv = memoryview(self.va), memoryview(self.y)
         self.rows = [None] * H
+        self.mix, self.s2 = 0.0, 1.0
 
-    def plan(self, log_term: float, E: float, a_norm: float, a_span: float, E_m: float, private: bool) -> np.ndarray:
-        Hc, S, A, H = self.Hc, self.S, self.A, self.H
+    def plan(self, log_term: float, wd: Widths, private: bool) -> np.ndarray:
+        Hc, S, A = self.Hc, self.S, self.A
         n = self.n.reshape(Hc, S * A)
         l = self.l.reshape(Hc, S * A)
         m = self.m.reshape(Hc, S * A, S)
-        mt = m.sum(-1)                                  # M~ = sum_s' m~: a second estimate of the visits
-        n_lo = n - E
-        open_ = (n_lo > 0) & (mt > E_m)
-        nn = np.where(open_, n, 1.0)
+        if wd.mix:                                      # n^ = (1 - b) n~ + b M~
+            n = (1 - wd.mix) * n + wd.mix * m.sum(-1)
+        self.mix, self.s2 = wd.mix, wd.s2
+        n_lo = n - wd.E
+        open_ = n_lo > 0
         lo = np.where(open_, n_lo, 1.0)
         phi = np.sqrt((2 * np.log(np.log(np.maximum(lo, math.e))) + log_term) / lo)
         phi = np.where(open_, phi, _UNVISITED_BONUS)
-        inv = 1.0 / nn
-        inv_m = np.where(open_, 1.0 / np.where(open_, mt, 1.0), 1.0)
+        inv = np.where(open_, 1.0 / np.where(open_, n, 1.0), 0.0)
         aug = self.aug
-        np.multiply(m, inv_m[..., None], out=aug[..., :S])
+        np.multiply(m, inv[..., None], out=aug[..., :S])
         aug[..., S] = phi
         r = self.r
         np.multiply(l, inv, out=r)
-        if private:                                     # |xi_l| + (l/n)|xi_n| with l/n <= min(1, (l~ + E)/n_lo)
-            aug[..., S + 1] = a_norm * inv_m
-            aug[..., S + 2] = a_span * inv_m
-            rbar = np.minimum((np.maximum(l, 0.0) + E) / lo, 1.0)
-            r += E * (1.0 + rbar) * inv
+        if private:                                     # the reward width (module docstring) / n^
+            aug[..., S + 1] = wd.t_noise * inv
+            aug[..., S + 2] = wd.t_round * inv
+            rbar = np.minimum((np.maximum(l, 0.0) + wd.r_noise + wd.r_round) / lo, 1.0)
+            r += (np.sqrt(wd.r_noise ** 2 + (wd.r_noise_n * rbar) ** 2) + wd.r_round + wd.r_round_n * rbar) * inv
         r += phi
         np.minimum(r, 1.0, out=r)
         if self.small:
@@ -234,11 +332,12 @@ class _PlanArrays:
         cols = self.cols
         dot, minimum, maximum, add = np.dot, np.minimum, np.maximum, np.add
         vmax_r, vmin_r, sqrt = np.maximum.reduce, np.minimum.reduce, math.sqrt
+        mix, s2 = self.mix, self.s2
         c = vmax = 0.0
         for h in range(H - 1, -1, -1):
             hc = 0 if Hc == 1 else h
             va[S] = self.h_left[h]
-            dot(aug[hc], va, out=y)                     # m~.W / M~ + (H - h) phi + noise slack
+            dot(aug[hc], va, out=y)                     # m~.W / n~ + (H - h) phi + noise widths
             y += c
             minimum(y, vmax, out=y)
             add(r[hc], y, out=Q2[h])
@@ -249,8 +348,10 @@ class _PlanArrays:
             vmax = float(vmax_r(W))
             c = float(vmin_r(W))
             W -= c
-            va[S + 1] = sqrt(float(dot(W, W)))
-            va[S + 2] = vmax - c
+            w = vmax - c
+            ww = float(dot(W, W))
+            va[S + 1] = sqrt(max(ww, ww - 2 * w * mix * float(W.sum()) + w * w * s2))
+            va[S + 2] = w
         return Q
 
     def _induct_scalar(self) -> np.ndarray:
@@ -268,11 +369,12 @@ class _PlanArrays:
         rows = self.rows
         pairs = A == 2
         starts = range(0, SA, A)
+        mix, s2 = self.mix, self.s2
         c = vmax = 0.0
         for h in range(H - 1, -1, -1):
             hc = 0 if Hc == 1 else h
             vmv[S] = self.h_left[h]
-            dot(aug[hc], va, out=y)                     # m~.W / M~ + (H - h) phi + noise slack
+            dot(aug[hc], va, out=y)                     # m~.W / n~ + (H - h) phi + noise widths
             q = [ri + (t if (t := yi + c) < vmax else vmax) for ri, yi in zip(r_rows[hc], ymv.tolist())]
             rows[h] = q                                 # Q_h = r + min(y + c, max V_{h+1})
             if pairs:                                   # V_h = max_a Q_h
@@ -283,7 +385,9 @@ class _PlanArrays:
             c = min(v)
             for i, x in enumerate(v):                   # W = V_h - min V_h, into va[:S]
                 vmv[i] = x - c
-            vmv[S + 1] = sqrt(dot(W, W))
-            vmv[S + 2] = vmax - c
+            w = vmax - c
+            ww = float(dot(W, W))
+            vmv[S + 1] = sqrt(max(ww, ww - 2 * w * mix * float(W.sum()) + w * w * s2))
+            vmv[S + 2] = w
         self.Q2[:] = rows
         return self.Q

@@ -16,8 +16,9 @@ which the M - 1 data-dependent releases compose to the target eps under ``privac
 (``advanced``: Dwork-Rothblum-Vadhan; ``zcdp``: eps_0-bounded range => eps_0^2/8-zCDP). The first
 release (batch 0) sees no data and costs nothing; it is still written to the ledger (eps = 0).
 
-Budget split (``budget_decay`` = p): release i = 1..M-1 gets ``eps_i = s i^{-p}`` with s the largest
-scale whose composition (the same accountant) meets the target, and ``beta_i = eps_i / (2 Delta_S)``.
+Budget split (``budget_decay`` = p; ``dppo.privacy.calibration.ExponentialSchedule``): release i = 1..M-1
+gets ``eps_i = s i^{-p}`` with s the largest scale whose composition (the same accountant) meets the
+target, and ``beta_i = eps_i / (2 Delta_S)``.
 p = 0 (default) is the paper's equal split. p = 1 front-loads the budget: a wrong member's score gap
 grows linearly with the data n_i = i B, so eps_i ~ 1/i keeps ``beta_i x gap`` the same at every
 release instead of wasting budget on late releases whose data already separates Q*. Either way each
@@ -25,15 +26,13 @@ release is eps_i-DP with its own calibration, and the accountant composes exactl
 """
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
-from scipy.optimize import brentq
 
 from dppo.algos.base import Learner
 from dppo.errors import ConfigError, DataError
-from dppo.privacy.calibration import exp_mech_beta
+from dppo.privacy.calibration import ExponentialSchedule
 from dppo.privacy.mechanisms import exponential_mechanism
 
 COMPOSITION_ACCOUNTANTS = {"advanced": "advanced", "zcdp": "zcdp"}
@@ -42,30 +41,6 @@ COMPOSITION_ACCOUNTANTS = {"advanced": "advanced", "zcdp": "zcdp"}
 def paper_batch_size(episodes: int, batch_const: float) -> int:
     """The paper's rule B = c K^{3/5} (Thm: regret O~(K^{3/5}) with B = O~(K^{3/5})), rounded, >= 1."""
     return max(1, int(round(batch_const * episodes ** 0.6)))
-
-
-def budget_schedule(accountant, eps: float, delta: float, releases: int, decay: float = 0.0) -> list[float]:
-    """Per-release budgets ``eps_i = s i^{-decay}`` (i = 1..releases), s the largest scale whose composition
-    under ``accountant`` is at most ``eps`` at ``delta`` (module docstring). ``decay = 0``: the equal split,
-    ``accountant.largest_eps0``. Otherwise a copy of the accountant (as it is now: fresh at calibration
-    time) is stepped with the trial schedule, so the composition rule is exactly the one that will
-    account the real releases.
-    """
-    if releases < 1:
-        raise ConfigError(f"need at least one release, got {releases}")
-    if decay == 0:
-        return [float(accountant.largest_eps0(eps, delta, releases, "exponential"))] * releases
-    weights = [(i + 1) ** (-float(decay)) for i in range(releases)]
-
-    def excess(scale: float) -> float:
-        trial = copy.deepcopy(accountant)
-        for i, w in enumerate(weights):
-            trial.step({"mechanism": "exponential", "round": i + 1, "users": 0, "eps": scale * w, "delta": 0.0})
-        return trial.spent(delta)[0] - eps
-
-    hi = eps / weights[0]                                  # basic composition alone already reaches eps here
-    scale = brentq(excess, 1e-12, hi, xtol=1e-14, rtol=1e-12) if excess(hi) > 0 else hi
-    return [scale * w for w in weights]
 
 
 def gumbel_max(logits: torch.Tensor, gumbel: torch.Tensor) -> int:
@@ -85,11 +60,11 @@ class _GFABase(torch.nn.Module, Learner):
 
     CLASS_TENSORS: tuple = ()          # names of the function class's tensor attributes (its tables)
 
-    def __init__(self, *, privacy, sampler, seed: int, episodes: int | None, batch_size: int | None,
-                 episodes_default: int, batch_const: float, eta: float, size: int, budget_decay: float = 0.0):
+    def __init__(self, *, privacy, sampler, seed: int, episodes: int, batch_size: int | None,
+                 batch_const: float, eta: float, size: int, budget_decay: float = 0.0):
         if "_buffers" not in self.__dict__:
             torch.nn.Module.__init__(self)
-        K = int(episodes if episodes is not None else episodes_default)
+        K = int(episodes)
         if K < 1:
             raise ConfigError(f"episodes must be >= 1, got {K}")
         if not batch_const > 0 or not eta >= 0:
@@ -139,20 +114,15 @@ class _GFABase(torch.nn.Module, Learner):
             raise ConfigError(f"GFA accounts its releases by composition; privacy.accountant={acc.name} cannot, "
                               f"use privacy.accountant=null with privacy.composition=advanced|zcdp")
         releases = max(self.num_rounds - 1, 1)
-        self.eps_schedule = budget_schedule(acc, self.privacy.eps, self.privacy.delta, releases, self.budget_decay)
-        self.eps0 = self.eps_schedule[0]
-        self.beta = exp_mech_beta(self.eps0, self.sensitivity)
+        self.schedule = ExponentialSchedule(acc, self.privacy.eps, self.privacy.delta, releases, self.budget_decay,
+                                            self.sensitivity)
+        self.eps_schedule, self.eps0, self.beta = self.schedule.eps, self.schedule.eps0, self.schedule.beta
 
     def release_budget(self, round_idx: int) -> tuple[float, float]:
-        """(eps, beta) of the release at the start of round ``round_idx``. Round 0 sees no data: eps = 0,
-        and its beta (which then only weighs the data-free optimism term) is the first release's.
-        ``beta_i = beta eps_i / eps_1 = eps_i / (2 Delta_S)``: ``self.beta`` stays the one calibration knob."""
-        if round_idx == 0:
-            return 0.0, self.beta
-        eps = self.eps_schedule[min(round_idx, len(self.eps_schedule)) - 1]
-        return eps, self.beta * (eps / self.eps0)
+        """(eps, beta) of the release at the start of round ``round_idx`` (``ExponentialSchedule.budget``)."""
+        return self.schedule.budget(round_idx)
 
-    def _select(self, round_idx: int, score: torch.Tensor) -> tuple[int, float]:
+    def select(self, round_idx: int, score: torch.Tensor) -> tuple[int, float]:
         """Pick the member for this batch: exponential mechanism (private) or argmax (ties at random)."""
         if self.privacy.private:
             users = self.episodes_done
@@ -175,7 +145,7 @@ class _GFABase(torch.nn.Module, Learner):
         experimenter's logs, under ``diag/`` as in every dppo learner; only f is DP-released.
         """
         score = self.score()
-        self.current, gap = self._select(round_idx, score)
+        self.current, gap = self.select(round_idx, score)
         self._set_policy(self.current)
         n = min(self.B, self.K - self.episodes_done)
         users = self.sampler.take(n) if self.sampler is not None else list(range(n))
@@ -242,7 +212,7 @@ class GFAOutcomeLearner(_GFABase):
     Args:
         env: a deterministic outcome-reward MDP (``ContextBitsMDP``).
         privacy, sampler, seed, episodes, batch_size: injected (``episodes``: K; ``batch_size``: B).
-        episodes_default: K when the top-level ``episodes`` is null.
+        episodes: K, the episodes (users) of the run (top-level ``episodes``).
         batch_const: c in the default batch size B = c K^{3/5} (default 1.5: the c of {0.5, 1, 1.25, 1.5, 2}
             with the smallest mean plateau over the four private rows of the plateau table, selected on
             seeds 100-119, disjoint from the reported seeds 0-19; docs/gfa.md).
@@ -255,10 +225,11 @@ class GFAOutcomeLearner(_GFABase):
     """
 
     name = "gfa_outcome"
+    names = ("gfa_outcome", "gfa_outcome")  # non-private, private (eps=null runs it without the mechanism)
     CLASS_TENSORS = ("codes", "masks", "scales", "targets", "target_code", "lut")
 
-    def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
-                 batch_size: int | None = None, episodes_default: int = 500, batch_const: float = 1.5,
+    def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int = 500,
+                 batch_size: int | None = None, batch_const: float = 1.5,
                  eta: float = 50.0, class_size: int = 243, class_scales=(0.5, 0.75, 1.0), class_seed: int = 0,
                  sensitivity: str = "class", budget_decay: float = 0.0):
         from dppo.function_classes.context_bits import ContextBitsClass
@@ -271,7 +242,7 @@ class GFAOutcomeLearner(_GFABase):
         self.env = env
         self.fclass = ContextBitsClass(env, size=class_size, scales=class_scales, seed=class_seed)
         super().__init__(privacy=privacy, sampler=sampler, seed=seed, episodes=episodes, batch_size=batch_size,
-                         episodes_default=episodes_default, batch_const=batch_const, eta=eta,
+                         batch_const=batch_const, eta=eta,
                          size=self.fclass.size, budget_decay=budget_decay)
         self.stats = BellmanResidualLoss(self.fclass.size)
         self._register_class()
@@ -369,17 +340,18 @@ class GFALearner(_GFABase):
     Args:
         env: a tabular MDP (``env=riverswim``, ``env=random_mdp``) or a Discrete gymnasium env factory.
         privacy, sampler, seed, episodes, batch_size: injected.
-        episodes_default, batch_const, eta: as for ``GFAOutcomeLearner``.
+        episodes, batch_const, eta: as for ``GFAOutcomeLearner``.
         grid_low, grid_high, grid_points: the weight grid of the linear epsilon-net class
             (``LinearGridClass`` on ``tabular_features``), |F| = grid_points^3.
         budget_decay: as for ``GFAOutcomeLearner``.
     """
 
     name = "gfa"
+    names = ("gfa", "gfa")
     CLASS_TENSORS = ("table",)
 
-    def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
-                 batch_size: int | None = None, episodes_default: int = 2000, batch_const: float = 1.0,
+    def __init__(self, env, privacy, sampler=None, seed: int = 0, episodes: int = 2000,
+                 batch_size: int | None = None, batch_const: float = 1.0,
                  eta: float = 50.0, grid_low: float = -0.5, grid_high: float = 0.5, grid_points: int = 11,
                  budget_decay: float = 0.0):
         from dppo.envs.tabular import make_tabular
@@ -395,7 +367,7 @@ class GFALearner(_GFABase):
         self.fclass = LinearGridClass(tabular_features(H, S, A), torch.linspace(grid_low, grid_high, grid_points),
                                       value_max=1.0)
         super().__init__(privacy=privacy, sampler=sampler, seed=seed, episodes=episodes, batch_size=batch_size,
-                         episodes_default=episodes_default, batch_const=batch_const, eta=eta,
+                         batch_const=batch_const, eta=eta,
                          size=self.fclass.size, budget_decay=budget_decay)
         self.stats = BellmanErrorLoss(H, S, A)
         self._register_class()

@@ -1,13 +1,14 @@
-"""NPG and DP-NPG ([PO] Alg. 1 with the least-squares PrivUpdate of Sec. 4); REBEL subclasses it.
+"""NPG and DP-NPG ([PO] Alg. 1 with the least-squares PrivUpdate of Sec. 4); REBEL is NPG with its own rows.
 
-One round: m fresh users each run G rollouts (``dppo.algos.core``); the compatible least squares
+One round: m fresh users each get G rollouts (``dppo.algos.core``); the compatible least squares
 
     w_t = argmin_w sum_i (1/n_i) sum_{g, t} (w . phi(s_igt, a_igt) - A_igt)^2 + ridge ||w||^2,
-    phi(s, a) = grad_theta log pi_theta(a|s)   (in a parameter subspace, below),
+    phi(s, a) = grad_theta log pi_theta(a|s)   (in the policy's parameter space, ``dppo.policies.spaces``),
 
 with n_i the user's number of rows and A from user i's own group, is solved by the injected oracle
 (``exact`` when non-private; ``ssp`` / ``dp_gd`` / ``exp_mech`` make it (eps, delta)- or eps-DP in the
-round's users), and theta <- theta + eta_t d_t with d_t = momentum d_{t-1} + w_t.
+round's users), and theta <- theta + eta_t d_t with d_t = momentum d_{t-1} + w_t. On ``env=prompts`` a
+step is a whole completion and phi its log-likelihood's gradient in the adapter.
 
 Privacy: user i's rows (all G rollouts) are one block, a function of user i's group and of the
 released policy; the oracle clips each user's block as one unit, so its guarantee is the round's and
@@ -16,7 +17,6 @@ step eta_t = sqrt(2 max_kl / d^T F d) uses the policy's Fisher matrix F at *publ
 the current released policy from public reset seeds, never a user's; ``fisher_episodes``), the same
 matrix the ssp oracle takes as its public Gram matrix (it then spends the whole budget on X^T y).
 Private and non-private runs run the same code; only the injected oracle differs.
-The parameter subspace of phi and of the update: ``dppo.algos.subspace`` (``subspace``, ``dim``).
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ import math
 import torch
 
 from dppo.algos.core import GroupPolicyOptimizer
-from dppo.algos.subspace import PolicySubspace
 from dppo.errors import ConfigError, DataError
 
 STEPS = ("kl", "norm", "fixed")
@@ -35,31 +34,52 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
     """NPG / DP-NPG: compatible least squares through a (private) least-squares oracle.
 
     Args:
-        policy, env, privacy, sampler, oracle: injected by the builder (oracle: ``make_oracle``).
-        group_size, advantage, group_std, leave_one_out, gamma: see ``dppo.algos.core``.
-        subspace, dim: parameter subspace of the update (module docstring).
+        policy, env, privacy, sampler, space, logger: injected by the builder.
+        oracle: the least-squares oracle (``oracle=...``; the builder's default: ``default_oracle``).
         step: ``kl`` (eta = sqrt(2 max_kl / d^T F d), F the public Fisher), ``norm`` (eta = lr / ||d||)
             or ``fixed`` (eta = lr).
-        lr, max_kl: step-size constants.
+        lr: the step of ``norm`` / ``fixed``.
+        max_kl: the KL radius of ``kl``.
         max_step_norm: cap on ||eta d|| (None: no cap).
         momentum: beta of the step direction d_t = beta d_{t-1} + w_t (a running sum of released w's).
         step_decay: the step (and its cap) is divided by 1 + step_decay * round (a public schedule).
-        fisher_episodes: public rollouts per round whose states give the Fisher matrix (0: no public
-            Fisher; then ``step`` must be norm or fixed).
+        fisher_episodes: public rollouts per round whose states give the Fisher matrix (read by ``step=kl``
+            and by an oracle taking a public Gram matrix, ``ssp``).
         fisher_states: at most this many of their states are used (evenly spaced).
+        seed, rounds, group_size, reward_bound, advantage, group_std, leave_one_out, gamma: ``dppo.algos.core``.
     """
 
-    name = "npg"
+    names = ("npg", "dp_npg")
+    private_oracle = "ssp"          # the default private oracle (``default_oracle``)
+    APPLIES = {**GroupPolicyOptimizer.APPLIES, "lr": ("step", ("norm", "fixed")), "max_kl": ("step", ("kl",))}
 
-    def __init__(self, policy, env, privacy, sampler, oracle, *, seed: int = 0, rounds: int = 100,
-                 reward_bound: float | None = 1.0, group_size: int = 8, advantage: str = "group",
-                 group_std: bool = True, leave_one_out: bool = False, gamma: float = 0.99, subspace: str = "auto",
-                 dim: int | None = 8, step: str = "kl", lr: float = 0.05, max_kl: float = 0.05,
-                 max_step_norm: float | None = 1.0, momentum: float = 0.8, step_decay: float = 0.0,
-                 fisher_episodes: int = 4, fisher_states: int = 500):
-        super().__init__(policy, env, privacy, sampler, seed=seed, rounds=rounds, reward_bound=reward_bound,
-                         group_size=group_size, advantage=advantage, group_std=group_std,
-                         leave_one_out=leave_one_out, gamma=gamma)
+    @classmethod
+    def check_config(cls, algo: dict, *, oracle=None, oracle_keys=(), **context) -> None:
+        """Besides ``APPLIES``: the public Fisher's keys are read only by ``step=kl`` or an oracle taking a public
+        Gram matrix (ssp), and with that Gram matrix ssp's keys shaping a released Gram matrix do nothing."""
+        super().check_config(algo, **context)
+        values = {**cls.defaults(), **algo}
+        public_gram = bool(getattr(oracle, "uses_public_gram", False)) and values["fisher_episodes"] > 0
+        if values["step"] != "kl" and not public_gram:  # fisher_episodes=0 is the switch that turns it off
+            for key in ("fisher_episodes", "fisher_states"):
+                if key in algo and not (key == "fisher_episodes" and algo[key] == 0):
+                    raise ConfigError(f"algo.{key} sets the public Fisher matrix, which algo.step={values['step']} "
+                                      f"with oracle={getattr(oracle, 'name', oracle)} does not read: remove it")
+        if public_gram:
+            for key in getattr(oracle, "PUBLIC_GRAM_IGNORES", ()):
+                if key in oracle_keys:
+                    raise ConfigError(f"oracle.{key} shapes the released Gram matrix, which {cls.names[1]} replaces "
+                                      f"by its public Fisher matrix: remove it, or set algo.fisher_episodes=0 "
+                                      f"(and algo.step=norm) to release the Gram matrix")
+
+    def __init__(self, policy, env, privacy, sampler, oracle, *, space=None, logger=None, seed: int, rounds: int,
+                 group_size: int, reward_bound: float | None, advantage: str = "group", group_std: bool = True,
+                 leave_one_out: bool = False, gamma: float = 0.99, step: str = "kl", lr: float = 0.05,
+                 max_kl: float = 0.05, max_step_norm: float | None = 1.0, momentum: float = 0.8,
+                 step_decay: float = 0.0, fisher_episodes: int = 4, fisher_states: int = 500):
+        super().__init__(policy, env, privacy, sampler, space=space, logger=logger, seed=seed, rounds=rounds,
+                         group_size=group_size, reward_bound=reward_bound, advantage=advantage,
+                         group_std=group_std, leave_one_out=leave_one_out, gamma=gamma)
         if step not in STEPS:
             raise ConfigError(f"algo.step must be one of {STEPS}, got '{step}'")
         if step == "kl" and fisher_episodes < 1:
@@ -68,49 +88,62 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
             raise ConfigError("NPG/REBEL support one-pass training only (privacy.multi_pass=false)")
         if privacy.private and not oracle.private_capable:
             raise ConfigError(f"oracle '{oracle.name}' is not private; with eps set choose oracle=ssp|dp_gd|exp_mech")
+        max_dim = getattr(oracle, "max_dim", None)
+        if max_dim is not None and self.space.dim > max_dim:
+            raise ConfigError(f"oracle={oracle.name} works with d x d statistics or a cover of R^d, unusable for "
+                              f"d = {self.space.dim} dimensions (at most {max_dim}); use oracle=dp_gd (noisy "
+                              f"gradient steps) or a smaller policy.dim")
         if not 0.0 <= momentum < 1.0:
             raise ConfigError(f"algo.momentum must lie in [0, 1), got {momentum}")
         if step_decay < 0:
             raise ConfigError(f"algo.step_decay must be >= 0, got {step_decay}")
         self.oracle = oracle
-        self.space = PolicySubspace(policy, self.params, subspace, dim, seed)
         self.step_rule, self.lr, self.max_kl, self.max_step_norm = step, float(lr), float(max_kl), max_step_norm
         self.momentum, self.step_decay = float(momentum), float(step_decay)
         self.fisher_episodes, self.fisher_states = int(fisher_episodes), int(fisher_states)
-        self.public_per_round = self.fisher_episodes
+        # the public Fisher is collected only when the step or the oracle reads it
+        self.uses_fisher = self.fisher_episodes > 0 and (step == "kl" or getattr(oracle, "uses_public_gram", False))
+        self.public_per_round = self.fisher_episodes if self.uses_fisher else 0
         self.direction = torch.zeros(self.space.dim, dtype=torch.float64)
+
+    @classmethod
+    def default_oracle(cls, private: bool, dim: int) -> str:
+        """The oracle of ``oracle=null``: ``exact`` without privacy; with privacy the family's own
+        (``private_oracle``), or ``dp_gd`` when the space is too large for ssp's d x d statistics."""
+        if not private:
+            return "exact"
+        if cls.private_oracle == "ssp" and dim > 2048:
+            return "dp_gd"
+        return cls.private_oracle
 
     # ---- one round -----------------------------------------------------------------------
     def regression_rows(self, batch) -> tuple[list, dict]:
         """Per-user (X_i, y_i): every step of the user's G rollouts, phi(s, a) against its advantage."""
         A, zero_frac = self.step_advantages(batch)
-        phi = self.space.features(batch.obs[batch.mask], batch.actions[batch.mask])
+        phi = self.space.features(batch)
         y = A[batch.mask]
         sizes = [int(n) for n in batch.grouped(batch.lengths).sum(1)]
         return list(zip(phi.split(sizes), y.split(sizes))), {"diag/zero_spread_fraction": zero_frac}
 
-    def public_fisher(self, round_idx: int) -> torch.Tensor | None:
-        """F at the states of ``fisher_episodes`` public rollouts of the current policy (None if 0)."""
-        if self.fisher_episodes < 1:
+    def public_fisher(self, round_idx: int):
+        """F at the states of ``fisher_episodes`` public rollouts of the current policy (None if unused)."""
+        if not self.uses_fisher:
             return None
-        ep = getattr(self, "public_batch", None)
-        if ep is None:  # not collected with this round's users
-            ep = self.public_episodes("fisher", round_idx, self.fisher_episodes)
-        obs = ep.obs[ep.mask]
-        if obs.shape[0] > self.fisher_states:
-            obs = obs[torch.linspace(0, obs.shape[0] - 1, self.fisher_states).long()]
-        return self.space.fisher(obs)
+        batch = self.public_batch
+        if batch is None:  # not collected with this round's users
+            batch = self.collector.public(self.policy, "fisher", round_idx, self.fisher_episodes)
+        return self.space.fisher(batch, self.fisher_states)
 
     def update(self, batch, round_idx: int) -> dict:
         if batch is None:  # no users on this rank: fine under torchrun (the oracle gathers every rank's rows)
             if not getattr(self.oracle, "sharded", False):
                 raise DataError("NPG/REBEL rounds need at least one user")
-            self.public_batch = None
             rows, stats = [], {}
         else:
             rows, stats = self.regression_rows(batch)
         F = self.public_fisher(round_idx)
-        w = self.oracle.solve(rows, privacy=self.privacy, round=round_idx, public_gram=F)
+        gram = F.matrix if F is not None and getattr(self.oracle, "uses_public_gram", False) else None
+        w = self.oracle.solve(rows, privacy=self.privacy, round=round_idx, public_gram=gram)
         if not torch.isfinite(w).all():
             raise DataError("the least-squares oracle returned a non-finite w; aborting before the update")
         self.direction = self.momentum * self.direction + w  # released w's only: post-processing
@@ -125,20 +158,24 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
             stats["privacy/noise_multiplier"] = release["noise_multiplier"]
         return {**stats, "losses/w_norm": float(w.norm()), "losses/step_norm": float(update.norm())}
 
-    def step_size(self, d: torch.Tensor, F: torch.Tensor | None) -> float:
+    def step_size(self, d: torch.Tensor, F) -> float:
         """eta_t from released quantities only: KL-normalized with the public Fisher, lr / ||d||, or lr."""
         if self.step_rule == "kl":
-            return math.sqrt(2 * self.max_kl / max(float(d @ F @ d), 1e-12))
+            return math.sqrt(2 * self.max_kl / max(F.quadratic(d), 1e-12))
         if self.step_rule == "norm":
             return self.lr / max(float(d.norm()), 1e-12)
         return self.lr
 
+    def distribute(self, shards) -> None:
+        """Multi-process: this rank's users' regression rows reach rank 0's oracle (``shards``)."""
+        self.oracle = shards.oracle(self.oracle)
+        self.sampler = shards.sampler(self.sampler)
+
     # ---- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"policy": self.policy.state_dict(), "direction": self.direction.clone(),
-                "oracle": self.oracle.state_dict()}
+        return {**super().state_dict(), "direction": self.direction.clone(), "oracle": self.oracle.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
+        super().load_state_dict(state)
         self.direction = state["direction"].clone()
         self.oracle.load_state_dict(state["oracle"])

@@ -2,8 +2,9 @@
 
 One round, read top to bottom in ``update`` (CleanRL's ``ppo.py`` with the user as the unit):
 
-1. Collect (``dppo.algos.core``): m fresh users, each runs G rollouts of the released policy from its own
-   start state with actions from its own stream.
+1. Collect (the env's collector, ``dppo.envs.rollout.EpisodeCollector``): m fresh users, each runs G rollouts
+   of the released policy from its own start state with actions from its own stream (optionally cut at
+   ``user_horizon``, with AR(1)-correlated sampling uniforms).
 2. Advantages, per episode: GAE(gamma, lambda) from the released critic's values and the episode's own
    clipped rewards, delta_t = r_t + gamma V(s_{t+1}) - V(s_t), with V(s_T) = V(final observation) when the
    episode was truncated at the horizon and 0 when it terminated. ``adv_norm`` rescales A over the user's
@@ -17,10 +18,11 @@ One round, read top to bottom in ``update`` (CleanRL's ``ppo.py`` with the user 
 
    (c = ``value_scale``, a public constant), and the step releases two sums over b's users,
    sum_u clip_C(grad J_u) and sum_u clip_Cv(grad L_u) (C = ``max_grad_norm``, Cv = ``critic_max_grad_norm``),
-   divided by |b|; Adam ascends J and descends L along them.
+   divided by |b|; Adam ascends J (the space's ``ascend``) and descends L along them.
 
-Per-user gradients come from the per-user-gradient engine (``per_user_grads``, the one call): it
-differentiates sum_r w_r f(x_r) per user, and every term above is of that form. The surrogate's gradient is
+Per-user gradients come from the one per-user-gradient engine (``dppo.policies.per_user_grads``: the actor's
+through its parameter space's ``gradients``, the critic's directly): it differentiates sum_r w_r f(x_r) per
+user, and every term above is of that form. The surrogate's gradient is
 sum_t w_t grad log pi(a_t|s_t) with w_t = rho_t A_t [not clipped] / n_u (clipped terms have zero gradient);
 the entropy's, exactly, sum_a -pi(a|s) log pi(a|s) grad log pi(a|s) (one row per action) for a softmax
 policy, and 1/2 [grad log pi(mu + sqrt2 sigma | s) + grad log pi(mu - sqrt2 sigma | s)] = sum_k grad log sigma_k(s)
@@ -36,27 +38,22 @@ PPO (``eps=null``) runs the same code with the noiseless clipped sums.
 """
 from __future__ import annotations
 
-import copy
 import math
 
 import torch
 
 from dppo.algos.core import GroupPolicyOptimizer
-from dppo.algos.per_user_grads import per_user_gradients
-from dppo.algos.rollout import RolloutEngine
 from dppo.data import streams
-from dppo.errors import ConfigError, DataError
+from dppo.envs.rollout import EpisodeCollector
+from dppo.errors import ConfigError
 from dppo.policies.critic import ValueMLP
+from dppo.policies.per_user_grads import per_user_gradients
+from dppo.policies.spaces import finite_or_fail, make_space
 from dppo.privacy.composed import composed_sums
 
 ADV_NORMS = ("none", "scale", "standardize")
+OPTIMIZERS = ("adam", "sgd")
 SQRT2 = math.sqrt(2.0)
-
-
-def per_user_grads(module, obs, actions, weights, user_index, num_users: int) -> torch.Tensor:
-    """(num_users, P) per-user gradients of sum_r weights_r module(obs_r, actions_r): the one call into the
-    per-user-gradient engine."""
-    return per_user_gradients(module, obs, actions, weights, user_index, num_users=num_users)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, bootstrap: torch.Tensor,
@@ -95,55 +92,72 @@ def normalize_per_user(A: torch.Tensor, mask: torch.Tensor, users: int, mode: st
 class PPO(GroupPolicyOptimizer):
     """PPO over users; private (DP-PPO, each round (eps, delta)-DP) iff ``eps`` is set (module docstring).
 
+    Every default below is the one home of that hyper-parameter (``conf/algo/dp_ppo.yaml`` names only the
+    target; ``conf/experiment/<env>_{ppo,dp_ppo}.yaml`` hold the tuned differences).
+
     Args:
-        policy, env, privacy, sampler: injected by the builder.
+        policy, env, privacy, sampler, logger: injected by the builder.
+        space: the policy's parameter space (``dppo.policies.spaces``); PPO's default is every trainable
+            parameter (``policy.subspace=full``, ``policy.dim=null``); ``policy.dim=k`` restricts the actor to a
+            fixed random k-dim subspace. The closed-form head (``subspace=head``) has no surrogate gradient.
+        seed, rounds, group_size, reward_bound: top-level keys (G rollouts per user, rewards clipped).
         max_grad_norm: per-user clip C of the actor's gradient (top-level key).
-        group_size: G rollouts per user (top-level ``group_size``).
         gamma, gae_lambda: discount and GAE's lambda.
-        epochs, minibatches: passes over the round's users and minibatches per pass.
+        epochs, minibatches: passes over the round's users and minibatches of users per pass.
         clip_range: PPO's ratio clip.
         ent_coef: entropy bonus coefficient.
-        lr, critic_lr: Adam's step sizes (critic_lr null: lr); anneal_lr: both decay linearly to 0 over
-            the rounds (a public schedule).
-        adam_eps: Adam's epsilon.
+        lr, critic_lr: step sizes (critic_lr null: lr); anneal_lr: both decay linearly to 0 over the rounds
+            (a public schedule).
+        adam_eps: Adam's epsilon (optimizer=adam).
         critic_max_grad_norm: per-user clip Cv of the critic's gradient (null: C).
         critic_hidden_sizes, critic_activation: the critic MLP (``dppo.policies.critic``).
         value_scale: c, the critic predicts V / c (``auto``: reward_bound / (1 - gamma), or 1 without a
             reward bound; a number: that constant).
         adv_norm: ``none`` | ``scale`` | ``standardize`` (over the user's own steps).
-        action_noise_corr: rho of temporally correlated exploration: a user's sampling uniforms are
-            Phi(z_t) with z an AR(1) process of correlation rho (each u_t still exactly U(0, 1), so each
-            action is marginally pi(.|s_t); 0: independent uniforms), drawn from the user's own stream.
+        action_noise_corr: rho of temporally correlated exploration (``EpisodeCollector``: a user's sampling
+            uniforms are Phi of an AR(1) process of its own stream; each action still marginally pi(.|s_t)).
         user_horizon: cut each user's episodes after this many steps (null: the env's horizon); the cut
             episodes are bootstrapped from the critic like any truncated one, evaluation keeps the full
-            horizon. Fewer users' env steps per user, more users per env step.
-        optimizer, momentum: ``adam`` (default) or ``sgd`` (with ``momentum``) on the released means.
+            horizon. Fewer env steps per user, more users per env step.
+        optimizer, momentum: ``adam`` or ``sgd`` (with ``momentum``) on the released means.
         composition: ``gdp`` (exact) or ``rdp``: how the round's releases are composed
             (``dppo.privacy.composed``).
     """
 
-    name = "ppo"
+    names = ("ppo", "dp_ppo")
+    space_defaults = {"subspace": "full", "dim": None}   # the builder's space for PPO unless policy.* says otherwise
+    APPLIES = {"momentum": ("optimizer", ("sgd",)), "adam_eps": ("optimizer", ("adam",))}
 
-    def __init__(self, policy, env, privacy, sampler, *, seed: int = 0, rounds: int = 100,
-                 max_grad_norm: float = 1.0, reward_bound: float | None = 1.0, group_size: int = 1,
-                 gamma: float = 0.99, gae_lambda: float = 0.95, epochs: int = 4, minibatches: int = 1,
-                 clip_range: float = 0.2, ent_coef: float = 0.0, lr: float = 3e-4, critic_lr: float | None = None,
-                 anneal_lr: bool = False, adam_eps: float = 1e-5, critic_max_grad_norm: float | None = None,
-                 critic_hidden_sizes=(64, 64), critic_activation: str = "tanh", value_scale="auto",
-                 adv_norm: str = "scale", action_noise_corr: float = 0.0, user_horizon: int | None = None,
-                 optimizer: str = "adam", momentum: float = 0.9, composition: str = "gdp"):
-        super().__init__(policy, env, privacy, sampler, seed=seed, rounds=rounds, reward_bound=reward_bound,
-                         group_size=group_size, advantage="to_go", gamma=gamma)  # (PPO's advantages: GAE below)
+    def __init__(self, policy, env, privacy, sampler, *, space=None, logger=None, seed: int, rounds: int,
+                 group_size: int, reward_bound: float | None, max_grad_norm: float, gamma: float = 0.99,
+                 gae_lambda: float = 0.95, epochs: int = 4, minibatches: int = 1, clip_range: float = 0.2,
+                 ent_coef: float = 0.0, lr: float = 0.01, critic_lr: float | None = None, anneal_lr: bool = False,
+                 adam_eps: float = 1e-5, critic_max_grad_norm: float | None = None, critic_hidden_sizes=(16,),
+                 critic_activation: str = "tanh", value_scale="auto", adv_norm: str = "scale",
+                 action_noise_corr: float = 0.0, user_horizon: int | None = None, optimizer: str = "adam",
+                 momentum: float = 0.9, composition: str = "gdp"):
+        if getattr(env, "kind", None) == "prompts" or not hasattr(env, "observation_space"):
+            raise ConfigError("algo=ppo|dp_ppo learns from episodes of a gymnasium env (env=cartpole, env=pendulum, "
+                              "env.id=...); use algo=pg|dp_pg for prompts and algo=ubev|dp_ubev for tabular MDPs")
+        if space is None:
+            space = make_space(policy, **self.space_defaults, seed=seed)
+        if space.kind == "head":
+            raise ConfigError("algo=ppo differentiates a clipped surrogate, which policy.subspace=head (closed-form "
+                              "scores only) cannot; use policy.subspace=full")
+        super().__init__(policy, env, privacy, sampler, space=space, logger=logger, seed=seed, rounds=rounds,
+                         reward_bound=reward_bound, group_size=group_size, advantage="to_go", gamma=gamma)
         if adv_norm not in ADV_NORMS:
             raise ConfigError(f"algo.adv_norm must be one of {ADV_NORMS}, got '{adv_norm}'")
         if int(epochs) < 1 or int(minibatches) < 1:
             raise ConfigError(f"algo.epochs and algo.minibatches must be >= 1, got {epochs}, {minibatches}")
         if not 0 <= action_noise_corr < 1:
             raise ConfigError(f"algo.action_noise_corr must lie in [0, 1), got {action_noise_corr}")
+        if user_horizon is not None and int(user_horizon) < 1:
+            raise ConfigError(f"algo.user_horizon must be >= 1 or null, got {user_horizon}")
         if not 0 < clip_range < 1 or not 0 <= gae_lambda <= 1 or not 0 < gamma <= 1:
             raise ConfigError("algo.clip_range must lie in (0, 1), algo.gae_lambda in [0, 1], algo.gamma in (0, 1]")
         for key, c in (("max_grad_norm", max_grad_norm), ("algo.critic_max_grad_norm", critic_max_grad_norm)):
-            if c is not None and not c > 0:
+            if key == "max_grad_norm" and c is None or c is not None and not c > 0:
                 raise ConfigError(f"{key} must be > 0, got {c}")
         if ent_coef < 0 or lr <= 0 or (critic_lr is not None and critic_lr <= 0):
             raise ConfigError("algo.ent_coef must be >= 0 and algo.lr, algo.critic_lr > 0")
@@ -151,14 +165,18 @@ class PPO(GroupPolicyOptimizer):
                                         else "logits"):
             raise ConfigError("algo.ent_coef > 0 needs the policy's distribution: logits(obs) (Discrete) or "
                               "mean_and_log_std(obs) (Gaussian); set algo.ent_coef=0")
+        if optimizer not in OPTIMIZERS:
+            raise ConfigError(f"algo.optimizer must be one of {OPTIMIZERS}, got '{optimizer}'")
         if users_per_round := getattr(sampler, "users_per_round", None):
             if int(minibatches) > int(users_per_round):
                 raise ConfigError(f"algo.minibatches={minibatches} exceeds users_per_round={users_per_round}: "
                                   f"every minibatch needs at least one user")
+        # the env side: users' episodes cut at user_horizon, AR(1) sampling uniforms (both per user)
+        self.collector = EpisodeCollector(env, seed, user_horizon=user_horizon, action_noise_corr=action_noise_corr)
+        self.collector.check(policy, self.num_rounds, sampler)
         self.gae_lambda, self.epochs, self.minibatches = float(gae_lambda), int(epochs), int(minibatches)
         self.clip_range, self.ent_coef, self.adv_norm = float(clip_range), float(ent_coef), adv_norm
         self.clip, self.critic_clip = float(max_grad_norm), float(critic_max_grad_norm or max_grad_norm)
-        self.action_noise_corr, self._ar1 = float(action_noise_corr), None
         if value_scale == "auto":
             value_scale = reward_bound / (1.0 - gamma) if reward_bound is not None and gamma < 1 else 1.0
         self.value_scale = float(value_scale)
@@ -167,20 +185,12 @@ class PPO(GroupPolicyOptimizer):
         self.critic = ValueMLP(env.observation_space, critic_hidden_sizes, critic_activation)
         self.critic_params = list(self.critic.parameters())
         self.lr, self.critic_lr, self.anneal_lr = float(lr), float(critic_lr or lr), bool(anneal_lr)
-        groups = [{"params": self.params, "lr": self.lr}, {"params": self.critic_params, "lr": self.critic_lr}]
-        if optimizer == "adam":
-            self.optimizer = torch.optim.Adam(groups, eps=adam_eps)
-        elif optimizer == "sgd":
-            self.optimizer = torch.optim.SGD(groups, momentum=momentum)
-        else:
-            raise ConfigError(f"algo.optimizer must be 'adam' or 'sgd', got '{optimizer}'")
-        self.user_env = None
-        if user_horizon is not None and int(user_horizon) < int(env.horizon):
-            if int(user_horizon) < 1 or not hasattr(env, "make"):
-                raise ConfigError(f"algo.user_horizon must be >= 1 and needs a gym env factory, got {user_horizon}")
-            self.user_env = copy.copy(env)
-            self.user_env.horizon = int(user_horizon)
-            self.user_rollouts = RolloutEngine(self.user_env)
+        # Adam (or SGD) per parameter: one optimizer for the actor's space, one for the critic
+        make = ((lambda params, lr: torch.optim.Adam(params, lr=lr, eps=adam_eps)) if optimizer == "adam" else
+                (lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=momentum)))
+        self.optimizer, self.critic_optimizer = make(self.space.params, self.lr), make(self.critic_params,
+                                                                                         self.critic_lr)
+        self.round_users: list[int] = []
         # each user: one minibatch per epoch, two sums (actor, critic) per minibatch step
         self.release = composed_sums(privacy, releases_per_user=2 * self.epochs, composition=composition)
 
@@ -261,9 +271,7 @@ class PPO(GroupPolicyOptimizer):
             o, a, w, user = torch.cat([o, eo]), torch.cat([a, ea]), torch.cat([w, ew]), torch.cat([user, eu])
             order = torch.argsort(user, stable=True)  # rows grouped by user
             o, a, w, user = o[order], a[order], w[order], user[order]
-        g = per_user_grads(self.policy, o, a, w, user, b)
-        if not torch.isfinite(g).all():
-            raise DataError("the PPO actor gradient became NaN/inf; aborting before the release")
+        g = finite_or_fail(self.space.gradients((o, a), w, user, num_users=b), "the PPO actor gradient")
         return g, float(clipped.double().mean())
 
     @torch.no_grad()
@@ -291,62 +299,38 @@ class PPO(GroupPolicyOptimizer):
         with torch.no_grad():
             v = self.critic.value(o).double()
         w = (returns.reshape(-1)[keep] / c - v) / n_u[user]
-        g = per_user_grads(self.critic, o, torch.zeros(len(o)), w, user, b)
-        if not torch.isfinite(g).all():
-            raise DataError("the PPO critic gradient became NaN/inf; aborting before the release")
-        return g
+        g = per_user_gradients(self.critic, (o,), w, user, num_users=b).double()
+        return finite_or_fail(g, "the PPO critic gradient")
 
     def step(self, d_actor: torch.Tensor, d_critic: torch.Tensor) -> None:
-        """One Adam step: ascent on J along ``d_actor``, descent on L along -``d_critic`` (released means)."""
-        for params, d in ((self.params, d_actor), (self.critic_params, d_critic)):
-            lo = 0
-            for p in params:
-                n = p.numel()
-                p.grad = -d[lo:lo + n].reshape(p.shape).to(p.dtype)
-                lo += n
-        self.optimizer.step()
+        """One optimizer step each: the space ascends J along ``d_actor``; the critic descends L along
+        -``d_critic`` (both released means)."""
+        self.space.ascend(d_actor, self.optimizer)
+        lo = 0
+        for p in self.critic_params:
+            n = p.numel()
+            p.grad = -d_critic[lo:lo + n].reshape(p.shape).to(p.dtype)
+            lo += n
+        self.critic_optimizer.step()
 
     def set_lr(self, round_idx: int) -> None:
         frac = 1.0 - round_idx / self.num_rounds if self.anneal_lr else 1.0
-        for group, lr in zip(self.optimizer.param_groups, (self.lr, self.critic_lr)):
-            group["lr"] = lr * frac
-
-    def action_uniforms(self, generator: torch.Generator, shape: tuple) -> torch.Tensor:
-        """A user's uniforms (G, horizon, ...): iid, or Phi of an AR(1) process along the horizon
-        (``action_noise_corr``), z_0 = e_0, z_t = rho z_{t-1} + sqrt(1 - rho^2) e_t, e iid N(0, 1) from the
-        user's own generator (so z_t ~ N(0, 1) and u_t ~ U(0, 1) at every t)."""
-        rho = self.action_noise_corr
-        if rho == 0.0:
-            return super().action_uniforms(generator, shape)
-        e = torch.randn(shape, generator=generator, dtype=torch.float64)
-        H = shape[1]
-        if self._ar1 is None or self._ar1.shape[0] != H:
-            t = torch.arange(H, dtype=torch.float64)
-            lag = (t[:, None] - t[None, :]).clamp_min(0)
-            L = torch.where(t[:, None] >= t[None, :], rho ** lag, 0.0) * math.sqrt(1 - rho * rho)
-            L[:, 0] = rho ** t     # z_t = rho^t e_0 + sqrt(1 - rho^2) sum_{1<=k<=t} rho^(t-k) e_k
-            self._ar1 = L
-        z = torch.einsum("tk,gk...->gt...", self._ar1, e)
-        return torch.special.ndtr(z).clamp(1e-12, 1 - 1e-12)
+        for opt, lr in ((self.optimizer, self.lr), (self.critic_optimizer, self.critic_lr)):
+            for group in opt.param_groups:
+                group["lr"] = lr * frac
 
     def collect(self, users, round_idx: int):
-        """The users' episodes (``dppo.algos.core``), cut at ``user_horizon`` when it is set."""
+        """The users' episodes from the collector (``dppo.envs.rollout.EpisodeCollector``)."""
         self.round_users = [int(u) for u in users]
-        if self.user_env is None:
-            return super().collect(users, round_idx)
-        full = self.env, self.rollouts
-        self.env, self.rollouts = self.user_env, self.user_rollouts
-        try:
-            return super().collect(users, round_idx)
-        finally:
-            self.env, self.rollouts = full
+        return super().collect(users, round_idx)
 
     # ---- state ------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"policy": self.policy.state_dict(), "critic": self.critic.state_dict(),
-                "optimizer": self.optimizer.state_dict()}
+        return {**super().state_dict(), "critic": self.critic.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "critic_optimizer": self.critic_optimizer.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
+        super().load_state_dict(state)
         self.critic.load_state_dict(state["critic"])
         self.optimizer.load_state_dict(state["optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])

@@ -19,13 +19,13 @@ rollout with the user's own group mean instead of with one partner, which uses a
 the cost of one row each (all pairs would need G(G-1)/2 rows for the same information: their
 least squares is the group form's, since sum_{g<g'} (w.(x_g - x_g') - (y_g - y_g'))^2 =
 G sum_g (w.(x_g - xbar) - (y_g - ybar))^2). ``normalize_rows`` divides each row by max(||x_ig||, 1).
-Everything else (collection, oracle, public Fisher, step) is NPG's.
+Everything else (collection, oracle, public Fisher, step) is NPG's. On ``env=prompts`` a response is a
+completion and x its log-likelihood's gradient in the adapter.
 """
 from __future__ import annotations
 
-import torch
-
 from dppo.algos.npg import NaturalPolicyGradient
+from dppo.errors import ConfigError
 
 
 class REBEL(NaturalPolicyGradient):
@@ -34,32 +34,28 @@ class REBEL(NaturalPolicyGradient):
     Args:
         eta: REBEL's eta (the targets are eta (R - mean R)).
         normalize_rows: divide each row (x_ig, y_ig) by max(||x_ig||, 1) (keeps w . x = y; reweights rows).
-        (others as in ``NaturalPolicyGradient``; ``advantage``/``group_std`` are not used: the centered
-        reward is REBEL's target)
+        (others as in ``NaturalPolicyGradient``, without ``advantage``, ``group_std``, ``leave_one_out`` and
+        ``gamma``: the centered reward is REBEL's target)
     """
 
-    name = "rebel"
+    names = ("rebel", "dp_rebel")
+    private_oracle = "dp_gd"
 
-    def __init__(self, policy, env, privacy, sampler, oracle, *, seed: int = 0, rounds: int = 100,
-                 reward_bound: float | None = 1.0, group_size: int = 8, eta: float = 0.01,
-                 normalize_rows: bool = True, subspace: str = "auto", dim: int | None = 8, step: str = "kl",
-                 lr: float = 1.0, max_kl: float = 0.05, max_step_norm: float | None = 1.0, momentum: float = 0.8,
-                 step_decay: float = 0.0, fisher_episodes: int = 4, fisher_states: int = 500):
-        from dppo.errors import ConfigError
-
+    def __init__(self, policy, env, privacy, sampler, oracle, *, space=None, logger=None, seed: int, rounds: int,
+                 group_size: int, reward_bound: float | None, eta: float = 0.01, normalize_rows: bool = True,
+                 step: str = "kl", lr: float = 0.05, max_kl: float = 0.05, max_step_norm: float | None = 1.0,
+                 momentum: float = 0.8, step_decay: float = 0.0, fisher_episodes: int = 4, fisher_states: int = 500):
         if group_size is None or int(group_size) < 2:
             raise ConfigError(f"REBEL compares a user's responses and needs group_size >= 2, got {group_size}")
-        super().__init__(policy, env, privacy, sampler, oracle, seed=seed, rounds=rounds, reward_bound=reward_bound,
-                         group_size=group_size, advantage="group", subspace=subspace, dim=dim, step=step, lr=lr,
+        super().__init__(policy, env, privacy, sampler, oracle, space=space, logger=logger, seed=seed, rounds=rounds,
+                         group_size=group_size, reward_bound=reward_bound, advantage="group", step=step, lr=lr,
                          max_kl=max_kl, max_step_norm=max_step_norm, momentum=momentum, step_decay=step_decay,
                          fisher_episodes=fisher_episodes, fisher_states=fisher_states)
         self.eta, self.normalize_rows = float(eta), bool(normalize_rows)
 
     def regression_rows(self, batch) -> tuple[list, dict]:
         """Per-user (X_i (G, dim), y_i (G,)): the group-centered trajectory features and rewards."""
-        phi = self.space.features(batch.obs[batch.mask], batch.actions[batch.mask])
-        x = torch.stack([p.sum(0) for p in phi.split([int(n) for n in batch.lengths])])
-        x = batch.grouped(x)
+        x = batch.grouped(self.space.episode_features(batch))
         R = batch.grouped(batch.returns).double()
         x = x - x.mean(1, keepdim=True)
         y = self.eta * (R - R.mean(1, keepdim=True))

@@ -19,6 +19,7 @@ writes into preallocated arrays and reads ``phi`` from a table indexed by the (i
 """
 from __future__ import annotations
 
+import bisect
 import contextlib
 import math
 
@@ -28,7 +29,8 @@ import torch
 from dppo.algos.base import Learner
 from dppo.envs.tabular import TabularMDP, make_tabular
 from dppo.errors import ConfigError
-from dppo.privacy.tabular_counters import TabularLayout, build_counter, record_counter_releases, resolve_counter
+from dppo.privacy.tabular_counters import (TabularLayout, build_counter, record_counter_releases,
+                                           reference_error_bound, release_schedule, resolve_counter)
 from dppo.privacy.tree_counter import TreeCounter, tree_levels
 
 _UNVISITED_BONUS = 1e30   # stands for an infinite bonus (n = 0), finite so that 0 * bonus = 0
@@ -62,14 +64,23 @@ class TabularUCB(torch.nn.Module, Learner):
         failure_prob: the confidence parameter (delta of UBEV, beta of PUCB).
         reward_bound: native reward range ``[-reward_bound, reward_bound]`` of a model-free env.
         max_memory_gb: refuse (ConfigError) statistics tables larger than this.
+        counter, pool_steps, pool_cap: the counter and stream layout (``dppo.privacy.tabular_counters``).
+        block_growth: ``None`` releases the counters (and re-plans) after every episode; a growth factor
+            g > 1 releases after geometrically growing blocks of episodes
+            (``dppo.privacy.tabular_counters.release_schedule``): the counters then have one time step per
+            block and the policy is re-planned once per block.
+        max_block: with ``block_growth``, the longest block (episodes); null: no limit.
+        set_noise: Gaussian counters, noise multipliers of the (rewards, visits, transitions) sets
+            (``dppo.privacy.tabular_counters``); null: equal.
     """
 
     name = "tabular_ucb"
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
-                 reward_bound: float = 1.0, counter_eps: float | None = None, max_memory_gb: float = 4.0,
-                 counter: str = "laplace_tree", pool_steps: bool = False, pool_cap: int | None = None):
+                 reward_bound: float = 1.0, max_memory_gb: float = 4.0, counter: str = "laplace_tree",
+                 pool_steps: bool = False, pool_cap: int | None = None, block_growth: float | None = None,
+                 max_block: int | None = None, set_noise: tuple | None = None):
         torch.nn.Module.__init__(self)
         if episodes_per_round < 1:
             raise ConfigError(f"episodes_per_round must be >= 1, got {episodes_per_round}")
@@ -86,23 +97,26 @@ class TabularUCB(torch.nn.Module, Learner):
         self.failure_prob = float(failure_prob)
         S, A, H = self.S, self.A, self.H
         self.hsa = H * S * A
-        self.layout = TabularLayout(S, A, H, pooled=pool_steps, pool_cap=pool_cap)
+        self.layout = TabularLayout(S, A, H, pooled=pool_steps, pool_cap=pool_cap, set_noise=set_noise)
         self.counter_kind = resolve_counter(counter)
         streams = self.layout.num_streams
-        private = counter_eps is not None or (privacy is not None and privacy.private)
-        levels = tree_levels(self.T) if self.counter_kind != "gaussian_sqrt" else 64   # noise state rows
-        arrays = 2 + (0 if not private else 3 + levels)   # buffers + planning temporaries
+        private = privacy is not None and privacy.private
+        # release times (1-based episode counts); None: after every episode
+        self.release_ends = None if block_growth is None else release_schedule(self.T, block_growth, max_block)
+        capacity = self.T if self.release_ends is None else len(self.release_ends)
+        levels = tree_levels(capacity) if self.counter_kind != "gaussian_sqrt" else 64   # noise state rows
+        arrays = 3 + (0 if not private else 3 + levels)   # buffers + planning temporaries
         need_gb = streams * arrays * 8 / 2 ** 30
         if need_gb > max_memory_gb:
             raise ConfigError(f"{self.name} on {getattr(self.mdp, 'name', 'this env')} (S={S}, A={A}, H={H}) needs "
                               f"~{need_gb:.1f} GB for its S^2 A H statistics; lower env.horizon (or raise "
                               f"algo.max_memory_gb={max_memory_gb})")
-        if counter_eps is not None or (not private and self.counter_kind == "laplace_tree" and not pool_steps):
-            # PUCB's per-stream Laplace trees (or UBEV's exact counts), as in the reference runs
-            self.stats = TreeCounter(streams, self.T, counter_eps, sensitivity=1.0,
-                                     noise=privacy.noise if counter_eps is not None else None)
-        else:
-            self.stats = build_counter(self.counter_kind, self.layout, self.T, privacy if private else None)
+        self.stats = build_counter(self.counter_kind, self.layout, capacity, privacy if private else None,
+                                   users=self.T)
+        self._next_release = 0              # index into release_ends of the open block
+        self._fed = 0                       # episodes fed to the counters
+        self._releases = 0                  # releases so far in this process (plan cache key)
+        self._plan_cache = None
         self.register_buffer("episode_regret", torch.full((self.T,), float("nan"), dtype=torch.float64))
         self.register_buffer("episode_return", torch.full((self.T,), float("nan"), dtype=torch.float64))
         self.episodes_done = 0
@@ -138,15 +152,43 @@ class TabularUCB(torch.nn.Module, Learner):
         return cache["views"]
 
     def _feed(self, states: list, actions: list, rewards: list) -> None:
-        """One user's episode into the counters: r to l(s,a,h), 1 to n(s,a,h) and m(s,a,s',h), 0 elsewhere."""
+        """One user's episode into the counters: r to l(s,a,h), 1 to n(s,a,h) and m(s,a,s',h), 0 elsewhere;
+        released at once, or at the end of its block (``block_growth``)."""
         if self.layout.pooled:
-            self.stats.step(*self.layout.increments(states, actions, rewards))
-            return
-        S, A, k = self.S, self.A, self.hsa
-        sa = [b + s * A + a for b, s, a in zip(self._feed_offsets, states, actions)]    # (h*S + s)*A + a
-        idx = sa + [k + i for i in sa] + [2 * k + i * S + s2 for i, s2 in zip(sa, states[1:])]
-        ones = self._feed_ones if len(sa) == self.H else [1.0] * (2 * len(sa))
-        self.stats.step(idx, list(rewards) + ones)
+            idx, vals = self.layout.increments(states, actions, rewards)
+        else:
+            S, A, k = self.S, self.A, self.hsa
+            sa = [b + s * A + a for b, s, a in zip(self._feed_offsets, states, actions)]    # (h*S + s)*A + a
+            idx = sa + [k + i for i in sa] + [2 * k + i * S + s2 for i, s2 in zip(sa, states[1:])]
+            ones = self._feed_ones if len(sa) == self.H else [1.0] * (2 * len(sa))
+            vals = list(rewards) + ones
+        d = self.__dict__                   # plain attributes: torch.nn.Module.__setattr__ is slow per episode
+        d["_fed"] = self._fed + 1
+        ends = self.release_ends
+        if ends is None:
+            self.stats.step(idx, vals)
+        else:
+            self.stats.add(idx, vals)
+            if self._fed < ends[self._next_release]:
+                return
+            self.stats.close_step()
+            d["_next_release"] = self._next_release + 1
+        d["_releases"] = self._releases + 1
+
+    def _steps_in(self, t0: int, t1: int) -> int:
+        """Counter time steps released by episodes t0 + 1 .. t1."""
+        if self.release_ends is None:
+            return t1 - t0
+        return bisect.bisect_right(self.release_ends, t1) - bisect.bisect_right(self.release_ends, t0)
+
+    def _current_plan(self):
+        """``_plan()`` of the current release, computed once per release (a block re-uses its plan)."""
+        cache = self._plan_cache
+        if cache is not None and cache[0] == self._releases:
+            return cache[1]
+        q = self._plan()
+        self.__dict__["_plan_cache"] = (self._releases, q)
+        return q
 
     # ---- planning ------------------------------------------------------------------------
     def _plan(self):
@@ -161,7 +203,7 @@ class TabularUCB(torch.nn.Module, Learner):
 
     def greedy_policy(self, jitter=None):
         """``pi[h, s] = argmax_a Q(s, a, h)``, ties broken by ``jitter`` (tiny uniform noise) if given."""
-        q = self._plan()
+        q = self._current_plan()
         if jitter is not None:
             q = q + jitter
         return q.argmax(-1)
@@ -171,7 +213,7 @@ class TabularUCB(torch.nn.Module, Learner):
         buf = self._jit_buf
         if buf is None or buf.shape != jitter.shape:
             buf = self._jit_buf = np.empty_like(jitter)
-        np.add(self._plan(), jitter, out=buf)
+        np.add(self._current_plan(), jitter, out=buf)
         return buf.argmax(axis=-1, out=out)
 
     def _jitter(self, n: int):
@@ -190,7 +232,7 @@ class TabularUCB(torch.nn.Module, Learner):
         K = min(self.K, self.T - self.episodes_done)
         if self.sampler is not None:
             self.sampler.take(K)            # one fresh user per episode (one-pass enforced)
-        self.stats.reserve(K)
+        self.stats.reserve(self._steps_in(self.episodes_done, self.episodes_done + K))
         model = isinstance(self.mdp, TabularMDP)
         # the round's uniforms, made lists episode by episode: no long-lived nested lists for the GC to scan
         U = self.mdp.uniforms(K, self.sim_gen).numpy() if model else None
@@ -262,6 +304,10 @@ class TabularUCB(torch.nn.Module, Learner):
 
     def set_extra_state(self, state: dict) -> None:
         self.episodes_done = int(state["episodes_done"])
+        self._fed = self.episodes_done                  # checkpoints are taken between rounds
+        self._next_release = 0 if self.release_ends is None else bisect.bisect_right(self.release_ends,
+                                                                                      self.episodes_done)
+        self._plan_cache = None
         self.sim_gen.set_state(state["sim_gen"])
         self.tie_gen.set_state(state["tie_gen"])
         self.eval_gen.set_state(state["eval_gen"])
@@ -290,8 +336,7 @@ class UBEV(TabularUCB):
             raise ConfigError("ubev is not private; use algo=pucb for eps-JDP, or set eps=null")
         super().__init__(env, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
-                         failure_prob=failure_prob, reward_bound=reward_bound, counter_eps=None,
-                         max_memory_gb=max_memory_gb)
+                         failure_prob=failure_prob, reward_bound=reward_bound, max_memory_gb=max_memory_gb)
         self._planner = None                  # the CPU planner's work arrays (made at the first plan)
 
     @classmethod
@@ -320,23 +365,22 @@ class UBEV(TabularUCB):
 class PUCB(TabularUCB):
     """PUCB (Vietri et al. 2020, Alg. 2 with PrivQ, Alg. 3): eps-joint-DP.
 
-    Privacy (replace-one-user adjacency; a user is one episode = one time step of every stream): in
-    each of the three stream sets (l, n, m) a user's episode touches one stream per step h, so
-    replacing the user changes at most ``2H`` streams of a set, each by at most 1 (rewards are clipped
-    to [0, 1]). With every stream an ``eps'``-DP tree counter, a set is ``2H eps'``-DP; we take
-    ``eps' = eps / (6H)`` so each set is ``eps/3``-DP and the three sets ``eps``-DP (basic
-    composition). (The reference counts H touched streams per user, i.e. add/remove adjacency, hence
-    its ``eps/(3H)``.) The policy of every other user is a post-processing of the released counts
-    (billboard lemma), so the learner is eps-JDP.
+    Privacy: the statistics are released by per-step continual counters built in
+    ``dppo.privacy.tabular_counters`` (``build_counter``; the per-stream budget ``eps' = eps / (6H)`` of
+    the Laplace trees, their sensitivity under replace-one adjacency and the ledger record are derived
+    there: replacing one user changes at most ``2H`` streams of each of the three sets by at most 1, so
+    each set is ``eps/3``-DP and the three ``eps``-DP by basic composition; the reference's ``eps/(3H)``
+    counts H touched streams, i.e. add/remove adjacency). The policy of every other user is a
+    post-processing of the released counts (billboard lemma), so the learner is eps-JDP.
 
     Planning (PrivQ) with ``E`` the count error bound and ``beta' = beta / 2``:
     ``conf = (H+1) phi~ + psi~`` if ``n~ >= 2E`` else ``H``,
     ``phi~ = sqrt(2 ln(T/beta') / max(n~ - E, 1))``, ``psi~ = (1 + S H)(3E/n~ + 2E^2/n~^2)``,
     ``Q~ = (l~ + m~^T V~_{h+1}) / n~``, ``Q~+ = min(H, Q~ + conf)``, ``V~_h = max_a Q~+``.
-    ``E`` is the reference's ``E_eps = (3/eps) U ln((2SAH + S^2AH)/beta') ln(T)^{5/2}`` with ``U = 2H``
-    streams changed per user (``count_error_bound=reference``), or the tree mechanism's own Chernoff
-    bound, uniform over all streams and episodes (``count_error_bound=tree``; also valid w.p.
-    1 - beta', usually smaller). ``Q~`` is projected onto ``[0, inf)`` (it estimates a value >= 0), so
+    ``E`` is the reference's ``E_eps`` (``count_error_bound=reference``,
+    ``dppo.privacy.tabular_counters.reference_error_bound``), or the tree mechanism's own Chernoff bound,
+    uniform over all streams and episodes (``count_error_bound=tree``; also valid w.p. 1 - beta',
+    usually smaller). ``Q~`` is projected onto ``[0, inf)`` (it estimates a value >= 0), so
     ``n~ < 2E`` gives ``Q~+ = H`` for any noise. With ``eps=null`` the counts are exact and ``E = 0``.
     """
 
@@ -348,15 +392,12 @@ class PUCB(TabularUCB):
                  counter: str = "laplace_tree"):
         if count_error_bound not in ("reference", "tree"):
             raise ConfigError(f"count_error_bound must be 'reference' or 'tree', got '{count_error_bound}'")
-        eps = privacy.eps if privacy is not None and privacy.private else None
-        probe = make_tabular(env, reward_low=-float(reward_bound), reward_high=float(reward_bound), seed=seed)
-        laplace = resolve_counter(counter) == "laplace_tree"
-        eps_stream = None if eps is None or not laplace else eps / (6 * probe.H)   # eps/3 per set over 2H streams
-        super().__init__(probe, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
+        super().__init__(env, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
-                         failure_prob=failure_prob, reward_bound=reward_bound, counter_eps=eps_stream,
-                         max_memory_gb=max_memory_gb, counter=counter)
-        self.eps, self.eps_stream = eps, eps_stream
+                         failure_prob=failure_prob, reward_bound=reward_bound, max_memory_gb=max_memory_gb,
+                         counter=counter)
+        self.eps = privacy.eps if privacy is not None and privacy.private else None
+        self.eps_stream = getattr(self.stats, "eps_stream", None)
         self.beta_prime = self.failure_prob / 2
         self.count_error_bound_kind = count_error_bound
         self.E = self._error_bound()
@@ -387,14 +428,11 @@ class PUCB(TabularUCB):
     def _error_bound(self) -> float:
         if self.eps is None:
             return 0.0
-        S, A, H, T = self.S, self.A, self.H, self.T
         if not isinstance(self.stats, TreeCounter):      # Gaussian: its exact worst std, union over streams x T
-            return self.stats.uniform_error_bound(self.beta_prime, self.stats.num_streams * T)
+            return self.stats.uniform_error_bound(self.beta_prime, self.stats.num_streams * self.T)
         if self.count_error_bound_kind == "tree":
             return self.stats.error_bound(self.beta_prime, uniform=True)
-        touched = 2 * H       # streams of one set changed by replacing one user
-        return self.stats.snap_error + (3 / self.eps) * touched * math.log((2 * S * A * H + S * S * A * H) / self.beta_prime) \
-            * math.log(T) ** 2.5
+        return reference_error_bound(self.stats, self.layout, self.eps, self.beta_prime)
 
     def count_error_bound(self) -> float:
         return self.E
@@ -413,18 +451,7 @@ class PUCB(TabularUCB):
         return {**super().summary(), "gate_open_fraction": self.gate_open_fraction()}
 
     def on_first_round(self) -> None:
-        if self.eps is None:
-            return
-        if not isinstance(self.stats, TreeCounter):
-            record_counter_releases(self.privacy, self.stats, self.layout, self.T)
-            return
-        streams = {"rewards": self.hsa, "visits": self.hsa, "transitions": self.hsa * self.S}
-        for name, n in streams.items():
-            self.privacy.release("tree_counter", round=0, users=self.T, eps=self.eps / 3, delta=0.0,
-                                 counter_set=name, streams=n, eps_per_stream=self.eps_stream,
-                                 streams_changed_per_user=2 * self.H, noise_scale=self.stats.scale,
-                                 levels=self.stats.levels, capacity=self.T, scale=self.stats.scale,
-                                 sensitivity=self.stats.levels * self.stats.sensitivity, adjacency="replace_one")
+        record_counter_releases(self.privacy, self.stats, self.layout, self.T)
 
     def _plan(self):
         xp = self._xp()

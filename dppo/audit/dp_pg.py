@@ -35,8 +35,8 @@ def build_round(eps: float, delta: float, noise, *, users: int = 4, max_grad_nor
     env = GymEnvFactory("CartPole-v1", horizon=50)
     policy = MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(8,))
     privacy = trial_context(eps, delta, noise)
-    learner = PolicyGradient(policy, env, privacy, OnePassUserSampler(users, seed=seed), seed=seed,
-                             max_grad_norm=max_grad_norm, optimizer="sgd", group_size=group_size,
+    learner = PolicyGradient(policy, env, privacy, OnePassUserSampler(users, seed=seed), seed=seed, rounds=1,
+                             reward_bound=1.0, max_grad_norm=max_grad_norm, optimizer="sgd", group_size=group_size,
                              advantage="to_go")
     batch = learner.collect(list(range(users)), 0)
     A, _ = learner.step_advantages(batch)

@@ -1,9 +1,9 @@
-"""Audit of DP-GFA's exponential mechanism (Algorithm 2, ``GFAOutcomeLearner._select``).
+"""Audit of DP-GFA's exponential mechanism (Algorithm 2, ``GFAOutcomeLearner.select``).
 
 The learner is built as the project runs it (ContextBits ``easy``, the default class and
 ``sensitivity=class``, composition ``advanced`` or ``zcdp``), with K = 2B episodes so that it makes one
 data-dependent release; its first round is played by ``train_round(0)`` (B real users). The audited
-release is the next one: ``_select(1, S)``, the smallest function holding the whole privatization
+release is the next one: ``select(1, S)``, the smallest function holding the whole privatization
 (ledger entry with eps_0, beta = eps_0 / (2 Delta_S), Gumbel-max sampling), called once per trial on
 the score S the learner computes from its statistics.
 Neighbours: the statistics plus one canary user (trajectory tau_1, outcome reward r_1) in D,
@@ -31,7 +31,7 @@ import torch
 from dppo.audit.result import MechanismAudit, conclude, same_claim
 from dppo.privacy.noise import NoiseSource
 
-ENTRY = "dppo.algos.gfa.GFAOutcomeLearner._select (exponential mechanism, Gumbel-max)"
+ENTRY = "dppo.algos.gfa.GFAOutcomeLearner.select (exponential mechanism, Gumbel-max)"
 CHUNK = 2000
 DESIGN = {"null": (16, 0.0), "alt": (31, 0.0), "others": [(669, 1.0, 10), (653, 1.0, 10), (311, 0.0, 10)]}
 
@@ -120,14 +120,14 @@ def audit_gfa(eps: float, delta: float = 1e-5, trials: int = 100_000, *, composi
     """``trials`` releases (half on D, half on D'); ``beta_factor`` != 1 only in the audit's broken-variant tests."""
     started = time.perf_counter()
     learner, s_null, s_alt, u = build_gfa(eps, delta, composition=composition, seed=seed)
-    learner.beta *= beta_factor
+    learner.schedule.beta *= beta_factor  # a broken variant (tests only)
     noise = NoiseSource(seed + 1)
     null, alt, claims = [], [], []
     for start in range(0, trials, CHUNK):
         learner.privacy = _context(eps, delta, composition, noise)
         for _ in range(min(CHUNK, trials - start) // 2):
-            null.append(u[learner._select(1, s_null)[0]])
-            alt.append(u[learner._select(1, s_alt)[0]])
+            null.append(u[learner.select(1, s_null)[0]])
+            alt.append(u[learner.select(1, s_alt)[0]])
         entry = learner.privacy.ledger.entries[-1]
         claims.append((float(entry["eps"]), float(entry["delta"])))
     return conclude(f"gfa_exponential ({composition})", ENTRY, same_claim(claims), np.array(null), np.array(alt),

@@ -1,4 +1,4 @@
-"""Audit of DP-GFA Algorithm 1's exponential mechanism (``GFALearner._select`` on the Bellman-error score).
+"""Audit of DP-GFA Algorithm 1's exponential mechanism (``GFALearner.select`` on the Bellman-error score).
 
 The learner is built as the project runs it (RiverSwim, H = 20, the default epsilon-net class
 |F| = 11^3, composition ``advanced``), with K = 2B so that it makes one data-dependent release,
@@ -21,7 +21,7 @@ from dppo.audit.gfa import CHUNK, _context
 from dppo.audit.result import MechanismAudit, conclude, same_claim
 from dppo.privacy.noise import NoiseSource
 
-ENTRY = "dppo.algos.gfa.GFALearner._select (exponential mechanism on the Bellman-error score)"
+ENTRY = "dppo.algos.gfa.GFALearner.select (exponential mechanism on the Bellman-error score)"
 
 
 def _episodes(H: int, S: int, A: int, n: int, gen: torch.Generator):
@@ -65,14 +65,14 @@ def audit_gfa_tabular(eps: float, delta: float = 1e-5, trials: int = 100_000, *,
     """``trials`` releases (half on D, half on D'); ``beta_factor`` != 1 only in the audit's tests."""
     started = time.perf_counter()
     learner, s_null, s_alt, u = build_gfa_tabular(eps, delta, seed=seed)
-    learner.beta *= beta_factor
+    learner.schedule.beta *= beta_factor  # a broken variant (tests only)
     noise = NoiseSource(seed + 1)
     null, alt, claims = [], [], []
     for start in range(0, trials, CHUNK):
         learner.privacy = _context(eps, delta, "advanced", noise)
         for _ in range(min(CHUNK, trials - start) // 2):
-            null.append(u[learner._select(1, s_null)[0]])
-            alt.append(u[learner._select(1, s_alt)[0]])
+            null.append(u[learner.select(1, s_null)[0]])
+            alt.append(u[learner.select(1, s_alt)[0]])
         entry = learner.privacy.ledger.entries[-1]
         claims.append((float(entry["eps"]), float(entry["delta"])))
     return conclude("gfa_tabular_exponential", ENTRY, same_claim(claims), np.array(null), np.array(alt), started)

@@ -1,5 +1,5 @@
 """Audit of the DP-REBEL and DP-NPG rounds: their private least-squares oracle, built from the algorithm's
-own config (``conf/algo/<algo>.yaml``: ``oracle`` and ``oracle_kwargs``) and called as the learner calls
+default private oracle (``default_oracle``, with the oracle class's defaults: the family's settings) and called as the learner calls
 it, ``oracle.solve([(x_i, y_i) per user], privacy=..., round=...)``.
 
 Everything private in such a round happens inside that call (the rows x_i, y_i of a user depend on
@@ -12,11 +12,10 @@ or -y_bound (D'). Two oracle setups are driven:
   affine in its noise, so ``StackedNoise`` gives ``chunk`` independent releases per call; the test
   is the projection of the released w on e1.
 - ``ssp`` with a public Gram matrix (DP-NPG: the Fisher at public states; only b~ is released): the
-  canary's moment +-e1 is clipped to +-b_clip e1, the replace-one worst case 2 b_clip. Each private
-  solve draws a stacked noise, ``chunk`` releases per call (``public_gram`` = I, standing in for the
-  Fisher matrix at public states); b~ is read where it enters ``psd_ridge_solve`` and projected on e1. As in ``oracles``, the deterministic
-  ``prepare`` (and ``solve``'s scaling of the public Gram, done by one warm-up ``solve``) run once
-  and each trial runs ``_solve_private``, the part that calibrates, records and draws the noise.
+  canary's moment +-e1 is clipped to +-b_clip e1, the replace-one worst case 2 b_clip. The release is
+  ``ssp_release(..., public_gram=True)`` on the oracle's own per-user moments (``prepare(D)``), ``chunk``
+  stacked releases per call; the test is b~ projected on e1 (the solve with the public Gram matrix is
+  post-processing).
 """
 from __future__ import annotations
 
@@ -27,22 +26,22 @@ import numpy as np
 import torch
 
 from dppo.audit.result import MechanismAudit, conclude, same_claim
-from dppo.audit.trials import StackedNoise, tap, trial_context
-from dppo.privacy.noise import NoiseSource
+from dppo.audit.trials import StackedNoise, trial_context
 from dppo.errors import ConfigError
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "algo"
 
 
 def config_oracle(algo: str):
-    """(oracle, its name) built by ``make_oracle`` from ``conf/algo/<algo>.yaml``."""
+    """(oracle, its name): the private oracle ``conf/algo/<algo>.yaml``'s learner runs by default (its
+    ``default_oracle``, with the oracle class's defaults)."""
+    from hydra.utils import get_class
     from omegaconf import OmegaConf
 
     from dppo.oracles import make_oracle
 
-    cfg = OmegaConf.load(CONF / f"{algo}.yaml")
-    kwargs = OmegaConf.to_container(cfg.get("oracle_kwargs") or {})
-    return make_oracle(cfg.oracle, **kwargs), cfg.oracle
+    name = get_class(OmegaConf.load(CONF / f"{algo}.yaml")._target_).default_oracle(True, 8)
+    return make_oracle(name), name
 
 
 def audit_oracle_round(eps: float, delta: float = 1e-5, trials: int = 1_000_000, *, algo: str = "dp_rebel",
@@ -78,18 +77,17 @@ def audit_oracle_round(eps: float, delta: float = 1e-5, trials: int = 1_000_000,
 
 
 def _ssp_public_gram(oracle, algo, d_null, d_alt, eps, delta, trials, seed, started, chunk=20_000) -> MechanismAudit:
-    gram = torch.eye(d_null[0][0].shape[1], dtype=torch.float64)
+    from dppo.privacy.mechanisms import ssp_release
+
     chunk = max(1, min(chunk, trials // 2))
-    seen, null, alt = [], [], []
-    oracle.solve(d_null, privacy=trial_context(eps, delta, NoiseSource(seed + 1)), public_gram=gram)  # sets it
-    data_null, data_alt = oracle.prepare(d_null), oracle.prepare(d_alt)
+    moments = [oracle.prepare(d).per_user_moments() for d in (d_null, d_alt)]
     privacy = trial_context(eps, delta, StackedNoise(chunk, seed))
-    with tap("dppo.oracles.ssp", "psd_ridge_solve", lambda args, out: seen.append(args[1][..., 0].numpy())):
-        for r in range(max(1, trials // (2 * chunk))):
-            oracle._solve_private(data_null, privacy, 2 * r, eps, delta)
-            null.append(seen.pop())
-            oracle._solve_private(data_alt, privacy, 2 * r + 1, eps, delta)
-            alt.append(seen.pop())
-    return conclude(f"{algo}_round", f"conf/algo/{algo}.yaml -> make_oracle('ssp')._solve_private(prepare(D)) with "
-                    "public_gram (b~ read at psd_ridge_solve)", same_claim([privacy.spent()]),
-                    np.concatenate(null), np.concatenate(alt), started)
+    null, alt = [], []
+    for r in range(max(1, trials // (2 * chunk))):
+        for side, out in ((0, null), (1, alt)):
+            _, b, _ = ssp_release(privacy, None, moments[side], round=2 * r + side, eps=eps, delta=delta,
+                                  gram_share=oracle.gram_share, b_clip=oracle.b_clip, public_gram=True)
+            out.append(b[..., 0].numpy())
+    return conclude(f"{algo}_round", f"conf/algo/{algo}.yaml -> ssp_release(prepare(D).per_user_moments(), "
+                    "public_gram=True) (b~)", same_claim([privacy.spent()]), np.concatenate(null),
+                    np.concatenate(alt), started)

@@ -1,9 +1,5 @@
-"""Running a mechanism many times cheaply: stacked noise draws, per-trial contexts, white-box taps."""
+"""Running a mechanism many times cheaply: stacked noise draws and per-trial privacy contexts."""
 from __future__ import annotations
-
-import contextlib
-import importlib
-from typing import Callable
 
 import torch
 
@@ -40,25 +36,3 @@ def trial_context(eps: float, delta: float, noise: NoiseSource) -> PrivacyContex
     Giving each trial its own ``round`` makes ``spent()`` the eps of one release: the claim audited.
     """
     return PrivacyContext(eps, delta, noise=noise)
-
-
-@contextlib.contextmanager
-def tap(module: str, name: str, record: Callable[..., None]):
-    """Temporarily wrap ``module.name`` so every call is passed to ``record(args, result)`` first.
-
-    The wrapped function still runs and its result is returned unchanged: the mechanism's behaviour
-    is untouched, the audit only reads intermediate releases (white-box).
-    """
-    mod = importlib.import_module(module)
-    original = getattr(mod, name)
-
-    def wrapper(*args, **kwargs):
-        out = original(*args, **kwargs)
-        record(args, out)
-        return out
-
-    setattr(mod, name, wrapper)
-    try:
-        yield
-    finally:
-        setattr(mod, name, original)

@@ -24,17 +24,46 @@ class OnePassUserSampler:
         self.seed = int(seed)
         self.used: set[int] = set()
         self.burned: set[int] = set()   # users a crashed attempt took (subset of used): skipped for ever
+        self.excluded: set[int] = set()  # users another run's training consumed (policy.init_from): never taken
         self.journal = None             # set by the trainer: takes are journalled before they return
         self.next_index = 0
         self._order = None if population_size is None else np.random.default_rng(seed).permutation(population_size)
 
-    def check_capacity(self, rounds: int) -> None:
-        """Raise before training if the population cannot give ``rounds`` rounds of fresh users."""
-        need = rounds * self.users_per_round
-        if self.population_size is not None and need > self.population_size:
-            raise ConfigError(f"one-pass training needs {need} users ({rounds} rounds x {self.users_per_round}) "
-                              f"but the population has {self.population_size}; lower rounds/users_per_round "
-                              f"or set privacy.multi_pass=true")
+    def check_capacity(self, rounds: int, limit: int | None = None, what: str = "the population") -> None:
+        """Raise before training if the population cannot give ``rounds`` more rounds of fresh users.
+
+        ``limit``: ids at or above it are outside the population (an env's finite population of size
+        ``limit`` that this stream of ids indexes); the sampler's own ``population_size`` applies too.
+        """
+        self.check_need(int(rounds) * self.users_per_round, limit, what,
+                        f" ({rounds} rounds x {self.users_per_round})")
+
+    def check_need(self, need: int, limit: int | None = None, what: str = "the population", detail: str = "") -> None:
+        """Raise (one line) if fewer than ``need`` fresh users are left (see ``check_capacity``)."""
+        left = self.fresh_remaining(limit)
+        if left is not None and need > left:
+            size = min(x for x in (limit, self.population_size) if x is not None)
+            gone = size - left
+            taken = f", {gone} of them already used or excluded" if gone else ""
+            raise ConfigError(f"one-pass training needs {need} more users{detail} but {what} has {size}{taken}; "
+                              f"lower rounds/users_per_round (or episodes), or use a larger population")
+
+    def fresh_remaining(self, limit: int | None = None) -> int | None:
+        """How many ids this sampler can still hand out (None: an unbounded stream)."""
+        pop = self.population_size
+        if pop is None and limit is None:
+            return None
+        if pop is None:        # a stream of ids 0, 1, ... capped at ``limit``
+            start = min(self.next_index, int(limit))
+            taken = sum(1 for u in self.used | self.excluded if start <= u < limit)
+            return int(limit) - start - taken
+        order = self._order[self.next_index:]
+        if limit is not None:
+            order = order[order < int(limit)]
+        bad = self.used | self.excluded
+        if bad:
+            order = order[~np.isin(order, np.fromiter(bad, dtype=np.int64, count=len(bad)))]
+        return int(order.size)
 
     def next_round(self) -> list[int]:
         """Fresh user ids for the next round."""
@@ -53,7 +82,7 @@ class OnePassUserSampler:
                                    f"{len(self.used)} users; one-pass training cannot continue")
             u = int(order[i]) if order is not None else i
             i += 1
-            if u not in used:
+            if u not in used and u not in self.excluded:
                 ids.append(u)
         self.claim(ids)
         self.next_index = i
@@ -65,10 +94,14 @@ class OnePassUserSampler:
         self.used.update(ids)
         self.burned.update(ids)
 
+    def exclude(self, ids) -> None:
+        """Never hand out these users: another run's training consumed them (``policy.init_from``)."""
+        self.excluded.update(int(i) for i in ids)
+
     def claim(self, ids) -> None:
         """Mark users as used; a user seen before is a privacy error in one-pass mode."""
         ids = [int(i) for i in ids]
-        reused = [i for i in ids if i in self.used] + _dupes(ids)
+        reused = [i for i in ids if i in self.used or i in self.excluded] + _dupes(ids)
         if reused:
             raise PrivacyError(f"user {reused[0]} was already used: one-pass training must not reuse a user "
                                f"(set privacy.multi_pass=true with an RDP/PRV accountant to allow it)")
@@ -77,12 +110,14 @@ class OnePassUserSampler:
         self.used.update(ids)
 
     def state_dict(self) -> dict:
-        return {"used": sorted(self.used), "next_index": self.next_index, "burned": sorted(self.burned)}
+        return {"used": sorted(self.used), "next_index": self.next_index, "burned": sorted(self.burned),
+                "excluded": sorted(self.excluded)}
 
     def load_state_dict(self, state: dict) -> None:
         self.used = set(int(i) for i in state["used"])
         self.next_index = int(state["next_index"])
         self.burned = set(int(i) for i in state.get("burned", ()))
+        self.excluded |= set(int(i) for i in state.get("excluded", ()))
 
 
 class PoissonUserSampler:
@@ -108,8 +143,11 @@ class PoissonUserSampler:
         self.burned: set[int] = set()   # multi-pass reuses users by design: lost rounds are charged instead
         self.journal = None
 
-    def check_capacity(self, rounds: int) -> None:
-        return None
+    def check_capacity(self, rounds: int, limit: int | None = None, what: str = "the population") -> None:
+        """Multi-pass reuses users; only the population must lie inside ``limit`` (an env's population)."""
+        if limit is not None and self.population_size > limit:
+            raise ConfigError(f"privacy.population_size={self.population_size} is larger than {what} ({limit}); "
+                              f"lower privacy.population_size")
 
     def next_round(self) -> list[int]:
         if self.noise is not None:

@@ -5,6 +5,7 @@ import gymnasium as gym
 
 import dppo.envs.acrobot_vector  # noqa: F401 - registers Acrobot-v1's native vectorized implementation
 
+from dppo.envs.rollout import VECTORIZATION
 from dppo.errors import ConfigError
 
 
@@ -15,15 +16,13 @@ class GymEnvFactory:
         id: gymnasium env id (e.g. ``CartPole-v1``).
         horizon: maximum episode length; ``None`` uses the env's own ``max_episode_steps``.
         kwargs: extra keyword arguments for ``gym.make``.
-        vectorization: how batches of episodes run (``dppo.algos.rollout``): ``auto`` (the env's native
+        vectorization: how batches of episodes run (``dppo.envs.rollout``): ``auto`` (the env's native
             vectorized implementation if it has one, e.g. CartPole, else ``sync``), ``native``, ``sync``,
             ``async`` (gymnasium's vector envs) or ``none`` (a list of single envs).
     """
 
-    def __init__(self, id: str = "CartPole-v1", horizon: int | None = None, kwargs: dict | None = None,
+    def __init__(self, id: str, horizon: int | None = None, kwargs: dict | None = None,
                  vectorization: str = "auto"):
-        from dppo.algos.rollout import VECTORIZATION
-
         if vectorization not in VECTORIZATION:
             raise ConfigError(f"env.vectorization must be one of {VECTORIZATION}, got '{vectorization}'")
         self.vectorization = vectorization

@@ -2,7 +2,8 @@
 
 Conventions (stable API, also used by the GFA learner):
 
-* ``P[s, a, s']`` (float64, rows sum to 1) and ``R[s, a]`` (mean reward in [0, 1]) are stationary;
+* ``P[s, a, s']`` (float64, rows sum to 1) and ``R[s, a]`` (mean reward in [0, 1]) are stationary, or
+  given per step as ``P[h, s, a, s']`` and ``R[h, s, a]`` (a time-inhomogeneous MDP, ``stationary`` False);
   steps are indexed ``h = 0 .. H-1`` and every episode has exactly ``H`` steps.
 * Rewards are Bernoulli(``R[s, a]``) unless ``reward_table[s, a, s']`` is given, in which case the
   reward of a transition is that deterministic value (gymnasium toy-text models).
@@ -30,8 +31,9 @@ class TabularMDP:
     """A finite-horizon tabular MDP M = (S, A, R, P, p0, H) [UBEV/PUCB notation, REFERENCE.md section 2].
 
     Attributes:
-        P: transition tensor [S, A, S] (float64), ``P[s, a]`` a distribution over next states.
-        R: mean rewards [S, A] in [0, 1] (float64).
+        P: transition tensor [S, A, S] (float64), ``P[s, a]`` a distribution over next states; or
+            [H, S, A, S], one per step h (dynamics that differ across h).
+        R: mean rewards [S, A] in [0, 1] (float64); [H, S, A] with a per-step P.
         H: horizon (steps per episode).
         p0: initial-state distribution [S] (float64).
         reward_table: optional [S, A, S] deterministic reward of each transition (overrides Bernoulli).
@@ -54,15 +56,20 @@ class TabularMDP:
         self.R = torch.as_tensor(self.R, dtype=torch.float64)
         self.p0 = torch.as_tensor(self.p0, dtype=torch.float64)
         self.H = int(self.H)
-        if self.P.dim() != 3 or self.P.shape[0] != self.P.shape[2]:
-            raise ConfigError(f"P must have shape [S, A, S], got {tuple(self.P.shape)}")
-        S, A = self.P.shape[:2]
-        if self.R.shape != (S, A) or self.p0.shape != (S,):
-            raise ConfigError(f"R must be [S, A] = [{S}, {A}] and p0 [S]; got {tuple(self.R.shape)}, "
-                              f"{tuple(self.p0.shape)}")
         if self.H < 1:
             raise ConfigError(f"horizon H must be >= 1, got {self.H}")
-        if (self.P < 0).any() or not torch.allclose(self.P.sum(-1), torch.ones(S, A, dtype=torch.float64)):
+        per_step = self.P.dim() == 4
+        if self.P.dim() not in (3, 4) or self.P.shape[-3] != self.P.shape[-1] or \
+                (per_step and self.P.shape[0] != self.H):
+            raise ConfigError(f"P must have shape [S, A, S] or [H, S, A, S] (H = {self.H}), got {tuple(self.P.shape)}")
+        S, A = self.P.shape[-3:-1]
+        r_shape = (self.H, S, A) if per_step else (S, A)
+        if self.R.shape != r_shape or self.p0.shape != (S,):
+            raise ConfigError(f"R must be {list(r_shape)} and p0 [S]; got {tuple(self.R.shape)}, "
+                              f"{tuple(self.p0.shape)}")
+        if per_step and self.reward_table is not None:
+            raise ConfigError("a reward_table needs stationary dynamics P [S, A, S]")
+        if (self.P < 0).any() or not torch.allclose(self.P.sum(-1), torch.ones(self.P.shape[:-1], dtype=torch.float64)):
             raise ConfigError("every P[s, a] must be a probability distribution")
         if (self.p0 < 0).any() or abs(float(self.p0.sum()) - 1) > 1e-9:
             raise ConfigError("p0 must be a probability distribution")
@@ -82,19 +89,31 @@ class TabularMDP:
 
     @property
     def S(self) -> int:
-        return int(self.P.shape[0])
+        return int(self.P.shape[-3])
 
     @property
     def A(self) -> int:
-        return int(self.P.shape[1])
+        return int(self.P.shape[-2])
+
+    @property
+    def stationary(self) -> bool:
+        """True when P and R are the same at every step h."""
+        return self.P.dim() == 3
+
+    def step_model(self, h: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(P_h [S, A, S], R_h [S, A])``, the dynamics and mean rewards of step h."""
+        return (self.P, self.R) if self.stationary else (self.P[h], self.R[h])
 
     def _build_tables(self) -> None:
         """Cumulative tables (torch for batched sampling, Python lists for the per-episode fast path)."""
-        self._cdf = _safe_cdf(self.P)                       # [S, A, S]
+        self._cdf = _safe_cdf(self.P)                       # [S, A, S] (or [H, S, A, S])
         self._p0_cdf = _safe_cdf(self.p0)                  # [S]
-        self._cdf_rows = self._cdf.reshape(self.S * self.A, self.S).tolist()
+        SA = self.S * self.A
+        rows = self._cdf.reshape(-1, SA, self.S).tolist()
+        self._cdf_rows_h = rows * self.H if self.stationary else rows     # per step h (the same list if stationary)
         self._p0_list = self._p0_cdf.tolist()
         self._r_list = self.R.reshape(-1).tolist()
+        self._r_list_h = [self._r_list] * self.H if self.stationary else self.R.reshape(self.H, SA).tolist()
         self._rt_list = None if self.reward_table is None else self.reward_table.reshape(
             self.S * self.A, self.S).tolist()
 
@@ -114,30 +133,20 @@ class TabularMDP:
             (states, actions, rewards): ``states`` has H+1 entries (the last is the state after step
             H-1), ``actions`` and ``rewards`` H entries.
         """
-        A, cdf, rew, table = self.A, self._cdf_rows, self._r_list, self._rt_list
+        A, cdf_h, rew_h, table = self.A, self._cdf_rows_h, self._r_list_h, self._rt_list
         s = bisect.bisect_right(self._p0_list, u[0][0])
         states, actions, rewards = [], [], []
         for h in range(self.H):
             a = policy[h][s]
             row = s * A + a
-            s2 = bisect.bisect_right(cdf[row], u[h][1])
-            r = table[row][s2] if table is not None else (1.0 if u[h][2] < rew[row] else 0.0)
+            s2 = bisect.bisect_right(cdf_h[h][row], u[h][1])
+            r = table[row][s2] if table is not None else (1.0 if u[h][2] < rew_h[h][row] else 0.0)
             states.append(s)
             actions.append(a)
             rewards.append(r)
             s = s2
         states.append(s)
         return states, actions, rewards
-
-    def sample_episode(self, policy: torch.Tensor, generator: torch.Generator):
-        """One episode of a deterministic policy ``pi[h, s]`` (or stationary ``pi[s]``).
-
-        Returns:
-            (states [H+1], actions [H], rewards [H]) tensors (long, long, float64).
-        """
-        pi = self._as_deterministic(policy).tolist()
-        st, ac, rw = self.episode_from_uniforms(pi, self.uniforms(1, generator)[0].tolist())
-        return torch.tensor(st), torch.tensor(ac), torch.tensor(rw, dtype=torch.float64)
 
     def sample_episodes(self, policy: torch.Tensor, n: int, generator: torch.Generator):
         """``n`` episodes at once, vectorized over episodes (same uniforms -> same draws as the fast path).
@@ -167,11 +176,12 @@ class TabularMDP:
                 a = torch.searchsorted(pol_cdf[h, s], ua[:, h:h + 1], right=True).squeeze(1)
             else:
                 a = pi[h, s]
-            s2 = torch.searchsorted(self._cdf[s, a], u[:, h, 1:2].contiguous(), right=True).squeeze(1)
+            cdf = self._cdf if self.stationary else self._cdf[h]
+            s2 = torch.searchsorted(cdf[s, a], u[:, h, 1:2].contiguous(), right=True).squeeze(1)
             if self.reward_table is not None:
                 r = self.reward_table[s, a, s2]
             else:
-                r = (u[:, h, 2] < self.R[s, a]).to(torch.float64)
+                r = (u[:, h, 2] < self.step_model(h)[1][s, a]).to(torch.float64)
             actions[:, h], rewards[:, h], states[:, h + 1] = a, r, s2
             s = s2
         return states, actions, rewards
@@ -188,7 +198,7 @@ class TabularMDP:
     def value_iteration(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Optimal finite-horizon values by backward induction.
 
-        ``Q*_h(s, a) = R(s, a) + sum_s' P(s'|s, a) V*_{h+1}(s')``, ``V*_h = max_a Q*_h``, ``V*_H = 0``.
+        ``Q*_h(s, a) = R_h(s, a) + sum_s' P_h(s'|s, a) V*_{h+1}(s')``, ``V*_h = max_a Q*_h``, ``V*_H = 0``.
 
         Returns:
             (V [H+1, S], Q [H, S, A], pi [H, S]) with ``pi`` greedy in ``Q`` (lowest index on ties).
@@ -196,7 +206,8 @@ class TabularMDP:
         V = torch.zeros(self.H + 1, self.S, dtype=torch.float64)
         Q = torch.zeros(self.H, self.S, self.A, dtype=torch.float64)
         for h in reversed(range(self.H)):
-            Q[h] = self.R + self.P @ V[h + 1]
+            P, R = self.step_model(h)
+            Q[h] = R + P @ V[h + 1]
             V[h] = Q[h].max(-1).values
         return V, Q, Q.argmax(-1)
 
@@ -207,7 +218,7 @@ class TabularMDP:
     def policy_values(self, policy: torch.Tensor) -> torch.Tensor:
         """V^pi [H+1, S] of a deterministic ``[H, S]``/``[S]`` or stochastic ``[H, S, A]``/``[S, A]`` policy.
 
-        ``V^pi_h(s) = sum_a pi_h(a|s) (R(s, a) + sum_s' P(s'|s, a) V^pi_{h+1}(s'))``.
+        ``V^pi_h(s) = sum_a pi_h(a|s) (R_h(s, a) + sum_s' P_h(s'|s, a) V^pi_{h+1}(s'))``.
         """
         if policy.is_floating_point():
             probs = policy.to(torch.float64)
@@ -217,7 +228,8 @@ class TabularMDP:
             probs = torch.nn.functional.one_hot(pi, self.A).to(torch.float64)
         V = torch.zeros(self.H + 1, self.S, dtype=torch.float64)
         for h in reversed(range(self.H)):
-            V[h] = (probs[h] * (self.R + self.P @ V[h + 1])).sum(-1)
+            P, R = self.step_model(h)
+            V[h] = (probs[h] * (R + P @ V[h + 1])).sum(-1)
         return V
 
     def policy_value(self, policy: torch.Tensor) -> float:
@@ -251,7 +263,8 @@ class TabularMDP:
             V = torch.zeros(pi.shape[0], self.S, dtype=torch.float64)
             for h in reversed(range(self.H)):
                 a = pi[:, h, :]                                   # [k, S]
-                V = self.R[rows, a] + (self.P[rows, a] @ V.unsqueeze(-1)).squeeze(-1)
+                P, R = self.step_model(h)
+                V = R[rows, a] + (P[rows, a] @ V.unsqueeze(-1)).squeeze(-1)
             v0.append(V)
         V0 = torch.cat(v0)[torch.from_numpy(inverse.reshape(-1))]          # V^pi_0 of every policy [K, S]
         return torch.cat([V0[k0:k0 + step] @ self.p0 for k0 in range(0, K, step)])
@@ -293,17 +306,37 @@ def riverswim(horizon: int = 20, n_states: int = 6) -> TabularMDP:
     return TabularMDP(P, R, horizon, p0, name=f"riverswim{S}")
 
 
-def random_mdp(S: int = 10, A: int = 3, H: int = 10, seed: int = 0, alpha: float = 1.0) -> TabularMDP:
+def random_mdp(S: int = 10, A: int = 3, H: int = 10, seed: int = 0, alpha: float = 1.0,
+               drift: float = 0.0) -> TabularMDP:
     """A random MDP: ``P[s, a] ~ Dirichlet(alpha 1_S)``, Bernoulli rewards with means ``U[0, 1]``,
-    uniform initial distribution; the same ``seed`` gives the same MDP."""
+    uniform initial distribution; the same ``seed`` gives the same MDP.
+
+    ``drift > 0`` makes the dynamics differ across steps (a time-inhomogeneous MDP, which breaks the
+    assumption of learners that pool their statistics over h): a second MDP ``(P', R')`` is drawn
+    after the first and step h uses ``P_h = (1 - lam_h) P + lam_h P'`` (likewise R) with
+    ``lam_h = drift h / (H - 1)``, so step 0 is the stationary MDP and, at ``drift = 1``, step H-1 is
+    the second one. ``drift = 0`` gives the stationary MDP of the same seed.
+    """
     if S < 1 or A < 1 or alpha <= 0:
         raise ConfigError(f"random_mdp needs S, A >= 1 and alpha > 0, got S={S}, A={A}, alpha={alpha}")
+    if not 0.0 <= drift <= 1.0:
+        raise ConfigError(f"random_mdp drift must lie in [0, 1], got {drift}")
     rng = np.random.default_rng(int(seed))
     P = torch.from_numpy(rng.dirichlet(np.full(S, float(alpha)), size=(S, A)))
     P = P / P.sum(-1, keepdim=True)
     R = torch.from_numpy(rng.uniform(0.0, 1.0, size=(S, A)))
     p0 = torch.full((S,), 1.0 / S, dtype=torch.float64)
-    return TabularMDP(P, R, H, p0, name=f"random_mdp(S={S},A={A},seed={seed})")
+    name = f"random_mdp(S={S},A={A},seed={seed})"
+    if drift > 0:
+        P1 = torch.from_numpy(rng.dirichlet(np.full(S, float(alpha)), size=(S, A)))
+        P1 = P1 / P1.sum(-1, keepdim=True)
+        R1 = torch.from_numpy(rng.uniform(0.0, 1.0, size=(S, A)))
+        lam = torch.tensor([drift * h / max(H - 1, 1) for h in range(H)], dtype=torch.float64)
+        P = (1 - lam)[:, None, None, None] * P + lam[:, None, None, None] * P1
+        P = P / P.sum(-1, keepdim=True)
+        R = (1 - lam)[:, None, None] * R + lam[:, None, None] * R1
+        name = f"random_mdp(S={S},A={A},seed={seed},drift={drift:g})"
+    return TabularMDP(P, R, H, p0, name=name)
 
 
 def from_gym(env, horizon: int) -> TabularMDP:
@@ -456,7 +489,8 @@ def _discrete_sizes(env) -> tuple[int, int]:
     obs, act = getattr(env, "observation_space", None), getattr(env, "action_space", None)
     if not (isinstance(obs, Discrete) and isinstance(act, Discrete)):
         raise ConfigError(f"{_env_name(env)} needs Discrete observation and action spaces for tabular "
-                          f"learners, got {obs} and {act}")
+                          f"learners, got {obs} and {act}; use a tabular env (env=riverswim, env=random_mdp, "
+                          f"env=random_mdp_drift, or a gymnasium id with Discrete spaces, e.g. env.id=FrozenLake-v1)")
     if int(obs.start) != 0 or int(act.start) != 0:
         raise ConfigError(f"{_env_name(env)}: Discrete spaces must start at 0")
     return int(obs.n), int(act.n)

@@ -16,21 +16,14 @@ ORACLES: dict[str, type[LeastSquaresOracle]] = {cls.name: cls for cls in (ExactO
 
 
 def make_oracle(name: str, **kwargs) -> LeastSquaresOracle:
-    """Build the oracle registered as ``name`` with its keyword arguments.
-
-    Keyword arguments are shared by every oracle (``x_bound``, ``y_bound``, ``ridge``, ...) except
-    those nested under an oracle's name, which apply only to that oracle, so an algo config can
-    carry settings for several oracles and ``oracle=<name>`` picks one.
+    """Build the oracle registered as ``name`` (``conf/oracle/<name>.yaml``) with its keyword arguments
+    (the class's defaults otherwise).
 
     Raises:
         ConfigError: unknown name or an argument the oracle does not take.
     """
     if name not in ORACLES:
         raise ConfigError(f"unknown oracle '{name}'; choose one of {sorted(ORACLES)}")
-    # keys named after an oracle hold that oracle's own settings: {x_bound: 1, dp_gd: {steps: 5}}
-    own = kwargs.get(name) or {}
-    kwargs = {k: v for k, v in kwargs.items() if k not in ORACLES}
-    kwargs.update(own)
     try:
         return ORACLES[name](**kwargs)
     except TypeError as err:

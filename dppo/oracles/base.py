@@ -65,11 +65,7 @@ class UserRegression:
         return out
 
     def per_user_grads(self, w: torch.Tensor) -> torch.Tensor:
-        """(users, d) gradients grad L_i(w) = (2/n_i) X_i^T (X_i w - y_i); (..., users, d) for w (..., d)."""
-        if w.dim() > 1:   # stacked iterates (audit trials); the 1-D path below is the learners', unchanged
-            resid = self.weight * (w @ self.X.T - self.y)                     # (..., rows)
-            out = torch.zeros(*w.shape[:-1], self.users, self.dim, dtype=self.X.dtype)
-            return out.index_add_(-2, self.user, 2.0 * resid[..., None] * self.X)
+        """(users, d) gradients grad L_i(w) = (2/n_i) X_i^T (X_i w - y_i)."""
         resid = self.weight * (self.X @ w - self.y)
         out = torch.zeros(self.users, self.dim, dtype=self.X.dtype)
         out.index_add_(0, self.user, 2.0 * resid[:, None] * self.X)
@@ -87,6 +83,9 @@ class UserRegression:
 class LeastSquaresOracle:
     """Base class: validates and clips per-user data, then ``_solve_private`` or the exact solve.
 
+    Each oracle declares its own defaults of ``x_bound``, ``y_bound`` and ``ridge`` (the settings its family of
+    learners runs with: ssp and exp_mech DP-NPG's, dp_gd DP-REBEL's, exact the twins').
+
     Args:
         x_bound: declared bound on each feature row's l2 norm (rows are clipped to it); None (exact
             oracle only): no clipping.
@@ -101,7 +100,7 @@ class LeastSquaresOracle:
     name = "base"
     private_capable = True
 
-    def __init__(self, *, x_bound: float | None = 1.0, y_bound: float | None = 1.0, ridge: float = 1e-3,
+    def __init__(self, *, x_bound: float | None, y_bound: float | None, ridge: float,
                  rows_bound: int | None = None, cg_iters: int | None = None, seed: int = 0):
         for key, val in (("x_bound", x_bound), ("y_bound", y_bound)):
             if val is None and self.private_capable:
@@ -202,10 +201,19 @@ class LeastSquaresOracle:
 
 
 class ExactOracle(LeastSquaresOracle):
-    """Non-private least squares (NPG / REBEL without privacy); refuses a private context."""
+    """Non-private least squares (NPG / REBEL without privacy: the twins' oracle); refuses a private context.
+
+    Args:
+        x_bound, y_bound: null (the default): the rows are not clipped.
+        ridge: ridge coefficient of F(w).
+        (others: see LeastSquaresOracle)
+    """
 
     name = "exact"
     private_capable = False
+
+    def __init__(self, *, x_bound: float | None = None, y_bound: float | None = None, ridge: float = 0.01, **kwargs):
+        super().__init__(x_bound=x_bound, y_bound=y_bound, ridge=ridge, **kwargs)
 
     def _solve_private(self, data, privacy, round, eps, delta):
         raise ConfigError("oracle 'exact' is not private; with eps set choose oracle=ssp, dp_gd or exp_mech")
@@ -243,10 +251,8 @@ def conjugate_gradient(matvec, b: torch.Tensor, iters: int, tol: float = 1e-10) 
 
 
 def project_ball(w: torch.Tensor, radius: float | None) -> torch.Tensor:
-    """Euclidean projection onto {||w|| <= radius} (identity if radius is None); row-wise for w (..., d)."""
+    """Euclidean projection onto {||w|| <= radius} (identity if radius is None)."""
     if radius is None:
         return w
-    if w.dim() > 1:
-        return w * torch.clamp(radius / w.norm(dim=-1, keepdim=True).clamp_min(1e-300), max=1.0)
     n = w.norm()
     return w if n <= radius else w * (radius / n)

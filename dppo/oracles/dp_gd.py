@@ -1,35 +1,29 @@
 """Noisy projected gradient descent on the least-squares loss, per-user clipping ([PO] Cor. 3)."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 from dppo.errors import ConfigError
 from dppo.oracles.base import LeastSquaresOracle, UserRegression, project_ball
-from dppo.privacy.accountants.opacus import multi_pass_noise_multiplier
-from dppo.privacy.calibration import analytic_gaussian_sigma
-from dppo.privacy.mechanisms import noisy_clipped_sum
+from dppo.privacy.calibration import noisy_gd_sigma
+from dppo.privacy.mechanisms import noisy_gradient_descent
 
 
 class DPGDOracle(LeastSquaresOracle):
     """k full-batch steps w <- Proj_R(w - lr (sum_i clip_C(grad L_i(w)) + N(0, s^2 I) + 2 ridge w) / m).
 
     Sensitivity of one step (replace-one user): the clipped per-user gradients have norm <= C, so
-    replacing user i changes sum_i clip_C(g_i) by at most ||g_i - g_i'|| <= 2C: Delta = 2C.
-    Each step is the Gaussian mechanism with noise std s = z * Delta (noise multiplier z).
-    The k steps are adaptive (step j reads w_{j-1}); their composition is calibrated by
-        composition="gdp" (default, exact): a Gaussian mechanism with Delta / s = 1/z is (1/z)-GDP,
-            k adaptive ones compose to exactly (sqrt(k)/z)-GDP (Dong, Roth & Su 2019, Cor. 3.3),
-            whose (eps, delta) curve is the Gaussian mechanism's (Balle & Wang 2018), so
-            s = analytic_gaussian_sigma(eps, delta, sqrt(k) * Delta);
-        composition="rdp": Opacus' RDP accountant with sample_rate=1 (no subsampling, so the
-            add/remove analysis of a sensitivity-1, noise-z mechanism is the replace-one analysis of
-            our sensitivity-Delta, noise-z*Delta one): z = get_noise_multiplier(eps, delta, 1.0, k).
+    replacing user i changes sum_i clip_C(g_i) by at most ||g_i - g_i'|| <= 2C: Delta = 2C. The k steps are
+    adaptive Gaussian releases (step j reads w_{j-1}), released, calibrated and composed by
+    ``dppo.privacy.mechanisms.noisy_gradient_descent`` (``composition``: ``gdp``, exact, or ``rdp``; see
+    ``dppo.privacy.calibration.noisy_gd_sigma``); the projection and the step are post-processing.
     m (the number of users of the round) is public under replace-one adjacency.
     The ledger gets one entry per round with the composed (eps, delta), k, z and s.
 
+    Defaults: DP-REBEL's (one step from w = 0, no projection, clip 0.1; the rows' bounds 1).
+
     Args:
+        x_bound, y_bound, ridge: the regression's bounds and ridge (see LeastSquaresOracle).
         steps: k, gradient steps per round.
         lr: step size on the per-user-averaged loss (smoothness <= 2 in normalized units).
         clip: C, per-user gradient clip (None: 2 (radius + 1), the bound that makes clipping a no-op).
@@ -40,9 +34,10 @@ class DPGDOracle(LeastSquaresOracle):
 
     name = "dp_gd"
 
-    def __init__(self, *, steps: int = 20, lr: float = 0.5, clip: float | None = None, radius: float | None = 10.0,
-                 composition: str = "gdp", **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, *, x_bound: float = 1.0, y_bound: float = 1.0, ridge: float = 0.0, steps: int = 1,
+                 lr: float = 0.5, clip: float | None = 0.1, radius: float | None = None, composition: str = "gdp",
+                 **kwargs):
+        super().__init__(x_bound=x_bound, y_bound=y_bound, ridge=ridge, **kwargs)
         if steps < 1 or lr <= 0:
             raise ConfigError(f"oracle dp_gd: steps must be >= 1 and lr > 0, got steps={steps}, lr={lr}")
         if composition not in ("gdp", "rdp"):
@@ -56,25 +51,15 @@ class DPGDOracle(LeastSquaresOracle):
 
     def noise_std(self, eps: float, delta: float) -> tuple[float, float]:
         """(s, z): per-step noise std and noise multiplier z = s / Delta meeting (eps, delta) over k steps."""
-        sens = 2.0 * self.clip
-        if self.composition == "gdp":
-            s = analytic_gaussian_sigma(eps, delta, math.sqrt(self.steps) * sens)
-            return s, s / sens
-        z = multi_pass_noise_multiplier(eps, delta, sample_rate=1.0, steps=self.steps, accountant="rdp")
-        return z * sens, z
+        return noisy_gd_sigma(eps, delta, steps=self.steps, clip=self.clip, composition=self.composition)
+
+    def step(self, data: UserRegression, w: torch.Tensor, noisy_sum: torch.Tensor) -> torch.Tensor:
+        """One descent step from a released noisy sum of clipped per-user gradients (post-processing)."""
+        return project_ball(w - self.lr * (noisy_sum + 2.0 * self.ridge * w) / data.users, self.radius)
 
     def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float) -> torch.Tensor:
-        s, z = self.noise_std(eps, delta)
-        self.last_release = privacy.release("dp_gd", round=round, users=data.users, eps=eps, delta=delta,
-                                            steps=self.steps, noise_multiplier=z, sigma=s, clip=self.clip,
-                                            sensitivity=2.0 * self.clip, composition=self.composition, dim=data.dim,
-                                            adjacency="replace_one")
-        return self._descend(data, privacy.noise, s)
-
-    def _descend(self, data: UserRegression, noise, sigma: float) -> torch.Tensor:
-        w = torch.zeros(data.dim, dtype=torch.float64)
-        m = data.users
-        for _ in range(self.steps):
-            total = noisy_clipped_sum(noise, data.per_user_grads(w), self.clip, sigma)  # stacked: (..., d)
-            w = project_ball(w - self.lr * (total + 2.0 * self.ridge * w) / m, self.radius)
+        w, self.last_release = noisy_gradient_descent(
+            privacy, data.per_user_grads, lambda w, total: self.step(data, w, total),
+            torch.zeros(data.dim, dtype=torch.float64), steps=self.steps, clip=self.clip, round=round,
+            users=data.users, eps=eps, delta=delta, composition=self.composition, dim=data.dim)
         return w

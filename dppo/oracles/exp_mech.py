@@ -8,7 +8,6 @@ import torch
 
 from dppo.errors import ConfigError
 from dppo.oracles.base import LeastSquaresOracle, UserRegression
-from dppo.privacy.calibration import exp_mech_beta
 from dppo.privacy.mechanisms import exponential_mechanism
 
 
@@ -19,13 +18,17 @@ class ExpMechOracle(LeastSquaresOracle):
     with R = w_max * x_bound / y_bound): each residual obeys |x . w - y| <= R + 1, so
     L_i(w) = (1/n_i) sum_t (x_t . w - y_t)^2 lies in [0, (R + 1)^2] (n_i >= rows_i). Replacing one
     user changes the score of every w by at most Delta = (R + 1)^2; the ridge term is
-    data-independent. beta = eps / (2 Delta) makes the sampler pure eps-DP (McSherry & Talwar 2007).
+    data-independent. beta = eps / (2 Delta) (``dppo.privacy.mechanisms.exponential_mechanism``) makes the
+    sampler pure eps-DP (McSherry & Talwar 2007).
     Exact sampling by Gumbel-max: argmax_w beta * score(w) + G_w, G_w iid standard Gumbel.
     W is public: a grid (``cover="grid"``, ``grid_points`` per axis, for d <= 4) or ``candidates``
     points drawn uniformly from the ball with the oracle's seed (``cover="random"``), plus w = 0;
     it never depends on the data.
 
+    Defaults: DP-NPG's bounds and ridge (as ssp), a ball of radius 2 covered by 4096 random points.
+
     Args:
+        x_bound, y_bound, ridge: the regression's bounds and ridge (see LeastSquaresOracle).
         w_max: radius of the candidate ball, in the original units of w.
         candidates: size of the random cover.
         cover: "random" or "grid".
@@ -34,10 +37,11 @@ class ExpMechOracle(LeastSquaresOracle):
     """
 
     name = "exp_mech"
+    max_dim = 2048            # a cover of a ball in R^d: useless (and large) beyond this
 
-    def __init__(self, *, w_max: float = 1.0, candidates: int = 4096, cover: str = "random",
-                 grid_points: int = 21, **kwargs):
-        super().__init__(**kwargs)
+    def __init__(self, *, x_bound: float = 0.5, y_bound: float = 3.0, ridge: float = 0.4, w_max: float = 2.0,
+                 candidates: int = 4096, cover: str = "random", grid_points: int = 21, **kwargs):
+        super().__init__(x_bound=x_bound, y_bound=y_bound, ridge=ridge, **kwargs)
         if not w_max > 0 or candidates < 1 or grid_points < 2:
             raise ConfigError("oracle exp_mech: need w_max > 0, candidates >= 1, grid_points >= 2")
         if cover not in ("random", "grid"):
@@ -79,10 +83,8 @@ class ExpMechOracle(LeastSquaresOracle):
 
     def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float) -> torch.Tensor:
         W = self.candidate_set(data.dim)
-        sens = self.sensitivity()
-        beta = exp_mech_beta(eps, sens)
-        idx, self.last_release = exponential_mechanism(privacy, self.score(data, W), beta=beta, round=round,
-                                                       users=data.users, eps=eps, sensitivity=sens,
+        idx, self.last_release = exponential_mechanism(privacy, self.score(data, W), eps=eps,
+                                                       sensitivity=self.sensitivity(), round=round, users=data.users,
                                                        candidates=W.shape[0], dim=data.dim, oracle="exp_mech")
         return W[idx].clone()
 

@@ -18,7 +18,10 @@ PROTOCOL = ("a dppo policy provides sample(obs, greedy, generator) -> (actions, 
 
 
 def check_env(env) -> None:
-    """An env factory for the policy learners: spaces, a horizon and ``make()``."""
+    """An env factory for the policy learners: spaces, a horizon and ``make()`` (a prompts env has no spaces: its
+    protocol is text, checked with the policy by ``check_policy``)."""
+    if getattr(env, "kind", None) == "prompts":
+        return
     missing = [a for a in ("observation_space", "action_space", "horizon") if not hasattr(env, a)]
     if missing or not (callable(getattr(env, "make", None)) or hasattr(env, "reset_seeds")):
         raise ConfigError(f"the env passed in ({type(env).__name__}) is not an env factory: it needs "

@@ -13,6 +13,10 @@ Protocol (batched, left-padded prompts with attention masks, completions of at m
 - ``token_log_probs(prompt_ids, prompt_mask, completion_ids, completion_mask)``: differentiable per-token
   log-probabilities of given completions (zero on padding).
 - ``reference()``: a context in which the adapter is disabled (the initial, public policy; KL penalty).
+- ``generate(prompts)`` / ``predict(prompts)``: completions as text (greedy, or sampled), e.g. on a loaded run
+  (``dppo.load(run_dir).policy.generate(["123+456="])``).
+Prompts are strings, or conversations (lists of ``{"role", "content"}`` messages) rendered with the
+tokenizer's chat template (``render``), as TRL renders conversational datasets.
 """
 from __future__ import annotations
 
@@ -147,18 +151,6 @@ class LMPolicy(nn.Module):
     def num_trainable(self) -> int:
         return sum(p.numel() for _, p in self.trainable())
 
-    def trainable_vector(self) -> torch.Tensor:
-        return torch.cat([p.detach().reshape(-1) for _, p in self.trainable()])
-
-    def add_to_trainable(self, delta: torch.Tensor) -> None:
-        """theta <- theta + delta on the trainable parameters (flattened in ``trainable()`` order)."""
-        offset = 0
-        with torch.no_grad():
-            for _, p in self.trainable():
-                n = p.numel()
-                p.add_(delta[offset:offset + n].view_as(p).to(device=p.device, dtype=p.dtype))
-                offset += n
-
     def adapter_state(self) -> dict:
         return {n: p.detach().cpu().clone() for n, p in self.trainable()}
 
@@ -185,13 +177,28 @@ class LMPolicy(nn.Module):
             yield
 
     # ---- tokens -----------------------------------------------------------------------------------
-    def encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded prompt ids and attention mask (no special tokens added: prompts are used as given)."""
-        enc = self.tokenizer(list(prompts), padding=True, return_tensors="pt", add_special_tokens=False)
+    def render(self, prompts: list) -> list[str]:
+        """Prompt texts: a string as given; a conversation (a list of ``{"role", "content"}`` messages, TRL's
+        conversational format) through the tokenizer's chat template with the generation prompt appended."""
+        out = []
+        for p in prompts:
+            if isinstance(p, str):
+                out.append(p)
+                continue
+            if not getattr(self.tokenizer, "chat_template", None):
+                raise ConfigError(f"a conversational prompt needs a chat template, and the tokenizer in {self.path} "
+                                  f"has none; give plain-text prompts or set tokenizer.chat_template")
+            out.append(self.tokenizer.apply_chat_template(list(p), tokenize=False, add_generation_prompt=True))
+        return out
+
+    def encode(self, prompts: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded prompt ids and attention mask (``render``ed; no special tokens added: the text is used as
+        given, a chat template's own tokens included)."""
+        enc = self.tokenizer(self.render(prompts), padding=True, return_tensors="pt", add_special_tokens=False)
         return enc["input_ids"].to(self.device_), enc["attention_mask"].to(self.device_)
 
-    def prompt_lengths(self, prompts: list[str]) -> list[int]:
-        return [len(x) for x in self.tokenizer(list(prompts), add_special_tokens=False)["input_ids"]]
+    def prompt_lengths(self, prompts: list) -> list[int]:
+        return [len(x) for x in self.tokenizer(self.render(prompts), add_special_tokens=False)["input_ids"]]
 
     def decode(self, ids: torch.Tensor, mask: torch.Tensor) -> list[str]:
         return [self.tokenizer.decode(row[m].tolist(), skip_special_tokens=True) for row, m in zip(ids, mask)]
@@ -284,3 +291,44 @@ class LMPolicy(nn.Module):
 
     def forward(self, *args, **kwargs):
         return self.token_log_probs(*args, **kwargs)
+
+    # ---- inference -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts, *, greedy: bool = True, num_samples: int = 1, max_new_tokens: int | None = None,
+                 seed: int | None = None, generator: torch.Generator | None = None):
+        """Completions (text, without the prompt, cut at EOS) of ``prompts``: a string, a conversation, or a list
+        of them. Greedy by default; ``greedy=False`` samples at the policy's temperature from ``generator``
+        (or a fresh one seeded with ``seed``; neither: torch's global generator), ``num_samples`` each.
+
+        Returns a string per prompt (a list of ``num_samples`` strings when ``num_samples > 1``); a single
+        prompt gives a single result, a list of prompts a list.
+        """
+        single = isinstance(prompts, str) or (isinstance(prompts, (list, tuple)) and len(prompts) > 0
+                                              and isinstance(prompts[0], dict))
+        batch = [prompts] if single else list(prompts)
+        if not batch:
+            return []
+        k = int(num_samples)
+        if k < 1 or (greedy and k > 1):
+            raise ConfigError("generate: num_samples must be >= 1, and > 1 only with greedy=False")
+        cap = self.max_new_tokens
+        if max_new_tokens is not None:
+            if max_new_tokens < 1:
+                raise ConfigError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+            self.max_new_tokens = int(max_new_tokens)
+        try:
+            ids, mask = self.encode(batch)
+            u = None
+            if not greedy:
+                if generator is None and seed is not None:
+                    generator = torch.Generator().manual_seed(int(seed))
+                u = torch.rand(len(batch) * k, self.max_new_tokens, generator=generator, dtype=torch.float64)
+            texts = self.sample(ids, mask, u, group=k).texts
+        finally:
+            self.max_new_tokens = cap
+        out = [texts[i * k:(i + 1) * k] if k > 1 else texts[i] for i in range(len(batch))]
+        return out[0] if single else out
+
+    def predict(self, prompts, deterministic: bool = True, **kwargs):
+        """SB3's name for ``generate``: ``deterministic=True`` decodes greedily, else samples."""
+        return self.generate(prompts, greedy=deterministic, **kwargs)

@@ -1,8 +1,12 @@
-"""Noise calibration: every noise scale in dppo is computed here from (eps, delta, sensitivity)."""
+"""Noise calibration: every noise scale in dppo is computed here from (eps, delta, sensitivity), with the
+sensitivity derivations of the mechanisms that need more than one line (ssp) and the budget splits over
+composed releases (DP-GFA)."""
 from __future__ import annotations
 
+import copy
 import functools
 import math
+from dataclasses import dataclass
 
 from scipy.optimize import brentq
 from scipy.special import log_ndtr
@@ -69,3 +73,132 @@ def exp_mech_beta(eps: float, sensitivity: float) -> float:
     (and eps-bounded-range, hence eps^2/8-zCDP, Cesar & Rogers 2021)."""
     _check(eps, None, sensitivity)
     return eps / (2 * sensitivity)
+
+
+# ---- sufficient-statistics perturbation (the ssp oracle) ---------------------------------------------------
+@dataclass(frozen=True)
+class SSPCalibration:
+    """The noise of one SSP release of (S, b) (``ssp_calibration``): stds, the separate sensitivities, the
+    joint bound, and the joint l2 sensitivity in units of ``sigma_gram`` (so the ledger's
+    ``noise_multiplier = sigma_gram / sensitivity`` is the multiplier of the equivalent single Gaussian)."""
+
+    sigma_gram: float
+    sigma_moment: float
+    sensitivity_gram: float
+    sensitivity_moment: float
+    joint_sensitivity_sq: float
+    sensitivity: float
+
+
+def ssp_calibration(eps: float, delta: float, *, gram_share: float, b_clip: float) -> SSPCalibration:
+    """Stds of S~ = S + E and b~ = b + e whose joint release is exactly (eps, delta)-DP (replace-one user).
+
+    Sensitivity (normalized units ||x|| <= 1, |y| <= 1): user i contributes S_i = (1/n_i) X_i^T X_i
+    (n_i >= rows_i), PSD with trace <= 1, hence ||S_i||_F <= 1, so for a replaced user
+    ||S_i - S_i'||_F^2 = ||S_i||_F^2 + ||S_i'||_F^2 - 2 tr(S_i S_i') <= 2 (tr(AB) >= 0 for PSD A, B):
+    Delta_S = sqrt(2) for the vector (diag S, sqrt(2) upper-offdiag S), whose norm is ||S||_F. The moment
+    b_i = (1/n_i) X_i^T y_i has ||b_i|| <= 1 and is clipped to ``b_clip`` (<= 1), so Delta_b = 2 b_clip.
+    Calibration (exact, Gaussian DP): releasing S + N(0, sigma_S^2), b + N(0, sigma_b^2) is mu-GDP with
+    mu^2 = sup over replaced users of ||dS||^2 / sigma_S^2 + ||db||^2 / sigma_b^2 (one Gaussian mechanism in
+    whitened coordinates; Dong, Roth & Su 2019), and mu-GDP is (eps, delta)-DP iff
+    mu <= 1 / analytic_gaussian_sigma(eps, delta, 1) (Balle & Wang 2018). ``gram_share`` fixes the ratio of
+    the stds: with a = gram_share / Delta_S^2 and c = (1 - gram_share) / Delta_b^2 the separate bounds give
+    mu^2 <= (2a + 4 b_clip^2 c) / t^2 = 1 / t^2 for stds (1/sqrt(a), 1/sqrt(c)) t.
+    Joint bound, ``b_clip = 1``: the sup is jointly tighter, because the two terms peak at different pairs.
+    f = a ||dS||^2 + c ||db||^2 is jointly convex in the two users' (S_i, b_i), which range over the convex
+    hull of single rows (x x^T, y x), ||x|| <= 1, |y| <= 1 (weights 1/n_i sum to <= 1; 0 is a row with
+    x = 0), so the sup is at single-row users; there, with u = x.x',
+    f = a(|x|^4 + |x'|^4 - 2u^2) + c(y^2|x|^2 + y'^2|x'|^2 - 2yy'u), increasing in |x|^2, |x'|^2 and convex
+    in (y, y'): the sup is at unit x, x', y = -y' sign(u):
+    max_{0<=u<=1} 2a(1 - u^2) + 2c(1 + u) = 2a + 2c + c^2/(2a) (at u = c/(2a) <= 1), else 4c.
+    With gram_share = 1/3 (sigma_S = sigma_b) that is the single Gaussian mechanism on (S, b) with
+    Delta = sqrt(4.5), attained (x = e1, y = 1 vs x' = (1/2, sqrt3/2), y' = -1), not sqrt(6).
+    (For b_clip < 1 the clipped b_i leave that hull, and the separate bounds are used.)
+    """
+    if not 0 < b_clip <= 1 or not 0 < gram_share < 1:
+        raise ConfigError(f"ssp: need 0 < b_clip <= 1 and 0 < gram_share < 1, got {b_clip}, {gram_share}")
+    d_s, d_b = math.sqrt(2.0), 2.0 * b_clip
+    a, c = gram_share / d_s ** 2, (1.0 - gram_share) / d_b ** 2
+    if b_clip < 1.0:
+        joint_sq = a * d_s ** 2 + c * d_b ** 2  # = 1: the separate bounds
+    else:
+        joint_sq = 2 * a + 2 * c + c * c / (2 * a) if c <= 2 * a else 4 * c
+    unit = analytic_gaussian_sigma(eps, delta, 1.0)
+    mu = 1.0 / unit
+    t = math.sqrt(joint_sq) / mu
+    sigma_s, sigma_b = t * d_s / math.sqrt(gram_share), t * d_b / math.sqrt(1.0 - gram_share)
+    return SSPCalibration(sigma_s, sigma_b, d_s, d_b, joint_sq, sigma_s / unit)
+
+
+# ---- noisy gradient descent (the dp_gd oracle) -------------------------------------------------------------
+def noisy_gd_sigma(eps: float, delta: float, *, steps: int, clip: float, composition: str = "gdp"
+                   ) -> tuple[float, float]:
+    """(s, z): per-step noise std and noise multiplier z = s / Delta of k = ``steps`` adaptive Gaussian
+    releases of a sum of per-user vectors clipped to C = ``clip`` (replace-one: Delta = 2C) composing to
+    (eps, delta).
+
+    ``gdp`` (exact): a Gaussian mechanism with Delta / s = 1/z is (1/z)-GDP, k adaptive ones compose to
+    exactly (sqrt(k)/z)-GDP (Dong, Roth & Su 2019, Cor. 3.3), whose (eps, delta) curve is the Gaussian
+    mechanism's (Balle & Wang 2018): s = analytic_gaussian_sigma(eps, delta, sqrt(k) Delta).
+    ``rdp``: Opacus' RDP accountant with sample_rate = 1 (no subsampling, so the add/remove analysis of a
+    sensitivity-1, noise-z mechanism is the replace-one analysis of our sensitivity-Delta, noise-z Delta one).
+    """
+    if composition not in ("gdp", "rdp"):
+        raise ConfigError(f"dp_gd: composition must be 'gdp' or 'rdp', got {composition!r}")
+    sens = 2.0 * float(clip)
+    if composition == "gdp":
+        s = analytic_gaussian_sigma(eps, delta, math.sqrt(steps) * sens)
+        return s, s / sens
+    from dppo.privacy.accountants.opacus import multi_pass_noise_multiplier
+
+    z = multi_pass_noise_multiplier(eps, delta, sample_rate=1.0, steps=steps, accountant="rdp")
+    return z * sens, z
+
+
+# ---- budget splits over composed releases (DP-GFA) ---------------------------------------------------------
+def budget_schedule(accountant, eps: float, delta: float, releases: int, decay: float = 0.0) -> list[float]:
+    """Per-release budgets ``eps_i = s i^{-decay}`` (i = 1..releases), s the largest scale whose composition
+    under ``accountant`` is at most ``eps`` at ``delta``. ``decay = 0``: the equal split,
+    ``accountant.largest_eps0``. Otherwise a copy of the accountant (as it is now: fresh at calibration time)
+    is stepped with the trial schedule, so the composition rule is exactly the one that will account the
+    real releases.
+    """
+    if releases < 1:
+        raise ConfigError(f"need at least one release, got {releases}")
+    if decay == 0:
+        return [float(accountant.largest_eps0(eps, delta, releases, "exponential"))] * releases
+    weights = [(i + 1) ** (-float(decay)) for i in range(releases)]
+
+    def excess(scale: float) -> float:
+        trial = copy.deepcopy(accountant)
+        for i, w in enumerate(weights):
+            trial.step({"mechanism": "exponential", "round": i + 1, "users": 0, "eps": scale * w, "delta": 0.0})
+        return trial.spent(delta)[0] - eps
+
+    hi = eps / weights[0]                                  # basic composition alone already reaches eps here
+    scale = brentq(excess, 1e-12, hi, xtol=1e-14, rtol=1e-12) if excess(hi) > 0 else hi
+    return [scale * w for w in weights]
+
+
+class ExponentialSchedule:
+    """The calibration of M composed exponential-mechanism releases (DP-GFA): release i = 1..M-1 gets
+    eps_i (``budget_schedule``) and beta_i = eps_i / (2 Delta); release 0 sees no data (eps 0) and uses the
+    first release's beta (it then weighs only the data-free optimism term).
+
+    Attributes:
+        eps: (eps_1, ..., eps_{M-1}); eps0 = eps_1; beta = exp_mech_beta(eps0, sensitivity).
+    """
+
+    def __init__(self, accountant, eps: float, delta: float, releases: int, decay: float, sensitivity: float):
+        self.eps = budget_schedule(accountant, eps, delta, releases, decay)
+        self.eps0 = self.eps[0]
+        self.sensitivity = float(sensitivity)
+        self.beta = exp_mech_beta(self.eps0, self.sensitivity)
+
+    def budget(self, round_idx: int) -> tuple[float, float]:
+        """(eps, beta) of the release at the start of round ``round_idx``
+        (``beta_i = beta eps_i / eps_1 = eps_i / (2 Delta)``)."""
+        if round_idx == 0:
+            return 0.0, self.beta
+        eps = self.eps[min(round_idx, len(self.eps)) - 1]
+        return eps, self.beta * (eps / self.eps0)

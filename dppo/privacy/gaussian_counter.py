@@ -53,6 +53,7 @@ import torch
 from scipy.optimize import nnls
 from scipy.signal import fftconvolve
 from scipy.special import ndtri
+from scipy.stats import chi2
 
 from dppo.errors import ConfigError, PrivacyError
 
@@ -64,6 +65,18 @@ def gaussian_union_quantile(beta: float, releases: float) -> float:
     if not 0 < beta < 1:
         raise ConfigError(f"beta must lie in (0, 1), got {beta}")
     return float(-ndtri(beta / (2.0 * max(1.0, float(releases)))))
+
+
+def chi_union_quantile(beta: float, releases: float, dof: int) -> float:
+    """``q`` with ``P(exists i: ||Z_i||_2 > q) <= beta`` for ``releases`` standard normal vectors of ``dof``
+    coordinates each (union bound; ``||Z_i||_2^2`` is chi-square with ``dof`` degrees of freedom). For
+    ``dof = 1`` this is ``gaussian_union_quantile``. A bound on the norm holds for every direction at once:
+    ``|<Z_i, u>| <= q ||u||_2`` for all ``u``, including directions chosen after seeing the noise."""
+    if not 0 < beta < 1:
+        raise ConfigError(f"beta must lie in (0, 1), got {beta}")
+    if dof == 1:
+        return gaussian_union_quantile(beta, releases)
+    return float(math.sqrt(chi2.isf(beta / max(1.0, float(releases)), int(dof))))
 
 
 def sigma_for_rho(rho: float, sensitivity: float, kappa: float) -> float:
@@ -148,12 +161,16 @@ class _GaussianCounter(torch.nn.Module):
             valid increments differ by at most ``sqrt(sum_g 2 mass_g^2)`` in L2 (nonnegative vectors
             with ``||u||_1 <= M``: ``||u - u'||^2 <= ||u||^2 + ||u'||^2 <= 2 M^2``).
         stream_max: largest increment of one stream in one step (default: the largest group mass).
+        stream_noise: optional per-stream multiplier ``c_i`` of the noise (node noise ``c_i sigma``; the
+            caller's sensitivity must be the one of the data scaled by ``1 / c_i``); ``release_std`` is
+            then the std of a stream with ``c_i = 1``.
     """
 
     kind = "gaussian"
 
     def __init__(self, num_streams: int, capacity: int, sigma: float | None = None, *, noise=None,
-                 groups=None, group_mass=None, stream_max: float | None = None, max_chunk: int = 1 << 22):
+                 groups=None, group_mass=None, stream_max: float | None = None, stream_noise=None,
+                 max_chunk: int = 1 << 22):
         super().__init__()
         if capacity < 1:
             raise ConfigError(f"the counter capacity (number of time steps) must be >= 1, got {capacity}")
@@ -167,8 +184,16 @@ class _GaussianCounter(torch.nn.Module):
         self.stream_max = float(self.group_mass.max() if stream_max is None else stream_max)
         self.max_chunk = int(max_chunk)
         n = self.num_streams
+        self.stream_noise = None
+        if stream_noise is not None:
+            sn = np.asarray(stream_noise, np.float64)
+            if sn.shape != (n,) or not (sn > 0).all() or not np.isfinite(sn).all():
+                raise ConfigError(f"stream_noise must hold {n} positive finite multipliers")
+            self.stream_noise = sn
         self.register_buffer("counts", torch.zeros(n, dtype=torch.float64))
         self.register_buffer("t", torch.zeros((), dtype=torch.long))
+        self.register_buffer("pending", torch.zeros(n, dtype=torch.float64))       # the open step (``add``)
+        self.register_buffer("pending_users", torch.zeros((), dtype=torch.long))
         if self.private:
             self.register_buffer("released_buf", torch.zeros(n, dtype=torch.float64))
             self.register_buffer("noise_now", torch.zeros(n, dtype=torch.float64))
@@ -235,6 +260,8 @@ class _GaussianCounter(torch.nn.Module):
         if self._chunk is None or self._pos >= self._chunk.shape[0]:
             rows = max(1, min(self._planned, self.max_chunk // max(1, self.num_streams)))
             d["_chunk"] = self.noise.gaussian((rows, self.num_streams), self.sigma).numpy()
+            if self.stream_noise is not None:
+                self._chunk *= self.stream_noise          # node noise c_i sigma (data independent)
             d["_pos"] = 0
         z = self._chunk[self._pos]
         d["_pos"] = self._pos + 1
@@ -267,13 +294,8 @@ class _GaussianCounter(torch.nn.Module):
         vals = vals * scale[g]
         return np.floor(vals / GRID) * GRID          # down to the grid: stays within the mass
 
-    def step(self, index, values=None) -> None:
-        """Feed one time step (``values`` to streams ``index``, 0 elsewhere) and refresh ``released``."""
-        v = self._views()
-        t = int(v["t"]) + 1
-        if t > self.capacity:
-            raise PrivacyError(f"the counter was built for {self.capacity} steps; step {t} would break its "
-                               f"privacy calibration")
+    def _user_increment(self, index, values) -> tuple[list, list]:
+        """One user's (stream indices, clipped values); repeated streams are refused."""
         idx = index.tolist() if isinstance(index, (torch.Tensor, np.ndarray)) else list(index)
         if len(set(idx)) != len(idx):
             raise PrivacyError("a stream received two increments in one step; aggregate them first")
@@ -281,8 +303,56 @@ class _GaussianCounter(torch.nn.Module):
             vals = [1.0] * len(idx)
         else:
             vals = values.tolist() if isinstance(values, (torch.Tensor, np.ndarray)) else list(values)
-        v["counts"][idx] += np.asarray(self.clip_increment(idx, vals), dtype=np.float64)
+        return idx, self.clip_increment(idx, vals)
+
+    def _next_t(self, v: dict) -> int:
+        t = int(v["t"]) + 1
+        if t > self.capacity:
+            raise PrivacyError(f"the counter was built for {self.capacity} steps; step {t} would break its "
+                               f"privacy calibration")
+        return t
+
+    def step(self, index, values=None) -> None:
+        """Feed one time step holding one user (``values`` to streams ``index``, 0 elsewhere) and refresh
+        ``released``."""
+        v = self._views()
+        if int(v["pending_users"]):
+            raise PrivacyError("users were added to the open step; release it with close_step()")
+        t = self._next_t(v)
+        idx, vals = self._user_increment(index, values)
+        v["counts"][idx] += np.asarray(vals, dtype=np.float64)
         v["t"][()] = t
+        self._release(v, t)
+
+    def add(self, index, values=None) -> None:
+        """Add one user's increment to the open time step (clipped to the premise on its own); ``close_step``
+        releases the step. A step may hold several users (a block of episodes): replacing one of them
+        changes the step's summed increment by exactly what it changes that user's increment, so the
+        sensitivity, ``kappa`` and the guarantee are those of one user per step; each user must enter
+        one step only (the one-pass sampler)."""
+        idx, vals = self._user_increment(index, values)
+        v = self._views()
+        v["pending"][idx] += np.asarray(vals, dtype=np.float64)     # grid points: exact sums
+        v["pending_users"][()] += 1
+
+    def close_step(self) -> None:
+        """Release the open step (the users ``add``-ed since the last release) as one counter time step."""
+        v = self._views()
+        t = self._next_t(v)
+        pend = v["pending"]
+        nz = np.flatnonzero(pend)
+        v["counts"][nz] += pend[nz]                  # exact (grid points)
+        pend[nz] = 0.0
+        v["pending_users"][()] = 0
+        v["t"][()] = t
+        self._release(v, t)
+
+    @property
+    def steps_done(self) -> int:
+        """Released time steps so far."""
+        return int(self._views()["t"])
+
+    def _release(self, v: dict, t: int) -> None:
         if self.private:
             self._advance_noise(v, t, self._next_noise())
             noise = v["noise_now"]

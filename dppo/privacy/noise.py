@@ -59,8 +59,6 @@ class NoiseSource:
             u = u.clamp_min(1e-300)
         return u.reshape(shape)
 
-    _uniform = uniform  # the name the tree counter and audits used
-
     def gaussian(self, shape, sigma: float) -> torch.Tensor:
         """N(0, sigma^2) of the given shape (float64)."""
         shape = tuple(shape)

@@ -38,6 +38,14 @@ Counters (``algo.counter``):
   ``sigma = Delta_2 kappa / sqrt(2 rho)`` (``dppo.privacy.gaussian_counter``). The ledger gets one entry
   per set with that set's share ``rho_set = (Delta_set kappa)^2 / (2 sigma^2)``
   (``Delta_set^2 = 2H`` per step, ``2 H^2`` pooled); the three add up to ``rho`` in the zCDP accountant.
+
+Unequal noise per set (``set_noise = (c_l, c_n, c_m)``, Gaussian counters only). The set's streams get the
+node noise ``c_set sigma`` (a fixed per-stream multiplier of the data-independent noise), which is the
+Gaussian mechanism on the data scaled by ``1 / c_set`` with noise ``sigma``: its joint L2 sensitivity is
+``Delta_c = sqrt(sum_set (Delta_set / c_set)^2)`` (``weighted_l2_sensitivity``; ``sqrt(3) Delta_set`` for
+equal multipliers), ``sigma = Delta_c kappa / sqrt(2 rho)`` and the set's ledger share is
+``rho_set = (Delta_set kappa)^2 / (2 (c_set sigma)^2)``, summing to ``rho``. A learner whose widths are
+dominated by one set (DP-UBEV: the transitions) spends more of the budget on it.
 """
 from __future__ import annotations
 
@@ -58,8 +66,14 @@ SETS = ("rewards", "visits", "transitions")
 class TabularLayout:
     """Stream layout and sensitivity of the (l, n, m) statistics (module docstring)."""
 
-    def __init__(self, S: int, A: int, H: int, pooled: bool, pool_cap: int | None = None):
+    def __init__(self, S: int, A: int, H: int, pooled: bool, pool_cap: int | None = None,
+                 set_noise: tuple | None = None):
         self.S, self.A, self.H, self.pooled = int(S), int(A), int(H), bool(pooled)
+        c = (1.0, 1.0, 1.0) if set_noise is None else tuple(float(x) for x in set_noise)
+        if len(c) != 3 or not all(x > 0 and math.isfinite(x) for x in c):
+            raise ConfigError(f"set_noise must be three positive noise multipliers (rewards, visits, transitions), "
+                              f"got {set_noise}")
+        self.set_noise = c
         Hc = 1 if pooled else H
         self.sa = Hc * S * A                        # streams per set l, n (m: sa * S)
         self.set_sizes = (self.sa, self.sa, self.sa * S)
@@ -95,9 +109,30 @@ class TabularLayout:
         return math.sqrt(3) * self.set_l2_sensitivity
 
     @property
+    def equal_noise(self) -> bool:
+        return self.set_noise == (1.0, 1.0, 1.0)
+
+    @property
+    def weighted_l2_sensitivity(self) -> float:
+        """``sqrt(sum_set (Delta_set / c_set)^2)`` (module docstring): ``l2_sensitivity`` for equal multipliers."""
+        if self.equal_noise:
+            return self.l2_sensitivity
+        return self.set_l2_sensitivity * math.sqrt(sum(1.0 / (c * c) for c in self.set_noise))
+
+    def stream_noise(self) -> np.ndarray:
+        """Per-stream noise multiplier (``c_set`` over each set's streams)."""
+        return np.concatenate([np.full(k, c) for k, c in zip(self.set_sizes, self.set_noise)])
+
+    @property
     def l1_sensitivity(self) -> float:
         """Joint L1 over the three sets: ``6 M`` per step h summed (6H), ``6 M`` pooled (<= 6H)."""
         return 6.0 * (self.mass if self.pooled else self.H)
+
+    @property
+    def streams_changed_per_set(self) -> float:
+        """Replacing one user changes a set's streams by at most this many per-stream clips in L1
+        (``l1_sensitivity / 3 / stream_max``): ``2H`` streams per step, each by at most 1."""
+        return self.l1_sensitivity / 3 / self.stream_max
 
     def increments(self, states, actions, rewards) -> tuple[list, list]:
         """One episode's (stream indices, values), aggregated so that each stream appears once."""
@@ -110,6 +145,33 @@ class TabularLayout:
             for j, v in ((i, float(r)), (k + i, 1.0), (2 * k + i * S + states[h + 1], 1.0)):
                 acc[j] = acc.get(j, 0.0) + v
         return list(acc), list(acc.values())
+
+
+def release_schedule(episodes: int, growth: float, max_block: int | None = None) -> list[int]:
+    """When the counters release: the (1-based) episode counts ``t_1 < t_2 < ... = T`` that end a block,
+    ``t_j = min(T, t_{j-1} + max_block, max(t_{j-1} + 1, ceil(growth t_{j-1})))`` from ``t_0 = 0`` - blocks of
+    one episode while ``t < 1/(growth - 1)``, then growing by the factor ``growth`` up to ``max_block``
+    episodes (``growth = 1``: after every episode).
+
+    The schedule is public (a function of T and growth only). Each block is one time step of the
+    continual counters (``add`` / ``close_step``): every user is in exactly one step, so the guarantee is
+    the one of one user per step, with ``B = len(schedule)`` steps instead of T - about
+    ``1/(g-1) + ln((g-1) T)/ln(g)`` (187 for T = 10^5 at g = 1.05, 234 for 10^6) - which lowers the counters' error
+    (``kappa`` and the release variance grow with the number of steps) and the number of releases a
+    union bound over the learner's plans has to cover.
+    """
+    if not growth >= 1:
+        raise ConfigError(f"block_growth must be >= 1, got {growth}")
+    if episodes < 1:
+        raise ConfigError(f"episodes must be >= 1, got {episodes}")
+    if max_block is not None and max_block < 1:
+        raise ConfigError(f"max_block must be >= 1 (or null), got {max_block}")
+    cap = math.inf if max_block is None else int(max_block)
+    ends, t = [], 0
+    while t < episodes:
+        t = int(min(episodes, t + cap, max(t + 1, math.ceil(t * growth))))
+        ends.append(t)
+    return ends
 
 
 def counter_kappa(kind: str, capacity: int) -> float:
@@ -125,47 +187,72 @@ def resolve_counter(kind: str) -> str:
     return GAUSSIAN_ALIASES.get(kind, kind)
 
 
-def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy):
-    """The counter over all streams of ``layout``; exact counts when ``privacy`` is off."""
+def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy, users: int | None = None):
+    """The counter over all streams of ``layout`` for ``capacity`` time steps holding ``users`` users in all
+    (default: one per step); exact counts when ``privacy`` is off."""
     kind = resolve_counter(kind)
     eps = privacy.eps if privacy is not None and privacy.private else None
     n = layout.num_streams
+    if not layout.equal_noise and kind not in COUNTERS:
+        raise ConfigError("algo.set_noise (unequal noise per statistic set) needs a Gaussian counter (algo.counter=gaussian)")
     if kind == "laplace_tree":
         delta_stream = layout.stream_max             # per-stream clip: 1 per step, the cap pooled
-        eps_stream = None if eps is None else eps * delta_stream / layout.l1_sensitivity
+        eps_stream = None if eps is None else laplace_stream_eps(eps, layout)
         return TreeCounter(n, capacity, eps_stream, sensitivity=delta_stream,
-                           noise=privacy.noise if eps is not None else None)
+                           noise=privacy.noise if eps is not None else None, users=users)
     cls = COUNTERS[kind]
     if eps is None:
         return cls(n, capacity, None, groups=layout.groups, group_mass=layout.group_mass,
                    stream_max=layout.stream_max)
     rho = rho_for_target(eps, privacy.delta)
-    sigma = sigma_for_rho(rho, layout.l2_sensitivity, counter_kappa(kind, capacity))
+    sigma = sigma_for_rho(rho, layout.weighted_l2_sensitivity, counter_kappa(kind, capacity))
     counter = cls(n, capacity, sigma, noise=privacy.noise, groups=layout.groups, group_mass=layout.group_mass,
-                  stream_max=layout.stream_max)
+                  stream_max=layout.stream_max, stream_noise=None if layout.equal_noise else layout.stream_noise())
     counter.rho = rho
     return counter
 
 
+def laplace_stream_eps(eps: float, layout: TabularLayout) -> float:
+    """Per-stream budget of the Laplace tree counters: ``eps Delta_stream / L1`` with ``L1`` the joint L1
+    sensitivity of the three sets (``layout.l1_sensitivity``), i.e. ``eps / (6H)`` per step (PUCB's): each
+    set's ``2H`` changed streams then compose to ``eps/3`` and the three sets to ``eps`` (basic composition)."""
+    return eps * layout.stream_max / layout.l1_sensitivity
+
+
+def reference_error_bound(counter: TreeCounter, layout: TabularLayout, eps: float, beta: float) -> float:
+    """PUCB's count-error bound (Vietri et al. 2020, REFERENCE.md section 2) for the Laplace tree counters:
+    ``E_eps = (3/eps) U ln((2SAH + S^2AH)/beta) ln(T)^{5/2}`` with ``U`` the streams of a set one user changes
+    (``2H`` under replace-one; the paper's ``H`` is add/remove), ``T`` the counter capacity, plus the
+    snapping error ``Lambda/2`` of the released values."""
+    S, A, H, T = layout.S, layout.A, layout.H, counter.capacity
+    touched = layout.streams_changed_per_set
+    return counter.snap_error + (3 / eps) * touched * math.log((2 * S * A * H + S * S * A * H) / beta) \
+        * math.log(T) ** 2.5
+
+
 def record_counter_releases(privacy, counter, layout: TabularLayout, users: int) -> None:
-    """Ledger entries (one per statistic set) for the whole continual release, before the first step."""
+    """Ledger entries (one per statistic set) for the whole continual release, before the first step: the one
+    release record of every tabular learner (UBEV's exact counts record nothing)."""
     if privacy is None or not privacy.private:
         return
-    for name, size in zip(SETS, layout.set_sizes):
+    for name, size, c in zip(SETS, layout.set_sizes, layout.set_noise):
         if isinstance(counter, TreeCounter):
-            eps_set = privacy.eps / 3
-            privacy.release("tree_counter", round=0, users=users, eps=eps_set, delta=0.0, counter_set=name,
-                            streams=size, eps_per_stream=counter.eps_stream, noise_scale=counter.scale,
-                            sensitivity=layout.l1_sensitivity / 3, levels=counter.levels, capacity=counter.capacity,
-                            adjacency="replace_one", pooled=layout.pooled)
+            privacy.release("tree_counter", round=0, users=users, eps=privacy.eps / 3, delta=0.0, counter_set=name,
+                            streams=size, eps_per_stream=counter.eps_stream,
+                            streams_changed_per_user=layout.streams_changed_per_set, noise_scale=counter.scale,
+                            scale=counter.scale,
+                            sensitivity=layout.l1_sensitivity / 3, node_sensitivity=counter.levels * counter.sensitivity,
+                            levels=counter.levels, capacity=counter.capacity, adjacency="replace_one",
+                            pooled=layout.pooled)
             continue
         from dppo.privacy.accountants.zcdp import zcdp_to_dp
 
         sens = layout.set_l2_sensitivity * counter.kappa          # over all node releases of the set
-        rho_set = sens ** 2 / (2 * counter.sigma ** 2)
+        sigma_set = counter.sigma if c == 1.0 else counter.sigma * c     # the set's node noise
+        rho_set = sens ** 2 / (2 * sigma_set ** 2)
         privacy.release(f"{counter.kind}_counter", round=0, users=users, eps=zcdp_to_dp(rho_set, privacy.delta),
-                        delta=privacy.delta, sigma=counter.sigma, sensitivity=sens,
-                        noise_multiplier=counter.sigma / sens, rho=rho_set, adjacency="replace_one",
+                        delta=privacy.delta, sigma=sigma_set, sensitivity=sens,
+                        noise_multiplier=sigma_set / sens, rho=rho_set, adjacency="replace_one",
                         counter_set=name, streams=size, step_l2_sensitivity=layout.set_l2_sensitivity,
                         kappa=counter.kappa, capacity=counter.capacity, pooled=layout.pooled,
                         grid=2.0 ** -16)

@@ -24,7 +24,7 @@ generating function ``E exp(s Z) = 1 / (1 - s^2 b^2)``), plus ``Lambda/2`` from 
 Floating point (snapping, Mironov 2012). Adding float Laplace noise to an integer count leaks through
 the low-order bits of the result (our audit measured eps_LB = 3.8 at claimed eps = 1 on raw float64
 outputs). So the *released* value is ``clamp(round_Lambda(c(t) + noise), 0 - B, B)`` with ``Lambda`` the
-smallest power of two >= b and ``B = T Delta`` (the largest possible count): multiples of a power of
+smallest power of two >= b and ``B = T Delta`` (the largest possible count; T users): multiples of a power of
 two >= the noise scale, as in the snapping mechanism, whose analysis charges the float rounding of the
 noisy sum an eps increase of order ``B 2^-52 / b`` (negligible here). The exact noisy value stays
 internal (``noisy_counts``); ``released`` is all a learner may read.
@@ -98,10 +98,13 @@ class TreeCounter(torch.nn.Module):
         noise: a ``dppo.privacy.noise.NoiseSource`` (required when ``eps_stream`` is set).
         max_chunk: largest number of noise values drawn at once (noise for several future steps is
             drawn in one call to cut per-step overhead; see ``reserve``).
+        users: the largest number of users over all steps (``add`` puts several in one step); the
+            released values are clamped to ``[-users Delta, users Delta]``. Default: ``capacity``.
     """
 
     def __init__(self, num_streams: int, capacity: int, eps_stream: float | None = None, *,
-                 sensitivity: float = 1.0, noise=None, max_chunk: int = 1 << 22, snap: bool = True):
+                 sensitivity: float = 1.0, noise=None, max_chunk: int = 1 << 22, snap: bool = True,
+                 users: int | None = None):
         super().__init__()
         self.num_streams = int(num_streams)
         self.capacity = int(capacity)
@@ -116,10 +119,12 @@ class TreeCounter(torch.nn.Module):
         self.max_chunk = int(max_chunk)
         # snapping grid and clamp (module docstring): Lambda = 2^ceil(log2 b), B = T * Delta
         self.snap_grid = None if (self.scale is None or not snap) else 2.0 ** math.ceil(math.log2(self.scale))
-        self.clamp_bound = self.capacity * self.sensitivity
+        self.clamp_bound = (self.capacity if users is None else int(users)) * self.sensitivity
         n = self.num_streams
         self.register_buffer("counts", torch.zeros(n, dtype=torch.float64))
         self.register_buffer("t", torch.zeros((), dtype=torch.long))
+        self.register_buffer("pending", torch.zeros(n, dtype=torch.float64))       # the open step (``add``)
+        self.register_buffer("pending_users", torch.zeros((), dtype=torch.long))
         if self.scale is not None:
             self.register_buffer("noisy_counts", torch.zeros(n, dtype=torch.float64))
             self.register_buffer("level_noise", torch.zeros(self.levels, n, dtype=torch.float64))
@@ -209,24 +214,8 @@ class TreeCounter(torch.nn.Module):
         pending.pos += 1
         return z
 
-    def step(self, index, values=None) -> None:
-        """Feed one time step: ``values`` (default 1) added to streams ``index``, 0 to all others; then
-        refresh ``released``.
-
-        Args:
-            index: distinct stream indices (list or LongTensor).
-            values: increments, clipped to ``[0, Delta]``.
-
-        Raises:
-            PrivacyError: more than ``capacity`` steps (the noise was calibrated for ``T`` steps) or a
-                stream repeated within the step (its increment could exceed ``Delta``).
-        """
-        views = self._numpy_views()
-        cpu = views is not None
-        t = (int(views["t"]) if cpu else int(self.t)) + 1
-        if t > self.capacity:
-            raise PrivacyError(f"the tree counter was built for {self.capacity} steps; step {t} would break "
-                               f"its privacy calibration")
+    def _user_increment(self, index, values) -> tuple[list, np.ndarray]:
+        """One user's distinct stream indices and increments clipped to ``[0, Delta]``."""
         idx = index.tolist() if isinstance(index, torch.Tensor) else list(index)
         if len(idx) != len(set(idx)):
             raise PrivacyError("a stream received two increments in one step; each user may add at most "
@@ -237,6 +226,62 @@ class TreeCounter(torch.nn.Module):
         else:
             vals = values.tolist() if isinstance(values, torch.Tensor) else values
             vals = np.minimum(np.maximum(np.asarray(vals, dtype=np.float64), 0.0), cap)   # clip to [0, Delta]
+        return idx, vals
+
+    def _next_t(self, views) -> int:
+        t = (int(views["t"]) if views is not None else int(self.t)) + 1
+        if t > self.capacity:
+            raise PrivacyError(f"the tree counter was built for {self.capacity} steps; step {t} would break "
+                               f"its privacy calibration")
+        return t
+
+    def step(self, index, values=None) -> None:
+        """Feed one time step holding one user: ``values`` (default 1) added to streams ``index``, 0 to all
+        others; then refresh ``released``.
+
+        Args:
+            index: distinct stream indices (list or LongTensor).
+            values: increments, clipped to ``[0, Delta]``.
+
+        Raises:
+            PrivacyError: more than ``capacity`` steps (the noise was calibrated for ``T`` steps), a
+                stream repeated within the step (its increment could exceed ``Delta``), or users left in
+                the open step of ``add``.
+        """
+        views = self._numpy_views()
+        if int(views["pending_users"] if views is not None else self.pending_users):
+            raise PrivacyError("users were added to the open step; release it with close_step()")
+        t = self._next_t(views)
+        idx, vals = self._user_increment(index, values)
+        self._advance(views, t, idx, vals)
+
+    def add(self, index, values=None) -> None:
+        """Add one user's increment (clipped to ``[0, Delta]`` on its own) to the open time step;
+        ``close_step`` releases it. Replacing one of the step's users changes each stream's step increment
+        by at most ``Delta``, so the calibration is that of one user per step (each user in one step only)."""
+        idx, vals = self._user_increment(index, values)
+        self.pending.index_add_(0, torch.tensor(idx, dtype=torch.long, device=self.pending.device),
+                                torch.as_tensor(vals, dtype=torch.float64, device=self.pending.device))
+        self.pending_users.add_(1)
+
+    def close_step(self) -> None:
+        """Release the open step (the users ``add``-ed since the last release) as one counter time step."""
+        views = self._numpy_views()
+        t = self._next_t(views)
+        nz = torch.nonzero(self.pending).flatten()
+        vals = self.pending[nz].clone()
+        self.pending.zero_()
+        self.pending_users.zero_()
+        self._advance(views, t, nz.tolist(), vals.cpu().numpy())
+
+    @property
+    def steps_done(self) -> int:
+        """Released time steps so far."""
+        return int(self.t)
+
+    def _advance(self, views, t: int, idx: list, vals: np.ndarray) -> None:
+        """Add the (clipped) step increment, move the tree to step t and refresh the release."""
+        cpu = views is not None
         if cpu:
             views["counts"][np.asarray(idx, dtype=np.int64)] += vals
             views["t"][()] = t

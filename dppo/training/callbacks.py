@@ -6,6 +6,11 @@ import time
 from dppo.training.faults import maybe_kill
 
 DIAG_PREFIX = "diag/"
+# What a user callback of a private run may see: released or public quantities only (an allow-list, so a key a
+# learner adds later is withheld until it is classified): the accountant's figures, public evaluations, the
+# public counts of a round, norms of released updates, functions of released statistics and the public model.
+RELEASED_PREFIXES = ("privacy/", "eval/", "losses/", "regret/", "counters/", "gfa/")
+RELEASED_KEYS = ("rollout/users", "rollout/episodes", "rollout/round")
 
 
 class Callback:
@@ -15,10 +20,11 @@ class Callback:
     policy, the ledger and ``privacy/*`` budget figures, the round index, and evaluations on public /
     held-out episodes (``eval/return``, ``learner.evaluate``). Anything it decides (stopping, which
     policy is released) is then post-processing and costs no privacy. Raw statistics of this round's
-    users (``diag/*``: return, clip fractions, ...) are not released; a decision on them would be an
-    unaccounted release. So in a private run the trainer hands user callbacks a ``metrics`` dict without
-    the ``diag/*`` keys (``ReleasedMetricsCallback``); a callback must not read the learner's raw state
-    through ``trainer`` either.
+    users (``diag/*``: return, clip fractions, ...) are not released, and neither are timings (``perf/*``:
+    users/s depends on the round's episode lengths); a decision on them would be an unaccounted release. So
+    in a private run the trainer hands user callbacks only the allow-listed keys of ``metrics``
+    (``RELEASED_PREFIXES``, ``RELEASED_KEYS``; ``ReleasedMetricsCallback``); a callback must not read the
+    learner's raw state through ``trainer`` either.
     """
 
     def on_train_start(self, trainer) -> None: ...
@@ -80,7 +86,14 @@ class LoggingCallback(Callback):
     """Sends each round's metrics plus ``rollout/round`` and ``perf/users_per_s`` to the logger (which drops
     ``diag/*`` keys when ``logger.diagnostics=false``) at ``global_step`` (``dppo.training.steps``); at the end
     of a session that ran rounds, the final ``eval/return`` and the resolved hyper-parameters with the final
-    metrics (TensorBoard HParams)."""
+    metrics (TensorBoard HParams). Without diagnostics the outputs are opened when a session with rounds to
+    run starts (their files then carry its start time, not the end of its first round)."""
+
+    def on_train_start(self, trainer):
+        if not getattr(trainer.logger, "diagnostics", True) and trainer.round < trainer.learner.num_rounds:
+            opener = getattr(trainer.logger, "open", None)
+            if opener is not None:
+                opener()
 
     def on_round_start(self, trainer, round_idx):
         self._t0 = time.perf_counter()
@@ -115,8 +128,9 @@ def global_step(trainer) -> int:
 
 
 class ReleasedMetricsCallback(Callback):
-    """Wraps a user callback of a private run: it sees the round's metrics without the ``diag/*`` keys
-    (raw statistics of this round's users), so its decisions use released quantities only."""
+    """Wraps a user callback of a private run: it sees only the allow-listed released / public keys of the
+    round's metrics (no ``diag/*`` raw statistics, no ``perf/*`` timings), so its decisions use released
+    quantities only."""
 
     def __init__(self, inner: Callback):
         self.inner = inner
@@ -138,13 +152,18 @@ class ReleasedMetricsCallback(Callback):
 
 
 def released_only(metrics: dict) -> dict:
-    """The metrics without raw diagnostics (``diag/*``)."""
-    return {k: v for k, v in metrics.items() if not k.startswith(DIAG_PREFIX)}
+    """The allow-listed released / public metrics (``RELEASED_PREFIXES``, ``RELEASED_KEYS``)."""
+    return {k: v for k, v in metrics.items() if k.startswith(RELEASED_PREFIXES) or k in RELEASED_KEYS}
 
 
 class ProgressBarCallback(Callback):
     """A tqdm bar with the eps spent so far and a return: the public ``eval/return`` when the round has
-    one, else the raw ``diag/return`` - shown only when diagnostics are on (``logger.diagnostics``)."""
+    one, else the raw ``diag/return`` - shown only when diagnostics are on (``logger.diagnostics``). Without
+    diagnostics the bar shows no timing either (no elapsed time, no s/round: round times depend on the
+    users' episode lengths). Returns are shown to 4 significant digits (``RETURN_FORMAT``)."""
+
+    NO_TIMING = "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt}{postfix}"
+    RETURN_FORMAT = "{:.4g}"
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
@@ -154,19 +173,23 @@ class ProgressBarCallback(Callback):
         if self.enabled:
             from tqdm.auto import tqdm
 
+            timing = getattr(trainer.logger, "diagnostics", True)
             self.bar = tqdm(total=trainer.learner.num_rounds, initial=trainer.start_round,
-                            desc=trainer.meta.get("algo", trainer.learner.name), unit="round", dynamic_ncols=True)
+                            desc=trainer.meta.get("algo", trainer.learner.name), unit="round", dynamic_ncols=True,
+                            **({} if timing else {"bar_format": self.NO_TIMING}))
 
     def on_round_end(self, trainer, round_idx, metrics):
         if self.bar is not None:
             post = {}
             if "eval/return" in metrics:
-                post["eval_return"] = f"{metrics['eval/return']:.1f}"
+                post["eval_return"] = self.RETURN_FORMAT.format(metrics["eval/return"])
             elif "diag/return" in metrics and getattr(trainer.logger, "diagnostics", True):
-                post["diag_return"] = f"{metrics['diag/return']:.1f}"   # raw, labelled
+                post["diag_return"] = self.RETURN_FORMAT.format(metrics["diag/return"])   # raw, labelled
             if "regret/cumulative" in metrics:
                 post["regret"] = f"{metrics['regret/cumulative']:.4g}"
-            post["eps"] = f"{metrics.get('privacy/epsilon', 0.0):.3g}"
+            eps = metrics.get("privacy/epsilon")
+            private = getattr(getattr(trainer, "privacy", None), "private", True)
+            post["eps"] = f"{eps or 0.0:.3g}" if private else "non-private"
             self.bar.set_postfix(post, refresh=False)
             self.bar.update(1)
         return True

@@ -101,17 +101,29 @@ def _tuples_to_lists(x):
     return x
 
 
-def check_fingerprint(saved, current) -> None:
+def check_fingerprint(saved, current, extendable: dict | None = None) -> None:
     """Refuse a resume whose settings differ from the checkpoint's, in one line naming the first key.
 
     ``saved``/``current`` are the flattened settings (``dppo.build.fingerprint``); an older checkpoint's
-    hash string is compared as a whole.
+    hash string is compared as a whole. ``extendable`` maps a key a resume may *raise* (``rounds``: extending
+    a run) to the number of rounds done, or to the reason it may not change (the refusal's text).
     """
     if isinstance(saved, dict) and isinstance(current, dict):
         keys = sorted((set(saved) | set(current)) - {"_hash"})
         # a key added to the schema later (absent from an older checkpoint) is unchanged if it is null now
         changed = [k for k in keys if saved.get(k) != current.get(k) or (k in saved) != (k in current)
                    and (saved.get(k, _MISSING) is not None and current.get(k, _MISSING) is not None)]
+        for k, rule in (extendable or {}).items():
+            if k not in changed:
+                continue
+            was, now = saved.get(k, _MISSING), current.get(k, _MISSING)
+            if isinstance(rule, str):
+                raise ConfigError(f"resume refused: '{k}' was {_show(was)} in the checkpoint, now {_show(now)}: {rule}")
+            if isinstance(was, int) and isinstance(now, int) and now > was:
+                changed.remove(k)   # more rounds of new users: allowed (the run is extended)
+            elif isinstance(now, int) and now < was:
+                raise ConfigError(f"resume refused: '{k}' was {was} in the checkpoint, now {now}; a resumed run can "
+                                  f"only be extended (more {k}), not shortened")
         if changed:
             k = changed[0]
             more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""

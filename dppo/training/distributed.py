@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dppo import errors
+import dppo.errors as errors
 
 TIMEOUT_ENV = "DPPO_DIST_TIMEOUT_S"
 BACKEND_ENV = "DPPO_DIST_BACKEND"
@@ -292,27 +292,30 @@ class ShardedSampler:
             setattr(self.inner, name, value)
 
 
-def attach(learner, info: DistInfo) -> None:
-    """Make a built learner multi-process: its sampler hands out this rank's shard of each round, and its
-    release goes through rank 0: a mean of clipped per-user vectors (``learner.release`` or
-    ``learner.privatizer``: PG / DP-PG) through ``ShardedRelease``, a least-squares oracle
-    (``learner.oracle``: NPG / DP-NPG, REBEL / DP-REBEL) through ``ShardedOracle``. Refuses the other
-    learners (tabular, GFA, the prompt NPG/REBEL learners, whose step reads the oracle's state)."""
-    from dppo.algos.npg import NaturalPolicyGradient
+class Shards:
+    """The collective parts a learner wraps itself with (``Learner.distribute``): this rank's share of each
+    round's users, and the release that combines every rank's contributions on rank 0."""
 
-    if isinstance(learner, NaturalPolicyGradient):
-        learner.oracle = ShardedOracle(learner.oracle, info)
-        learner.sampler = ShardedSampler(learner.sampler, info)
-        return
-    privatizer = getattr(learner, "release", None) or getattr(learner, "privatizer", None)
-    if privatizer is None or not hasattr(type(privatizer), "shards") or not hasattr(learner, "sampler"):
-        raise errors.ConfigError(
-            f"multi-process training (torchrun, WORLD_SIZE={info.world_size}) supports the policy-optimization "
-            f"learners on gym environments (algo=pg|dp_pg|npg|dp_npg|rebel|dp_rebel); {type(learner).__name__} runs "
-            f"in one process")
-    release = ShardedRelease(info)
-    privatizer.shards = release
-    learner.sampler = ShardedSampler(learner.sampler, info, release)
+    def __init__(self, info: DistInfo):
+        self.info = info
+
+    def sampler(self, sampler, release: "ShardedRelease | None" = None) -> ShardedSampler:
+        return ShardedSampler(sampler, self.info, release)
+
+    def sum_release(self, privatizer) -> ShardedRelease:
+        """A mean of clipped per-user vectors (``dppo.privacy.clipping``) computed on rank 0 from every rank's rows."""
+        release = ShardedRelease(self.info)
+        privatizer.shards = release
+        return release
+
+    def oracle(self, oracle) -> ShardedOracle:
+        return ShardedOracle(oracle, self.info)
+
+
+def attach(learner, info: DistInfo) -> None:
+    """Make a built learner multi-process through the interface it offers (``learner.distribute``); a
+    learner that runs in one process only refuses with one line."""
+    learner.distribute(Shards(info))
 
 
 SUMMED = ("rollout/users", "rollout/episodes", "diag/env_steps")

@@ -37,6 +37,9 @@ def hparam_value(v):
 class Output:
     """A sink for dumped metrics."""
 
+    def open(self) -> None:
+        """Create the output's files now (else at the first write)."""
+
     def write(self, metrics: dict[str, float], step: int) -> None: ...
 
     def write_hparams(self, hparams: dict, metrics: dict | None = None, step: int = 0) -> None: ...
@@ -50,11 +53,17 @@ class Output:
 
 
 class TensorBoardOutput(Output):
-    """TensorBoard event files in ``log_dir`` (writer opened at the first write); HParams + a text table."""
+    """TensorBoard event files in ``log_dir`` (writer opened at the first write); HParams + a text table.
 
-    def __init__(self, log_dir: str, purge_step: int | None = None):
-        self.log_dir, self.purge_step = log_dir, purge_step
+    ``public_clock``: every event's ``wall_time`` is the round index (``rollout/round`` of the dump, the last
+    one for the end-of-session records) instead of the time of day, whose differences between rounds would
+    reveal how long each round's users took (``logger.diagnostics=false`` sets it).
+    """
+
+    def __init__(self, log_dir: str, purge_step: int | None = None, public_clock: bool = False):
+        self.log_dir, self.purge_step, self.public_clock = log_dir, purge_step, bool(public_clock)
         self.writer = None
+        self.tick = 0.0
 
     def _writer(self):
         if self.writer is None:
@@ -63,14 +72,25 @@ class TensorBoardOutput(Output):
             self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=self.purge_step)
         return self.writer
 
+    def open(self):
+        self._writer()
+
+    def _walltime(self, metrics=None):
+        if not self.public_clock:
+            return None
+        if metrics and "rollout/round" in metrics:
+            self.tick = float(metrics["rollout/round"])
+        return self.tick
+
     def purge_after(self, step):
         if self.writer is None:
             self.purge_step = int(step) + 1
 
     def write(self, metrics, step):
         w = self._writer()
+        wall = self._walltime(metrics)
         for k, v in metrics.items():
-            w.add_scalar(k, v, step)
+            w.add_scalar(k, v, step, walltime=wall)
         w.flush()
 
     def write_hparams(self, hparams, metrics=None, step=0):
@@ -84,15 +104,16 @@ class TensorBoardOutput(Output):
         hp = {k: hparam_value(v) for k, v in hparams.items()}
         final = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
         exp, ssi, sei = hparams_summary(hp, final)
+        wall = self._walltime()
         for s in (exp, ssi, sei):
-            w.file_writer.add_summary(s)
+            w.file_writer.add_summary(s, walltime=wall)
         rows = "\n".join(f"|{k}|{v}|" for k, v in hp.items())
-        w.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows, step)
+        w.add_text("hyperparameters", "|param|value|\n|-|-|\n" + rows, step, walltime=wall)
         w.flush()
 
     def write_text(self, key, text, step):
         w = self._writer()
-        w.add_text(key, text, step)
+        w.add_text(key, text, step, walltime=self._walltime())
         w.flush()
 
     def close(self):
@@ -205,6 +226,8 @@ class Logger:
         self.diagnostics = bool(diagnostics)
         self.values: dict[str, float] = {}
         self.last: dict[str, float] = {}
+        self.texts: list[tuple[str, str]] = []
+        self.last_step = 0
 
     def record(self, key: str, value) -> None:
         if not self.diagnostics and key.startswith((DIAG_PREFIX, TIMING_PREFIX)):
@@ -221,8 +244,16 @@ class Logger:
         if clean:
             for out in self.outputs:
                 out.write(clean, int(step))
+        self.write_texts(int(step))
         self.last = dict(self.values)
         self.values = {}
+        self.last_step = int(step)
+
+    def write_texts(self, step: int) -> None:
+        for key, text in self.texts:
+            for out in self.outputs:
+                out.write_text(key, text, step)
+        self.texts = []
 
     def log_hparams(self, hparams: dict, metrics: dict | None = None, step: int = 0) -> None:
         """Resolved hyper-parameters; with ``metrics`` (end of a session) they are written with those results."""
@@ -233,12 +264,21 @@ class Logger:
         for out in self.outputs:
             out.purge_after(int(step))
 
-    def text(self, key: str, text: str, step: int) -> None:
-        """A text record (e.g. completions of public prompts) written at once to the outputs that take text."""
+    def open(self) -> None:
+        """Create every output's files now (a session with rounds to run, without diagnostics)."""
         for out in self.outputs:
-            out.write_text(key, text, step)
+            out.open()
+
+    def text(self, key: str, text: str, round_idx: int | None = None) -> None:
+        """A text record (e.g. completions of public prompts), recorded like a value: written with the next
+        ``dump``, at its step (``global_step``, the axis of every metric of the round), to the outputs that
+        take text. ``round_idx``, the round it belongs to, heads the text."""
+        head = "" if round_idx is None else f"round {int(round_idx)}\n\n"
+        self.texts.append((key, head + text))
 
     def close(self) -> None:
+        if self.texts:  # recorded after the last dump: written at its step
+            self.write_texts(self.last_step)
         for out in self.outputs:
             out.close()
 
@@ -251,7 +291,7 @@ def make_logger(run_dir: str | None, tensorboard: bool = True, csv: bool = True,
     outputs: list[Output] = []
     if run_dir is not None:
         if tensorboard:
-            outputs.append(TensorBoardOutput(run_dir, purge_step=purge_step))
+            outputs.append(TensorBoardOutput(run_dir, purge_step=purge_step, public_clock=not diagnostics))
         if csv:
             outputs.append(CSVOutput(os.path.join(run_dir, "progress.csv")))
     if console:

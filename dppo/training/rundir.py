@@ -3,9 +3,9 @@
 Layout (the same from the CLI and the Python API): ``.hydra/config.yaml`` (the composed config),
 ``.hydra/overrides.yaml``, ``checkpoints/``, ``users.journal``, ``summary.json``, ``progress.csv``, TensorBoard
 event files, ``policy.pt``. A directory that already holds a run (checkpoints, summary, progress.csv or
-event files) is refused for a new run: continue it with
-``resume=<dir>`` (or ``dppo.train(cfg, dir, resume=True)``), or choose another directory. Nothing is reused
-silently: a new run in an old directory would overwrite its checkpoints and mix two runs' event files.
+event files) is refused for a new run: continue it with ``resume=<dir>`` (or ``dppo.train(cfg, dir,
+resume=True)``), which works whatever point the run stopped at. Nothing is reused silently: a new run in an
+old directory would overwrite its checkpoints and mix two runs' event files.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ def check_fresh(run_dir: str) -> None:
     """Refuse to start a new run in a directory that holds one (one line, before anything is written)."""
     if run_dir and os.path.isdir(run_dir) and holds_run(run_dir):
         raise ConfigError(f"the run directory {run_dir} already holds a run; continue it with resume={run_dir} "
-                          f"(API: dppo.train(cfg, run_dir, resume=True)) or choose another directory "
-                          f"(hydra.run.dir=...)")
+                          f"(API: dppo.train(cfg, run_dir, resume=True)), whatever point it stopped at; a separate "
+                          f"run on the same users, in another directory, would spend their privacy a second time")
 
 
 def write_layout(run_dir: str, cfg, overrides: list[str] | None = None) -> None:

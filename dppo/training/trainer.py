@@ -1,18 +1,19 @@
 """The round loop: a learner, a privacy context, a logger and callbacks; checkpoint/resume; summary."""
 from __future__ import annotations
 
+import copy
+import glob
 import math
 import os
-import time
-
 import sys
+import time
 
 from dppo.errors import BudgetExhausted, DataError, DPPOError, PrivacyError
 from dppo.training.callbacks import (Callback, CallbackList, EvalCallback, LoggingCallback, ProgressBarCallback,
                                      ReleasedMetricsCallback)
 from dppo.training.checkpoint import (atomic_write_bytes, atomic_write_json, check_fingerprint,
                                       load_latest_checkpoint, rng_state, save_checkpoint, set_rng_state)
-from dppo.training import distributed
+from dppo.training import distributed, provenance
 from dppo.training.journal import JOURNAL_NAME, UserJournal
 from dppo.training.runlock import RunLock
 from dppo.training.steps import StepCounter
@@ -21,6 +22,7 @@ SEEDED_WARNING = ("dppo: warning: privacy.secure_rng=false: the noise is seeded 
                   "guarantee does not hold against anyone who knows the seed")
 SEEDED_NOTE = ("seeded noise (privacy.secure_rng=false): reproducible, and the guarantee does not hold against "
                "anyone who knows the seed")
+POLICY_FORMAT = "dppo-policy-1"   # policy.pt: {"format", "policy": state_dict, "config", "provenance", ...}
 
 
 class CheckpointCallback(Callback):
@@ -43,12 +45,21 @@ class Trainer:
     def __init__(self, learner, privacy, logger, *, sampler=None, callbacks=(), run_dir: str | None = None,
                  checkpoint_every: int = 10, eval_episodes: int = 20, eval_greedy: bool = False,
                  progress: bool = True, meta: dict | None = None, fingerprint="", eval_every: int | None = None,
-                 hparams: dict | None = None):
+                 hparams: dict | None = None, population=None, inherited: list | None = None,
+                 config: dict | None = None, extend_refusal: dict | None = None, allow_over_target: bool = False,
+                 capacity_limit: int | None = None):
         self.learner, self.privacy, self.logger, self.sampler = learner, privacy, logger, sampler
         self.run_dir = run_dir
         self.eval_episodes, self.eval_greedy = int(eval_episodes), bool(eval_greedy)
         self.meta = dict(meta or {})
         self.fingerprint = fingerprint
+        # provenance of the policy (dppo/training/provenance.py): this run's population and what the weights it
+        # started from had consumed; ``config`` is the run's public config, saved in policy.pt to rebuild it
+        self.population, self.inherited, self.config = population, list(inherited or []), config
+        # per key a resume may raise (rounds, episodes): why more would change the guarantee (None: it would not)
+        self.extend_refusal = extend_refusal
+        self.allow_over_target = bool(allow_over_target)
+        self.capacity_limit = capacity_limit      # an env's finite population: ids at or above it do not exist
         self.journal = None if run_dir is None else UserJournal(os.path.join(run_dir, JOURNAL_NAME))
         self.hparams = dict(hparams or {})  # resolved hyper-parameters (TensorBoard HParams, W&B config)
         self.steps = StepCounter()  # the logging axis global_step (env steps, or episodes without diagnostics)
@@ -77,11 +88,20 @@ class Trainer:
                 "learner": self.learner.state_dict(), "privacy": self.privacy.state_dict(),
                 "sampler": None if self.sampler is None else self.sampler.state_dict(),
                 "rng": rng_state(), "best_round_return": self.best_round_return, "steps": self.steps.state_dict(),
-                "wall_time_s": self.wall_time(), "public_env_steps": self.learner.public_env_steps,
+                "wall_time_s": self.wall_time(), "provenance": self.provenance(),
+                "public_env_steps": self.learner.public_env_steps,
                 "journal_offset": None if self.journal is None else self.journal.offset}
 
+    def provenance(self) -> dict | None:
+        """Which users the current policy's training consumed (``dppo/training/provenance.py``)."""
+        if self.population is None:
+            return None
+        return provenance.record(seed=self.meta.get("seed", 0), algo=self.meta.get("algo", self.learner.name),
+                                 env_id=self.meta.get("env_id", ""), population=self.population,
+                                 sampler=self.sampler, inherited=self.inherited)
+
     def load_state_dict(self, state: dict) -> None:
-        check_fingerprint(state["fingerprint"], self.fingerprint)
+        check_fingerprint(state["fingerprint"], self.fingerprint, extendable=self.extendable(state))
         self.learner.load_state_dict(state["learner"])
         self.privacy.load_state_dict(state["privacy"])
         if self.sampler is not None and state["sampler"] is not None:
@@ -98,6 +118,23 @@ class Trainer:
         if purge is not None:
             purge(self.steps.global_step(getattr(self.logger, "diagnostics", True)))
         self.recover_journal(state.get("journal_offset") or 0)
+
+    def extendable(self, state: dict) -> dict:
+        """The keys a resume may raise over the checkpoint's values: ``rounds``, when more rounds leave every
+        user's guarantee unchanged (one-pass parallel composition: new rounds take new users); else the
+        reason why not, for the refusal's one line."""
+        rules = self.extend_refusal if isinstance(self.extend_refusal, dict) else {"rounds": self.extend_refusal}
+        return {k: reason or int(state.get("round", 0)) for k, reason in rules.items()}
+
+    def restart_from_initial_state(self) -> None:
+        """Resume a run that has no usable checkpoint (a crash before the first one, or every one corrupt):
+        start again from the initial policy, drop what the lost attempts logged, and apply the journal from
+        its start (their users burned, their releases charged)."""
+        purge = getattr(self.logger, "purge_after", None)
+        if purge is not None:
+            purge(-1)
+        self.recover_journal(0)
+        self._resumed = True
 
     def recover_journal(self, offset: int) -> None:
         """Apply the resume rule to what the journal holds past the checkpoint (``offset``): a crashed
@@ -122,12 +159,53 @@ class Trainer:
             return
         if self.sampler is not None:
             self.sampler.burn(sorted({int(u) for e in takes for u in e["users"]}))
-        for e in releases:
-            self.privacy.charge(e["entry"], lost=True, incarnation=int(e["incarnation"]))
+        before = copy.deepcopy(self.privacy.accountant)
+        charged = [self.privacy.charge(e["entry"], lost=True, incarnation=int(e["incarnation"])) for e in releases]
         extra = getattr(self.learner, "lost_attempt_charges", None)
         if takes and callable(extra):
-            for entry in extra(sorted({int(e["round"]) for e in takes})):
-                self.privacy.charge(entry, replay=True)
+            charged += [self.privacy.charge(entry, replay=True)
+                        for entry in extra(sorted({int(e["round"]) for e in takes}))]
+        if charged:
+            self.check_resume_budget(before, charged)
+
+    def check_resume_budget(self, before, charged: list[dict]) -> None:
+        """Refuse (one line naming the amount) a resume whose charged releases put eps above the target or
+        ``privacy.max_epsilon``, unless ``privacy.allow_over_target=true``.
+
+        Two ways a charge overshoots: the eps spent is already above the target or the cap once they are
+        charged (PUCB's second copy of its counters); or the charges compose with the run's other releases
+        (basic, multi-pass RDP/PRV, GFA's composition), so the finished run ends above the total its plan
+        meets. The second is measured by the accountant itself: the same releases made once more as
+        ordinary releases, with and without the charges; under parallel composition (one pass, burned
+        users) the difference is zero, since a lost attempt's users are disjoint from every other round's.
+        For the composing accountants the increase of a finished run is at most this difference (their
+        totals grow concavely in further releases).
+        """
+        target, cap, delta = self.privacy.eps, self.privacy.max_epsilon, self.privacy.delta
+        now = self.privacy.spent()[0]
+        with_charges, without = copy.deepcopy(before), copy.deepcopy(before)
+        for e in charged:
+            plain = {k: v for k, v in e.items() if k not in ("lost", "replay", "incarnation")}
+            with_charges.step(plain)
+            without.step(plain)
+        for e in charged:
+            with_charges.step(e)
+        excess = with_charges.spent(delta)[0] - without.spent(delta)[0]
+        tol = 1e-9 * max(1.0, target)
+        what = f"the crashed attempt's {len(charged)} release(s) must be charged (their users are burned) and"
+        if now > target + tol:
+            reason = f"{what} put eps spent at {now:.4g}, above the target eps={target:g}"
+        elif cap is not None and now > cap + tol:
+            reason = f"{what} put eps spent at {now:.4g}, above privacy.max_epsilon={cap:g}"
+        elif excess > tol:
+            reason = (f"{what} compose with the run's other releases: the finished run would spend up to "
+                      f"{excess:.4g} more than its target eps={target:g}")
+        else:
+            return
+        if not self.allow_over_target:
+            raise PrivacyError(f"resume refused: {reason}; to accept that, resume with privacy.allow_over_target=true")
+        if self.dist.is_main:
+            print(f"dppo: warning: privacy.allow_over_target=true: {reason}", file=sys.stderr, flush=True)
 
     def save_checkpoint(self) -> str | None:
         if self.ckpt_dir is None:
@@ -145,15 +223,45 @@ class Trainer:
         return path
 
     def try_resume(self) -> bool:
-        """Load the newest good checkpoint of ``run_dir``; False if there is none."""
+        """Continue ``run_dir`` from its newest good checkpoint (True), or, when it has none (a crash before
+        the first checkpoint, or every one damaged), from the initial state with the journal applied (False):
+        every crash point can be resumed, and no user a lost attempt took is handed out again."""
         if self.ckpt_dir is None:
             return False
-        state, _ = load_latest_checkpoint(self.ckpt_dir)
+        state, _ = load_latest_checkpoint(self.ckpt_dir) if os.path.isdir(self.ckpt_dir) else (None, None)
         if state is None:
+            self.restart_from_initial_state()
             return False
         self.load_state_dict(state)
         self._resumed = True
         return True
+
+    def remove_stale_temp_files(self) -> None:
+        """Temp files of writes a killed process never finished (``*.tmp.<pid>``): never read, removed once
+        this process holds the run lock (so no other process can be writing them)."""
+        for pattern in (os.path.join(self.run_dir, "*.tmp.*"), os.path.join(self.run_dir, "checkpoints", "*.tmp.*"),
+                        os.path.join(self.run_dir, "*.tmp")):
+            for path in glob.glob(pattern):
+                try:
+                    os.remove(path)
+                except OSError:
+                    pass
+
+    def check_capacity(self) -> None:
+        """Before this session's first round: the users still to draw fit in what the population has left
+        (burned, excluded and used users counted), one line otherwise."""
+        s = self.sampler
+        if s is None or self.round >= self.learner.num_rounds:
+            return
+        what = "the population" if self.capacity_limit is None else f"the env's population ({self.meta.get('env_id')})"
+        if getattr(s, "multi_pass", False):
+            s.check_capacity(0, self.capacity_limit, what)
+            return
+        if not callable(getattr(s, "check_need", None)):
+            return  # a sampler passed in without the capacity interface checks itself as it draws
+        taken = len(s.used) - len(getattr(s, "burned", ()))     # the completed rounds' users
+        need = planned_users(self.learner, s.users_per_round) - taken
+        s.check_need(need, self.capacity_limit, what)
 
     # ---- loop ------------------------------------------------------------------------------
     def wall_time(self) -> float:
@@ -165,13 +273,14 @@ class Trainer:
         try:
             if lock:
                 lock.acquire()
+                self.remove_stale_temp_files()
             if self.privacy.private and not self.privacy.noise.secure and self.dist.is_main:
                 print(SEEDED_WARNING, file=sys.stderr, flush=True)
             if self.journal is not None:
-                if not getattr(self, "_resumed", False):
+                if not getattr(self, "_resumed", False) and UserJournal.read(self.journal.path):
                     # a fresh start in a directory whose earlier attempt crashed before its first checkpoint:
-                    # everything that attempt journalled is lost, and the same rule applies
-                    self.recover_journal(0)
+                    # everything that attempt journalled (and logged) is lost, and the same rule applies
+                    self.restart_from_initial_state()
                 self.journal.durable = self.privacy.private
                 self.journal.open(self.start_round)
                 self.privacy.journal = self.journal
@@ -179,6 +288,8 @@ class Trainer:
                     self.sampler.journal = self.journal
             if self.dist.enabled:
                 self.sync_from_main()
+            if self.dist.is_main:
+                self.check_capacity()
             return self._fit()
         finally:
             if lock:
@@ -244,8 +355,7 @@ class Trainer:
                    "users_seen": None if self.sampler is None else len(self.sampler.used),
                    "users_burned": None if self.sampler is None else len(getattr(self.sampler, "burned", ())),
                    "releases_lost": sum(1 for e in entries if e.get("lost")),
-                   "final_return": None,
-                   "wall_time_s": round(self.wall_time(), 3), "stop_reason": self.stop_reason,
+                   "final_return": None, "stop_reason": self.stop_reason,
                    "complete": final, **self.learner.summary(),
                    "policy_sha256": parameters_sha256(getattr(self.learner, "policy", None)),
                    "world_size": self.dist.world_size,
@@ -254,6 +364,8 @@ class Trainer:
             summary["noise_note"] = SEEDED_NOTE
         diagnostics = getattr(self.logger, "diagnostics", True)
         if diagnostics:
+            # timing depends on the users' episode lengths: like every raw statistic, only with diagnostics on
+            summary["wall_time_s"] = round(self.wall_time(), 3)
             summary["diag"] = {"best_round_return": _finite(self.best_round_return)}
         if final and self.eval_episodes > 0:
             summary["final_return"] = float(self.learner.evaluate(self.eval_episodes, self.eval_greedy))
@@ -268,8 +380,13 @@ class Trainer:
         return summary
 
     def export_policy(self) -> str | None:
-        """``policy.pt``: the final (released) policy's weights and nothing else - no optimizer, no RNG or
-        noise state, no ledger - so it can be shared with ``summary.json``."""
+        """``policy.pt``: the final (released) policy, self-sufficient and safe to share with ``summary.json``.
+
+        ``{"format": "dppo-policy-1", "policy": state_dict, "config": the run's public config (policy, env,
+        algo: enough to rebuild and run it), "provenance": the users its training consumed, "rounds_done",
+        "algo", "env_id"}``; no optimizer, RNG or noise state, no ledger, no journal. Loads with
+        ``torch.load(weights_only=True)``.
+        """
         policy = getattr(self.learner, "policy", None)
         if self.run_dir is None or not hasattr(policy, "state_dict"):
             return None
@@ -278,10 +395,24 @@ class Trainer:
         import torch
 
         buf = io.BytesIO()
-        torch.save({k: v.detach().clone() for k, v in policy.state_dict().items()}, buf)
+        torch.save({"format": POLICY_FORMAT,
+                    "policy": {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()},
+                    "config": copy.deepcopy(self.config), "provenance": self.provenance(),
+                    "rounds_done": int(self.round), "algo": self.meta.get("algo"), "env_id": self.meta.get("env_id")},
+                   buf)
         path = os.path.join(self.run_dir, "policy.pt")
         atomic_write_bytes(path, buf.getvalue())
         return path
+
+
+def planned_users(learner, users_per_round: int) -> int | None:
+    """Users a whole run of ``learner`` draws: its episodes for the learners that take one user per episode
+    (tabular ``T``; GFA ``K`` episodes in batches of ``B``), else rounds x users per round."""
+    if isinstance(getattr(learner, "T", None), int) and hasattr(learner, "episodes_done"):
+        return int(learner.T)
+    if isinstance(getattr(learner, "K", None), int) and hasattr(learner, "B"):
+        return int(learner.K)
+    return int(learner.num_rounds) * int(users_per_round)
 
 
 def parameters_sha256(module) -> str | None:

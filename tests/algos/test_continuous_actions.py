@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dppo
-from dppo.algos.rollout import RolloutEngine
+from dppo.envs.rollout import RolloutEngine
 from dppo.envs.gym_env import GymEnvFactory
 from dppo.errors import ConfigError
 from dppo.policies.gaussian import GaussianMLPPolicy
@@ -63,7 +63,28 @@ def test_reward_clipping_is_enforced_for_pendulum_rewards():
 
 def test_discrete_policy_on_box_actions_is_a_one_line_error():
     with pytest.raises(ConfigError, match="policy=gaussian"):
-        dppo.train(["algo=pg", "env=pendulum", *SMOKE])
+        dppo.train(["algo=pg", "env=pendulum", "policy=mlp", *SMOKE])
+
+
+def test_pendulum_runs_with_the_default_policy(tmp_path):
+    """``policy=auto`` (the default) picks a Gaussian MLP for Box actions: ``env.id=Pendulum-v1`` alone runs."""
+    summary = dppo.train(["env.id=Pendulum-v1", *SMOKE], run_dir=str(tmp_path))
+    assert summary["env_id"] == "Pendulum-v1" and summary["rounds_done"] == 2 and summary["epsilon_spent"] == 5.0
+    assert isinstance(dppo.load(str(tmp_path)).policy, GaussianMLPPolicy)
+
+
+def test_the_auto_policy_follows_the_action_space():
+    from dppo.policies.auto import auto_policy
+    from dppo.policies.mlp import MLPPolicy
+
+    box = gym.spaces.Box(-1, 1, (3,))
+    assert isinstance(auto_policy(box, gym.spaces.Discrete(4)), MLPPolicy)
+    gauss = auto_policy(box, gym.spaces.Box(-2, 2, (2,)), hidden_sizes=[8], squash="clip")
+    assert isinstance(gauss, GaussianMLPPolicy) and gauss.squash == "clip" and gauss.action_dim == 2
+    with pytest.raises(ConfigError, match="policy=mlp.*policy=gaussian"):
+        auto_policy(box, gym.spaces.MultiDiscrete([2, 3]))
+    with pytest.raises(ConfigError, match="policy.squash applies to Box"):
+        auto_policy(box, gym.spaces.Discrete(2), squash="tanh")
 
 
 def test_unsupported_action_spaces_stay_one_line_errors():
@@ -77,10 +98,14 @@ def test_unsupported_action_spaces_stay_one_line_errors():
 
 
 def test_the_fisher_of_a_gaussian_policy_is_a_monte_carlo_psd_matrix():
-    from dppo.algos.subspace import PolicySubspace
+    from dppo.envs.rollout import Episodes
+    from dppo.policies.spaces import make_space
 
     env = GymEnvFactory("Pendulum-v1", horizon=10)
     pi = GaussianMLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
-    space = PolicySubspace(pi, [p for p in pi.parameters()], subspace="auto", dim=6)
-    F = space.fisher(torch.randn(20, 3))
+    space = make_space(pi, "auto", dim=6)
+    obs = torch.randn(20, 1, 3)
+    states = Episodes(obs, torch.zeros(20, 1, 1), torch.zeros(20, 1, dtype=torch.float64),
+                      torch.ones(20, 1, dtype=torch.bool), torch.zeros(20, dtype=torch.float64), torch.zeros(20))
+    F = space.fisher(states, 500).matrix
     assert F.shape == (6, 6) and torch.allclose(F, F.T) and torch.linalg.eigvalsh(F).min() >= -1e-9

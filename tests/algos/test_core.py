@@ -10,7 +10,7 @@ import torch
 
 from dppo.algos.core import group_advantages
 from dppo.algos.npg import NaturalPolicyGradient
-from dppo.algos.rollout import RolloutEngine
+from dppo.envs.rollout import RolloutEngine
 from dppo.data import streams
 from dppo.data.sampler import OnePassUserSampler
 from dppo.envs.gym_env import GymEnvFactory
@@ -24,7 +24,8 @@ def learner_for(env_id="CartPole-v1", vectorization="auto", group_size=4, horizo
     torch.manual_seed(0)
     policy = MLPPolicy(env.observation_space, env.action_space)
     return NaturalPolicyGradient(policy, env, PrivacyContext(), OnePassUserSampler(3),
-                                 make_oracle("exact", x_bound=None, y_bound=None), seed=7, group_size=group_size)
+                                 make_oracle("exact", x_bound=None, y_bound=None), seed=7, rounds=1,
+                                 group_size=group_size, reward_bound=1.0)
 
 
 def user_slices(batch, users):
@@ -83,7 +84,7 @@ def test_native_vector_start_states_equal_single_env_resets():
 
 
 def test_an_env_without_a_native_vector_env_falls_back_to_sync():
-    from dppo.algos.rollout import resolve_vectorization
+    from dppo.envs.rollout import resolve_vectorization
     from dppo.errors import ConfigError
 
     assert resolve_vectorization(GymEnvFactory("MountainCar-v0")) == "sync"
@@ -132,8 +133,14 @@ def test_every_group_learner_runs_with_default_settings(cli, tmp_path, algo, env
     assert len(summary["ledger"]) == (2 if algo.startswith("dp_") else 0)
 
 
-def test_a_non_private_algorithm_refuses_an_eps(cli, tmp_path):
-    res = cli(["algo=pg", "eps=5", "rounds=1", f"hydra.run.dir={tmp_path}"])
-    assert res.returncode == 2 and "no private mode" in res.stderr
+def test_eps_is_the_one_non_private_switch(cli, tmp_path):
+    """``algo=pg`` is DP-PG's twin by name only (dp_pg + eps=null): with an eps it is the DP-PG run, named so;
+    ``algo=dp_pg eps=null`` is the twin, named pg."""
+    from dppo.api import make_config
+    from dppo.build import build
+
+    private, twin = build(make_config(["algo=pg", "eps=5"])), build(make_config(["algo=dp_pg", "eps=null"]))
+    assert private.privacy.private and private.meta["algo"] == "dp_pg"
+    assert not twin.privacy.private and twin.meta["algo"] == "pg" and type(twin.learner) is type(private.learner)
     res = cli(["algo=ubev", "env=riverswim", "group_size=4", f"hydra.run.dir={tmp_path}"])
-    assert res.returncode == 2 and "group_size" in res.stderr
+    assert res.returncode == 2 and "group_size=4 does not apply to algo=ubev" in res.stderr

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from dppo.algos import dp_ubev
-from dppo.algos.dp_ubev import DPUBEV, _PlanArrays
+from dppo.algos.dp_ubev import DPUBEV, Widths, _PlanArrays
 from dppo.envs.tabular import random_mdp, riverswim
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
@@ -20,26 +20,26 @@ from dppo.privacy.accountants import make_accountant
 UNVISITED = 1e30
 
 
-def reference_plan(l, n, m, H, log_term, E, a_norm, a_span, E_m, private):
+def reference_plan(l, n, m, H, log_term, wd, private):
     """Q [H, S, A] of DP-UBEV from released (l~, n~, m~) [Hc, S, A(, S)] (Hc = 1: pooled)."""
     Hc, S, A = n.shape
     n, l, m = n.reshape(Hc, S * A), l.reshape(Hc, S * A), m.reshape(Hc, S * A, S)
-    mt = m.sum(-1)
-    n_lo = n - E
-    open_ = (n_lo > 0) & (mt > E_m)
-    nn = np.where(open_, n, 1.0)
+    if wd.mix:
+        n = (1 - wd.mix) * n + wd.mix * m.sum(-1)
+    n_lo = n - wd.E
+    open_ = n_lo > 0
     lo = np.where(open_, n_lo, 1.0)
     phi = np.where(open_, np.sqrt((2 * np.log(np.log(np.maximum(lo, math.e))) + log_term) / lo), UNVISITED)
-    inv = 1.0 / nn
-    inv_m = np.where(open_, 1.0 / np.where(open_, mt, 1.0), 1.0)
+    inv = np.where(open_, 1.0 / np.where(open_, n, 1.0), 0.0)
     aug = np.zeros((Hc, S * A, S + 3))
-    aug[..., :S] = m * inv_m[..., None]
+    aug[..., :S] = m * inv[..., None]
     aug[..., S] = phi
     r = l * inv
     if private:
-        aug[..., S + 1] = a_norm * inv_m
-        aug[..., S + 2] = a_span * inv_m
-        r = r + E * (1.0 + np.minimum((np.maximum(l, 0.0) + E) / lo, 1.0)) * inv
+        aug[..., S + 1] = wd.t_noise * inv
+        aug[..., S + 2] = wd.t_round * inv
+        rbar = np.minimum((np.maximum(l, 0.0) + wd.r_noise + wd.r_round) / lo, 1.0)
+        r = r + (np.sqrt(wd.r_noise ** 2 + (wd.r_noise_n * rbar) ** 2) + wd.r_round + wd.r_round_n * rbar) * inv
     r = np.minimum(r + phi, 1.0)
     Q = np.empty((H, S, A))
     va = np.zeros(S + 3)
@@ -51,7 +51,9 @@ def reference_plan(l, n, m, H, log_term, E, a_norm, a_span, E_m, private):
         V = Q[h].max(-1)
         vmax, c = float(V.max()), float(V.min())
         W = V - c
-        va = np.concatenate([W, [0.0, math.sqrt(float(np.dot(W, W))), vmax - c]])
+        w = vmax - c
+        ww = float(np.dot(W, W))
+        va = np.concatenate([W, [0.0, math.sqrt(max(ww, ww - 2 * w * wd.mix * float(np.sum(W)) + w * w * wd.s2)), w]])
     return Q
 
 
@@ -72,10 +74,13 @@ def test_planner_matches_reference_bit_for_bit_on_random_counts(small):
         scale = 10 ** rng.uniform(0, 5)
         l, n, m = _random_counts(rng, S, A, Hc, scale, integer=rng.random() < 0.3)
         private = bool(rng.random() < 0.8)
-        E, a_norm, a_span, E_m = ((float(rng.uniform(0, scale)), float(rng.uniform(0, 3)),
-                                   float(rng.uniform(0, 3)), float(rng.uniform(0, scale))) if private
-                                  else (0.0, 0.0, 0.0, 0.0))
-        args = (float(rng.uniform(1, 10)), E, a_norm, a_span, E_m, private)
+        if private:
+            mix = float(rng.choice([0.0, 1.0 / (S + 1), rng.uniform(0, 1)]))
+            wd = Widths(*(float(rng.uniform(0, hi)) for hi in (scale, scale, scale, 3, 3, scale, 3)), mix=mix,
+                        s2=(1 - mix) ** 2 + mix * mix * S)
+        else:
+            wd = Widths()
+        args = (float(rng.uniform(1, 10)), wd, private)
         planner = _PlanArrays(l, n, m, H)
         planner.small = small
         want = reference_plan(l, n, m, H, *args)
@@ -88,7 +93,8 @@ def _ctx(eps):
 
 
 @pytest.mark.parametrize("kw", [dict(mdp="riverswim"), dict(mdp="riverswim", counter="gaussian_tree", pool_steps=False),
-                                dict(mdp="random", pool_cap=None)])
+                                dict(mdp="random", pool_cap=None), dict(mdp="riverswim", block_growth=None),
+                                dict(mdp="riverswim", counter="laplace_tree")])
 def test_seeded_run_regret_equals_the_reference_planner_run(kw, monkeypatch):
     """A seeded 600-episode run: the fast planner's per-episode regret equals, float for float, the
     regret of the same run planned by ``reference_plan`` (the learner's policies are argmaxes of Q)."""

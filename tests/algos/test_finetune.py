@@ -19,9 +19,9 @@ def final_state(run_dir):
 
 def test_fine_tuning_from_a_run_freezes_the_body_noises_the_head_and_uses_new_users(tmp_path):
     pre, fine = str(tmp_path / "pre"), str(tmp_path / "fine")
-    dppo.train(["algo=pg", *TINY, "algo.subspace=full", "algo.dim=null"], run_dir=pre)
+    dppo.train(["algo=pg", *TINY, "policy.subspace=full", "policy.dim=null"], run_dir=pre)
     summary = dppo.train(["algo=dp_pg", "eps=5", *TINY, f"policy.init_from={pre}", "policy.freeze=[body]",
-                          "algo.subspace=full", "algo.dim=null"], run_dir=fine)
+                          "policy.subspace=full", "policy.dim=null"], run_dir=fine)
     a, b = final_state(pre), final_state(fine)
     pa, pb = a["learner"]["policy"], b["learner"]["policy"]
     for k in pa:
@@ -40,10 +40,10 @@ def test_init_from_accepts_a_checkpoint_file_and_a_bare_state_dict(tmp_path):
     ckpt = os.path.join(pre, "checkpoints", [c for c in ckpts if c.endswith(".pt")][-1])
     bare = str(tmp_path / "bare.pt")
     torch.save(final_state(pre)["learner"]["policy"], bare)
-    for source in (ckpt, bare):
+    for source, extra in ((ckpt, []), (bare, ["policy.init_users_offset=6"])):   # a bare one: its users stated
         out = str(tmp_path / ("run_" + os.path.basename(source)))
         summary = dppo.train(["algo=pg", *TINY, "rounds=1", f"policy.init_from={source}", "policy.freeze=[body]",
-                              "algo.subspace=full", "algo.dim=null"], run_dir=out)
+                              "policy.subspace=full", "policy.dim=null", *extra], run_dir=out)
         assert summary["rounds_done"] == 1
         start = final_state(pre)["learner"]["policy"]
         assert torch.equal(final_state(out)["learner"]["policy"]["body.0.weight"], start["body.0.weight"])

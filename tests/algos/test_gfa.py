@@ -163,7 +163,7 @@ def test_default_config_values():
 
 @pytest.mark.parametrize("composition", ["advanced", "zcdp"])
 def test_budget_schedule_is_proportional_to_i_to_the_minus_p_and_composes_to_the_target(composition):
-    from dppo.algos.gfa import budget_schedule
+    from dppo.privacy.calibration import budget_schedule
     from dppo.privacy.accountants.advanced import advanced_composition_eps
     from dppo.privacy.accountants.zcdp import zcdp_to_dp
 

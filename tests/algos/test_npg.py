@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from dppo.algos.npg import NaturalPolicyGradient
-from dppo.algos.subspace import PolicySubspace
 from dppo.data.sampler import OnePassUserSampler
 from dppo.envs.bandit import ContextualBandit
 from dppo.envs.gym_env import GymEnvFactory
@@ -17,6 +16,7 @@ from dppo.errors import ConfigError
 from dppo.oracles import make_oracle
 from dppo.policies.loglinear import LogLinearPolicy
 from dppo.policies.mlp import MLPPolicy
+from dppo.policies.spaces import make_space
 from dppo.privacy.context import PrivacyContext
 from dppo.privacy.noise import NoiseSource
 
@@ -36,7 +36,7 @@ def test_head_features_are_the_autograd_gradients_of_the_head_rows():
     with torch.no_grad():
         policy.head.weight.normal_()
     obs, actions = torch.randn(4, 4), torch.tensor([0, 2, 1, 2])
-    phi = PolicySubspace(policy, policy.parameters(), "head", dim=None).features(obs, actions)
+    phi = make_space(policy, "head", dim=None).state_action_features(obs, actions)
     for n in range(4):
         policy.zero_grad()
         policy.log_prob(obs[n:n + 1], actions[n:n + 1]).sum().backward()
@@ -47,7 +47,7 @@ def test_head_features_are_the_autograd_gradients_of_the_head_rows():
 def test_full_features_are_per_sample_gradients():
     policy = mlp()
     obs, actions = torch.randn(3, 4), torch.tensor([1, 0, 1])
-    phi = PolicySubspace(policy, policy.parameters(), "full", dim=None).features(obs, actions)
+    phi = make_space(policy, "full", dim=None).state_action_features(obs, actions)
     for n in range(3):
         policy.zero_grad()
         policy.log_prob(obs[n:n + 1], actions[n:n + 1]).sum().backward()
@@ -58,11 +58,11 @@ def test_full_features_are_per_sample_gradients():
 @pytest.mark.parametrize("kind,dim", [("head", None), ("head", 6), ("full", 6)])
 def test_subspace_step_moves_log_probs_by_the_linearization(kind, dim):
     policy = mlp()
-    space = PolicySubspace(policy, policy.parameters(), kind, dim=dim, seed=1)
+    space = make_space(policy, kind, dim=dim, seed=1)
     obs, actions = torch.randn(8, 4), torch.randint(0, 2, (8,))
     w = 1e-3 * torch.randn(space.dim, dtype=torch.float64)
     before = policy.log_prob(obs, actions).detach().double()
-    phi = space.features(obs, actions)
+    phi = space.state_action_features(obs, actions)
     space.step(w)
     after = policy.log_prob(obs, actions).detach().double()
     torch.testing.assert_close(after - before, phi @ w, rtol=2e-2, atol=1e-6)
@@ -87,7 +87,7 @@ def cartpole_learner(eps=None, group_size=4):
     privacy = PrivacyContext(eps=eps, delta=1e-5, noise=NoiseSource(0))
     oracle = make_oracle("exact", x_bound=None, y_bound=None, ridge=0.01)
     return NaturalPolicyGradient(policy, CARTPOLE, privacy, OnePassUserSampler(4), oracle, seed=3, rounds=2,
-                                 group_size=group_size)
+                                 group_size=group_size, reward_bound=1.0)
 
 
 def bandit_learner(eps=None, oracle="exact", rounds=30, seed=0, **kw):
@@ -100,7 +100,7 @@ def bandit_learner(eps=None, oracle="exact", rounds=30, seed=0, **kw):
     kw.setdefault("momentum", 0.0)
     kw.setdefault("max_step_norm", None)
     learner = NaturalPolicyGradient(policy, bandit, privacy, sampler, make_oracle(oracle, **defaults), seed=seed,
-                                    rounds=rounds, reward_bound=1.0, subspace="full",
+                                    rounds=rounds, reward_bound=1.0, space=make_space(policy, "full", seed=seed),
                                     step=kw.pop("step", "fixed"), lr=kw.pop("lr", 1.0), **kw)
     return learner, bandit, privacy
 
@@ -199,15 +199,15 @@ def test_cli_bandit_loglinear_with_each_oracle(cli, tmp_path):
 def test_public_fisher_is_the_expected_outer_product_of_score_features():
     learner = cartpole_learner()
     space = learner.space
-    F = learner.public_fisher(0)
-    ep = learner.public_episodes("fisher", 0, learner.fisher_episodes)
+    F = learner.public_fisher(0).matrix
+    ep = learner.collector.public(learner.policy, "fisher", 0, learner.fisher_episodes)
     obs = ep.obs[ep.mask]
     obs = obs[torch.linspace(0, obs.shape[0] - 1, min(obs.shape[0], learner.fisher_states)).long()]
     probs = torch.softmax(learner.policy.logits(obs), -1).detach().double()
     expected = torch.zeros(space.dim, space.dim, dtype=torch.float64)
     for n in range(obs.shape[0]):
         for a in range(2):
-            phi = space.features(obs[n:n + 1], torch.tensor([a]))[0]
+            phi = space.state_action_features(obs[n:n + 1], torch.tensor([a]))[0]
             expected += probs[n, a] * torch.outer(phi, phi) / obs.shape[0]
     torch.testing.assert_close(F, expected)
 
@@ -215,6 +215,6 @@ def test_public_fisher_is_the_expected_outer_product_of_score_features():
 def test_public_fisher_states_come_from_public_seeds_only():
     """The Fisher's rollouts start from public seeds (>= 2^31), never from a user's reset seed."""
     learner = cartpole_learner()
-    seeds = learner.public_seeds("fisher", 5, 50)
-    users = learner.user_reset_seeds(range(1000))
+    seeds = learner.collector.public_seeds("fisher", 5, 50)
+    users = learner.collector.user_reset_seeds(range(1000), 1)
     assert min(seeds) >= 2**31 and max(users) < 2**31

@@ -24,6 +24,7 @@ def _learner(env_id="CartPole-v1", eps=None, users=4, group_size=1, horizon=30, 
     policy = (GaussianMLPPolicy if cont else MLPPolicy)(env.observation_space, env.action_space, hidden_sizes=(8,))
     privacy = PrivacyContext(eps, 1e-5, noise=NoiseSource(0))
     kw.setdefault("critic_hidden_sizes", (8,))
+    kw.setdefault("max_grad_norm", 1.0)
     return PPO(policy, env, privacy, OnePassUserSampler(users, seed=0), seed=0, rounds=5,
                reward_bound=16.3 if cont else 1.0, group_size=group_size, **kw)
 
@@ -189,14 +190,15 @@ def test_bad_settings_are_refused_in_one_line():
     with pytest.raises(ConfigError, match="one-pass"):
         env = GymEnvFactory("CartPole-v1", horizon=20)
         PPO(MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,)), env,
-            PrivacyContext(1.0, 1e-5, multi_pass=True, population_size=100), OnePassUserSampler(2), rounds=2)
+            PrivacyContext(1.0, 1e-5, multi_pass=True, population_size=100), OnePassUserSampler(2), seed=0, rounds=2,
+            group_size=1, reward_bound=1.0, max_grad_norm=1.0)
 
 
 def test_correlated_exploration_keeps_every_uniform_exactly_uniform_and_correlates_neighbours():
     """action_noise_corr = rho: z_t = Phi^-1(u_t) is a stationary AR(1) process, N(0, 1) at every t with
     lag-1 correlation rho (checked against its definition by a direct recursion on the same normals)."""
     L = _learner(action_noise_corr=0.9)
-    u = L.action_uniforms(torch.Generator().manual_seed(0), (4000, 40))
+    u = L.collector.user_uniforms(torch.Generator().manual_seed(0), (4000, 40))
     e = torch.randn((4000, 40), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     z = torch.empty_like(e)
     z[:, 0] = e[:, 0]
@@ -205,21 +207,47 @@ def test_correlated_exploration_keeps_every_uniform_exactly_uniform_and_correlat
     torch.testing.assert_close(torch.special.ndtri(u), z, rtol=1e-6, atol=1e-6)
     assert float(z[:, -1].std()) == pytest.approx(1.0, abs=0.05)
     assert float((z[:, 1:] * z[:, :-1]).mean()) == pytest.approx(0.9, abs=0.03)
-    white = _learner().action_uniforms(torch.Generator().manual_seed(0), (3, 5))
+    white = _learner().collector.user_uniforms(torch.Generator().manual_seed(0), (3, 5))
     assert torch.equal(white, torch.rand((3, 5), generator=torch.Generator().manual_seed(0), dtype=torch.float64))
 
 
 def test_user_horizon_cuts_the_users_episodes_and_bootstraps_them_while_evaluation_keeps_the_full_horizon():
     """user_horizon = 6 on a 30-step CartPole: every training episode has <= 6 steps, a 6-step episode is
-    truncated (bootstrapped), not terminated; the learner's env (evaluation) keeps horizon 30."""
+    truncated (bootstrapped), not terminated; the collector's public rollouts (evaluation) keep horizon 30."""
     L = _learner(users=4, user_horizon=6)
     batch = L.collect(list(range(4)), 0)
     assert int(batch.lengths.max()) <= 6 and batch.mask.shape[-1] == 6
     full = batch.lengths == 6
     assert full.any() and not bool(batch.terminated[full].any())
-    assert L.env.horizon == 30 and L.rollouts.factory.horizon == 30
+    assert L.env.horizon == 30 and L.collector.engine.factory.horizon == 30
+    assert L.collector.user_engine.factory.horizon == 6
+    assert L.collector.public(L.policy, "eval", 0, 4).mask.shape[-1] > 6
     L.update(batch, 0)
     with pytest.raises(ConfigError, match="user_horizon"):
         _learner(user_horizon=0)
     with pytest.raises(ConfigError, match="optimizer"):
         _learner(optimizer="rmsprop")
+
+
+@pytest.mark.parametrize("overrides,match", [
+    (["env=riverswim"], "tabular MDP"),
+    (["policy.subspace=head"], "subspace=full"),
+    (["algo.momentum=0.5"], "optimizer=sgd"),
+    (["algo.adam_eps=1e-8", "algo.optimizer=sgd"], "optimizer=adam"),
+])
+def test_the_configuration_path_refuses_envs_ppo_cannot_learn_and_dead_keys_in_one_line(overrides, match, tmp_path):
+    import dppo
+
+    with pytest.raises(ConfigError, match=match):
+        dppo.train(["algo=ppo", "rounds=1", "progress=false", *overrides], run_dir=str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
+
+
+def test_ppo_defaults_live_in_the_learner_signature_and_the_twin_differs_only_by_eps():
+    """conf/algo/dp_ppo.yaml names only the target; algo=ppo is the same learner with eps=null."""
+    import dppo
+
+    private, twin = dppo.make_config(["algo=dp_ppo"]), dppo.make_config(["algo=ppo"])
+    assert dict(private.algo) == dict(twin.algo) == {"_target_": "dppo.algos.ppo.PPO"}
+    assert private.eps == 5.0 and twin.eps is None
+    assert PPO.defaults()["lr"] == 0.01 and PPO.defaults()["epochs"] == 4

@@ -13,6 +13,7 @@ from dppo.envs.bandit import ContextualBandit
 from dppo.envs.gym_env import GymEnvFactory
 from dppo.oracles import make_oracle
 from dppo.policies.loglinear import LogLinearPolicy
+from dppo.policies.spaces import make_space
 from dppo.privacy.context import PrivacyContext
 from dppo.privacy.noise import NoiseSource
 
@@ -25,7 +26,8 @@ def rebel_learner(eps=None, oracle="exact", rounds=30, seed=0, **kw):
     bounds = dict(x_bound=None, y_bound=None) if oracle == "exact" else dict(x_bound=2.0, y_bound=2.0)
     okw = kw.pop("oracle_kwargs", {})
     learner = REBEL(policy, bandit, privacy, sampler, make_oracle(oracle, ridge=0.1, **bounds, **okw), seed=seed,
-                    rounds=rounds, reward_bound=1.0, eta=1.0, subspace="full", group_size=kw.pop("group_size", 2),
+                    rounds=rounds, reward_bound=1.0, eta=1.0, space=make_space(policy, "full", seed=seed),
+                    group_size=kw.pop("group_size", 2),
                     momentum=kw.pop("momentum", 0.0), max_step_norm=kw.pop("max_step_norm", None), **kw)
     return learner, bandit, privacy
 
@@ -39,8 +41,8 @@ def test_rebel_regression_is_exact_for_log_linear_policies():
     x = torch.tensor(np.stack([bandit.context(u) for u in range(6)]), dtype=torch.float32).reshape(6, -1)
     y, y2 = torch.tensor([0, 1, 2, 3, 0, 1]), torch.tensor([1, 1, 0, 2, 3, 2])
     w = torch.randn(policy.theta.shape[0], dtype=torch.float64)
-    phi_y = learner.space.features(x, y)
-    phi_y2 = learner.space.features(x, y2)
+    phi_y = learner.space.state_action_features(x, y)
+    phi_y2 = learner.space.state_action_features(x, y2)
     before = (policy.log_prob(x, y) - policy.log_prob(x, y2)).detach().double()
     learner.space.step(w)
     after = (policy.log_prob(x, y) - policy.log_prob(x, y2)).detach().double()
@@ -53,7 +55,7 @@ def test_a_users_group_shares_its_start_state_and_differs_in_actions():
     env = GymEnvFactory("CartPole-v1", horizon=30)
     policy = MLPPolicy(env.observation_space, env.action_space)
     learner = REBEL(policy, env, PrivacyContext(), OnePassUserSampler(3), make_oracle("exact", x_bound=None,
-                    y_bound=None), group_size=4, rounds=1)
+                    y_bound=None), seed=0, group_size=4, rounds=1, reward_bound=1.0)
     batch = learner.collect([5, 6, 7], 0)
     starts = batch.grouped(batch.obs[:, 0])
     torch.testing.assert_close(starts, starts[:, :1].expand_as(starts))

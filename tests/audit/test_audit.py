@@ -103,10 +103,15 @@ def test_oracle_bound_is_below_claim_and_has_power(run, trials, eps):
 
 def test_ssp_calibrated_to_the_separate_bounds_halved_is_caught(monkeypatch):
     """An SSP whose stds are half what the joint sensitivity needs must be caught at eps = 1."""
-    from dppo.oracles.ssp import SSPOracle
+    import dataclasses
 
-    original = SSPOracle.noise_stds
-    monkeypatch.setattr(SSPOracle, "noise_stds", lambda self, e, d: tuple(0.5 * s for s in original(self, e, d)))
+    from dppo.privacy import calibration
+
+    def halved(*a, **k):
+        cal = calibration.ssp_calibration(*a, **k)
+        return dataclasses.replace(cal, sigma_gram=0.5 * cal.sigma_gram, sigma_moment=0.5 * cal.sigma_moment)
+
+    monkeypatch.setattr("dppo.privacy.mechanisms.ssp_calibration", halved)
     out = audit_ssp(1.0, trials=1_000_000, seed=9)
     assert out.claimed_eps == 1.0 and out.eps_lb > 1.0
 
@@ -240,7 +245,7 @@ def test_full_audit_every_mechanism_within_claim_and_gaussian_power():
 def test_exp_mech_oracle_with_beta_doubled_is_caught(monkeypatch):
     from dppo.privacy.calibration import exp_mech_beta
 
-    monkeypatch.setattr("dppo.oracles.exp_mech.exp_mech_beta", lambda eps, sens: 2 * exp_mech_beta(eps, sens))
+    monkeypatch.setattr("dppo.privacy.mechanisms.exp_mech_beta", lambda eps, sens: 2 * exp_mech_beta(eps, sens))
     out = audit_exp_mech(1.0, trials=100_000, seed=7)
     assert out.claimed_eps == 1.0 and out.eps_lb > 1.0
 

@@ -1,4 +1,5 @@
-"""One configuration path: the API validates dicts, dataclasses and overrides exactly like the CLI, writes
+"""One configuration path: the CLI and the API compose once and build every object once; the API validates
+dicts, dataclasses and overrides exactly like the CLI, writes
 the same run-directory layout (resumable from the CLI), refuses to reuse a directory holding a run, and checks
 objects passed in before any user is drawn."""
 from __future__ import annotations
@@ -40,9 +41,9 @@ def test_a_bad_dict_is_the_same_one_line_error_as_the_cli(cli, bad):
 
 def test_a_train_config_dataclass_is_accepted_and_validated():
     cfg = dppo.make_config(TrainConfig(algo="pg", rounds=7, users_per_round=3, eval={"greedy": True}))
-    assert cfg.algo.name == "pg" and cfg.rounds == 7 and cfg.users_per_round == 3 and cfg.eval.greedy is True
+    assert cfg.algo._target_.endswith("PolicyGradient") and cfg.eps is None and cfg.rounds == 7 and cfg.users_per_round == 3 and cfg.eval.greedy is True
     assert cfg.env.id == "CartPole-v1"  # defaults for the groups not named
-    with pytest.raises(ConfigError, match="bad config"):
+    with pytest.raises(ConfigError, match="rounds must be an int, got .many."):
         dppo.make_config(TrainConfig(rounds="many"))
 
 
@@ -78,7 +79,7 @@ def test_reusing_a_run_directory_for_a_new_run_is_refused(tmp_path, cli):
     line = _cli_error(cli, ["algo=pg", *TINY, f"hydra.run.dir={run}"])
     assert "already holds a run" in line and f"resume={run}" in line
     assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ckpts
-    assert "dp_pg" in open(os.path.join(run, ".hydra", "config.yaml")).read()  # the old run's config is intact
+    assert "eps: 5.0" in open(os.path.join(run, ".hydra", "config.yaml")).read()  # the old (dp_pg) run's config is intact
 
 
 class _PlainNet(torch.nn.Module):
@@ -111,3 +112,82 @@ def test_a_policy_for_other_spaces_is_refused_before_training():
     wrong = MLPPolicy(gym.spaces.Box(-1, 1, shape=(6,)), gym.spaces.Discrete(3))
     with pytest.raises(ConfigError, match="fails on an observation|actions in 0..1"):
         dppo.train(["algo=dp_pg", *TINY], policy=wrong)
+
+
+BUILDERS = ("build_env", "build_privacy", "build_sampler", "build_policy", "build_space", "build_learner")
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of Hydra compositions and of each builder's calls (the one configuration path: one of each)."""
+    import hydra
+
+    import dppo.build
+
+    counts = {}
+
+    def counting(name, fn):
+        def wrapped(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(hydra, "compose", counting("compose", hydra.compose))
+    for name in BUILDERS:
+        monkeypatch.setattr(dppo.build, name, counting(name, getattr(dppo.build, name)))
+    return counts
+
+
+def _never_called():
+    raise AssertionError("a single run does not go through Hydra's run machinery")
+
+
+def test_a_cli_run_composes_once_and_builds_every_object_once(tmp_path, counted):
+    from dppo.cli import entry
+
+    run = tmp_path / "run"
+    entry(_never_called, ["algo=dp_npg", *TINY, f"hydra.run.dir={run}"])
+    assert json.load(open(run / "summary.json"))["rounds_done"] == 2
+    assert counted == {"compose": 1, **{name: 1 for name in BUILDERS}}
+    assert (run / ".hydra" / "config.yaml").is_file() and (run / ".hydra" / "overrides.yaml").is_file()
+
+
+@pytest.mark.parametrize("given", [["algo=dp_pg", *TINY],
+                                   {"algo": "dp_pg", "rounds": 2, "users_per_round": 2, "eval_episodes": 1,
+                                    "progress": False, "env": {"horizon": 20}, "privacy": {"secure_rng": False}},
+                                   TrainConfig(algo="dp_pg", rounds=2, users_per_round=2, eval_episodes=1,
+                                               progress=False, env={"horizon": 20}, privacy={"secure_rng": False})],
+                         ids=["list", "dict", "TrainConfig"])
+def test_an_api_run_composes_once_and_builds_every_object_once(tmp_path, counted, given):
+    s = dppo.train(given, run_dir=str(tmp_path / "run"))
+    assert s["rounds_done"] == 2 and s["algo"] == "dp_pg"
+    assert counted == {"compose": 1, **{name: 1 for name in BUILDERS}}
+
+
+def test_a_cli_resume_reads_the_saved_config_once_and_builds_once(tmp_path, counted):
+    from dppo.cli import entry
+
+    run = tmp_path / "run"
+    dppo.train(["algo=dp_pg", *TINY], run_dir=str(run), callbacks=[StopAfterOne()])
+    counted.clear()
+    entry(_never_called, [f"resume={run}"])
+    assert json.load(open(run / "summary.json"))["rounds_done"] == 2
+    assert counted == {name: 1 for name in BUILDERS}  # the saved config: no composition at all
+
+
+def test_a_config_refused_by_the_last_check_of_the_build_leaves_no_run_directory(tmp_path, capsys):
+    """Every object is built and checked before the run directory is made (the population's capacity is
+    checked last, on the built trainer)."""
+    from dppo.cli import entry
+
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as exc:
+        entry(_never_called, ["algo=dp_npg", "env=bandit", "users_per_round=500", "rounds=5", "progress=false",
+                              f"hydra.run.dir={run}"])
+    assert exc.value.code == 2 and "more users" in capsys.readouterr().err
+    assert not run.exists()
+
+
+class StopAfterOne(dppo.training.callbacks.Callback):
+    def on_round_end(self, trainer, round_idx, metrics):
+        return False

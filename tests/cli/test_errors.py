@@ -19,8 +19,27 @@ CASES = [
     (["max_grad_norm=0"], "max_grad_norm"),
     (["privacy.population_size=50", "rounds=10"], "population has 50"),
     (["resume=/tmp/definitely/not/a/run"], "not a run directory"),
-    (["eps=abc"], "bad config"),
-    (["unknown_key=3"], "bad config"),
+    (["eps=abc"], "eps must be a number (or null), got 'abc'"),
+    (["users_per_round=ten"], "users_per_round must be an int, got 'ten'"),
+    (["privacy.secure_rng=maybe"], "privacy.secure_rng must be true or false"),
+    (["unknown_key=3"], "unknown key 'unknown_key'"),
+    (["+rounds_=3"], "unknown key 'rounds_' (did you mean 'rounds'?)"),
+    (["rounds_=3"], "unknown key 'rounds_' (did you mean 'rounds'?)"),
+    (["privacy.accountnt=rdp"], "unknown key 'privacy.accountnt' (did you mean 'privacy.accountant'?)"),
+    (["env.idd=CartPole-v1"], "unknown key 'env.idd' (did you mean 'env.id'?)"),
+    (["algo.lrr=0.1"], "unknown key 'algo.lrr' (did you mean 'algo.lr'?)"),
+    # a key the chosen learner (or the chosen option) does not read is refused, not ignored
+    (["algo=dp_npg", "max_grad_norm=0.1"], "max_grad_norm=0.1 does not apply to algo=dp_npg"),
+    (["algo=dp_npg", "algo.lr=0.1"], "algo.lr applies with algo.step=norm|fixed, not algo.step=kl"),
+    (["algo=dp_npg", "algo.step=norm", "algo.max_kl=0.1"], "algo.max_kl applies with algo.step=kl"),
+    (["algo=dp_pg", "algo.gamma=0.9"], "algo.gamma applies with algo.advantage=to_go"),
+    (["algo=dp_pg", "algo.optimizer=adam", "algo.momentum=0.5"], "algo.momentum applies with algo.optimizer=sgd"),
+    (["algo=dp_pg", "oracle=ssp"], "oracle= applies to the regression learners"),
+    (["algo=gfa", "env=riverswim", "rounds=5"], "rounds=5 does not apply to algo=gfa"),
+    (["algo=ubev", "env=riverswim", "group_size=4"], "group_size=4 does not apply to algo=ubev"),
+    (["algo=dp_npg", "oracle=ssp", "oracle.gram_share=0.5"], "oracle.gram_share shapes the released Gram matrix"),
+    (["algo=dp_npg", "oracle=dp_gd", "oracle.stepz=3"], "unknown key 'oracle.stepz' (did you mean 'oracle.steps'?)"),
+    (["env.id=MountainCarContinuous-v0", "policy=mlp"], "Discrete"),
     (["algo=dp_pg", "privacy.multi_pass=true", "privacy.population_size=20", "eps=0.01", "rounds=1000"],
      "cannot be met"),
     (["algo=dp_npg", "privacy.multi_pass=true", "privacy.population_size=20"], "one-pass training only"),
@@ -42,6 +61,19 @@ CASES = [
     (["algo=dp_pg", "+env.kwargs.no_such_arg=1"], "unexpected keyword argument 'no_such_arg'"),
     (["algo=dp_pg", "users_per_round=100000000000"], "needs ~"),
     (["algo=dp_pg", "privacy.population_size=100000000000000", "rounds=2"], "population_size=100000000000000"),
+    # issue 20: each of these misbehaved (an internal error text, a failure after releases, a wrong hint)
+    (["algo=dp_pg", "env=riverswim"], "is a tabular MDP: use algo=ubev"),
+    (["policy=mlp", "env=prompts"], "text prompts as observations"),
+    (["delta=1e-300"], "delta=1e-300 is below 1e-100"),
+    (["algo=pucb", "env=riverswim", "privacy.multi_pass=true", "privacy.population_size=100"],
+     "makes pure-DP releases; use one-pass training"),
+    (["algo=dp_npg", "env=bandit", "users_per_round=500", "rounds=5"],
+     "needs 2500 more users but the env's population (ContextualBandit) has 2000"),
+    (["algo=dp_pg", "env=bandit", "policy=loglinear", "privacy.multi_pass=true", "privacy.population_size=3000",
+      "eps=8"], "privacy.population_size=3000 is larger than the env's population"),
+    (["algo=ubev", "env=riverswim", "privacy.population_size=50", "episodes=100"], "needs 100 more users"),
+    (["policy.init_users_offset=3"], "applies to policy.init_from"),
+    (["policy.init_from=/no/such/file.pt"], "neither a run directory nor a file"),
 ]
 
 
@@ -59,7 +91,7 @@ def test_bad_input_is_one_line_exit_2(capsys, args, needle):
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err
 
 
-@pytest.mark.parametrize("args,needle", [(["eps=0"], "eps must be > 0"), (["unknown_key=3"], "bad config"),
+@pytest.mark.parametrize("args,needle", [(["eps=0"], "eps must be > 0"), (["+rounds_=3"], "unknown key 'rounds_'"),
                                          (["env.id=NoSuchEnv-v9"], "unknown env.id"),
                                          (["algo=dp_pg", "privacy.accountant=rdp"], "multi_pass"),
                                          (["algo=dp_pg", "privacy.max_epsilon=1"], "below eps")])

@@ -3,7 +3,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from dppo.algos.rollout import RolloutEngine, resolve_vectorization
+from dppo.envs.rollout import RolloutEngine, resolve_vectorization
 from dppo.envs.acrobot_vector import AcrobotVectorEnv
 from dppo.envs.gym_env import GymEnvFactory
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from dppo.algos.rollout import collect_episodes
+from dppo.envs.rollout import RolloutEngine
 from dppo.envs.bandit import ContextualBandit
 from dppo.errors import ConfigError, PrivacyError
 from dppo.policies.loglinear import LogLinearPolicy
@@ -58,7 +58,8 @@ def test_evaluation_contexts_are_never_training_users():
 def test_rollout_clips_noisy_rewards_to_the_bound():
     bandit = ContextualBandit(population=64, noise_std=5.0, seed=0)
     policy = LogLinearPolicy(bandit.observation_space, bandit.action_space)
-    batch = collect_episodes(policy, bandit, list(range(64)), reward_bound=1.0, generator=torch.Generator().manual_seed(0))
+    uniforms = torch.rand(64, 1, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    batch = RolloutEngine(bandit).run(policy, list(range(64)), uniforms, reward_bound=1.0)
     assert batch.rewards.abs().max() <= 1.0
     assert batch.reward_clip_fraction > 0.3
     assert batch.lengths.eq(1).all()

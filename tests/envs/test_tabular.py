@@ -1,5 +1,6 @@
 """TabularMDP: value iteration against brute force, seeded simulation, gym toy-text conversion."""
 import itertools
+import math
 
 import gymnasium as gym
 import pytest
@@ -171,3 +172,28 @@ def test_batched_policy_values_with_repeats_equal_the_values_without(S, chunk):
         V = mdp.R[rows, a] + (mdp.P[rows, a] @ V.unsqueeze(-1)).squeeze(-1)
     expected = torch.cat([V[k0:k0 + step] @ mdp.p0 for k0 in range(0, 301, step)])
     assert torch.equal(mdp.policy_value_batch(pols, chunk_elems=chunk), expected)
+
+
+def test_drifting_random_mdp_has_per_step_dynamics_and_exact_values():
+    """drift > 0: P_h, R_h interpolate two MDPs (step 0 = the stationary MDP of the seed); value iteration
+    against brute force, the batched values against per-policy evaluation, Monte Carlo against the value,
+    both samplers agree on the same uniforms."""
+    base, mdp = random_mdp(S=2, A=2, H=3, seed=3), random_mdp(S=2, A=2, H=3, seed=3, drift=1.0)
+    assert base.stationary and not mdp.stationary and mdp.P.shape == (3, 2, 2, 2)
+    assert torch.allclose(mdp.P[0], base.P) and not torch.allclose(mdp.P[2], base.P)
+    assert torch.allclose(mdp.P[1], 0.5 * (mdp.P[0] + mdp.P[2]))
+    assert mdp.optimal_value() == pytest.approx(_brute_force_optimum(mdp), abs=1e-12)
+    assert torch.equal(random_mdp(S=2, A=2, H=3, seed=3, drift=0.0).P, base.P)
+    big = random_mdp(S=5, A=3, H=6, seed=1, drift=1.0)
+    pis = torch.randint(0, 3, (4, 6, 5), generator=torch.Generator().manual_seed(0))
+    batch = big.policy_value_batch(pis)
+    assert torch.allclose(batch, torch.tensor([big.policy_value(p) for p in pis], dtype=torch.float64))
+    states, actions, rewards = big.sample_episodes(pis[0], 30000, torch.Generator().manual_seed(1))
+    sd = rewards.sum(1).std().item() / math.sqrt(30000)
+    assert rewards.sum(1).mean().item() == pytest.approx(big.policy_value(pis[0]), abs=4 * sd)
+    u = big.uniforms(3, torch.Generator().manual_seed(1))
+    for i in range(3):
+        st, ac, rw = big.episode_from_uniforms(pis[0].tolist(), u[i].tolist())
+        assert st == states[i].tolist() and ac == actions[i].tolist() and rw == rewards[i].tolist()
+    with pytest.raises(ConfigError):
+        random_mdp(drift=1.5)

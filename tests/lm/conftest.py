@@ -28,7 +28,7 @@ def small_prompts(tmp_path_factory):
 def lm_overrides(prompts: str, *extra: str) -> list[str]:
     """A 2-round run of the tiny model on ``prompts`` (8 users a round)."""
     return ["env=prompts", "policy=lm", f"env.path={prompts}", f"env.reward={REWARD}", "rounds=2",
-            "users_per_round=8", "group_size=4", "eval_episodes=8", "env.eval_size=8", "env.eval_every=1",
+            "users_per_round=8", "group_size=4", "eval_episodes=8", "env.eval_size=8", "eval_every=1",
             "env.show_every=1", "policy.max_new_tokens=5", "progress=false", "privacy.secure_rng=false",
             *extra]
 

@@ -1,5 +1,6 @@
-"""The LM learners on env=prompts: 2-round smoke runs of each algorithm, only adapter weights change,
-the adapter loads with peft, group advantages use only the user's own group, the seed matters."""
+"""The learners on env=prompts (the same PG / NPG / REBEL classes as on gym envs): 2-round smoke runs of each
+algorithm, only adapter weights change, the adapter loads with peft, every algo key reaches the update, group
+advantages use only the user's own group, the seed matters."""
 from __future__ import annotations
 
 import json
@@ -8,15 +9,18 @@ import os
 import pytest
 import torch
 
-from dppo.algos.prompt_po import GroupPolicyGradient, PromptNPG, PromptREBEL, group_advantages
+from dppo.algos.core import group_advantages
+from dppo.algos.npg import NaturalPolicyGradient
+from dppo.algos.pg import PolicyGradient
+from dppo.algos.rebel import REBEL
 from dppo.api import make_config, train
 from dppo.build import build
 from tests.lm.conftest import MODEL, lm_overrides
 
-ALGOS = [("dp_pg", "eps=8", GroupPolicyGradient), ("dp_npg", "eps=8", PromptNPG),
-         ("dp_rebel", "eps=8", PromptREBEL), ("dp_pg", "eps=null", GroupPolicyGradient),
-         ("dp_npg", "eps=null", PromptNPG), ("pg", "eps=null", GroupPolicyGradient),
-         ("rebel", "eps=null", PromptREBEL)]  # eps=null: the non-private twins
+ALGOS = [("dp_pg", "eps=8", PolicyGradient), ("dp_npg", "eps=8", NaturalPolicyGradient),
+         ("dp_rebel", "eps=8", REBEL), ("dp_pg", "eps=null", PolicyGradient),
+         ("dp_npg", "eps=null", NaturalPolicyGradient), ("pg", "eps=null", PolicyGradient),
+         ("rebel", "eps=null", REBEL)]  # eps=null: the non-private twins
 
 
 def base_weights(policy) -> dict:
@@ -81,14 +85,25 @@ def test_group_advantage_of_a_user_depends_on_its_own_group_only():
     rewards = torch.rand(5, 4, generator=g, dtype=torch.float64)
     changed = rewards.clone()
     changed[2] = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    for opts in ({}, {"group_std": False}, {"leave_one_out": True}, {"advantage": "to_go"}):  # GRPO, RLOO, ...
-        a, b = group_advantages(rewards, **opts), group_advantages(changed, **opts)
+    for opts in ({}, {"std": False}, {"leave_one_out": True}):  # GRPO, Dr. GRPO, RLOO
+        a, b = group_advantages(rewards, **opts)[0], group_advantages(changed, **opts)[0]
         keep = [0, 1, 3, 4]
         torch.testing.assert_close(a[keep], b[keep])
-        single = torch.stack([group_advantages(rewards[i:i + 1], **opts)[0] for i in range(5)])
+        single = torch.stack([group_advantages(rewards[i:i + 1], **opts)[0][0] for i in range(5)])
         torch.testing.assert_close(a, single)  # computed alone, each user's advantages are the same
-    loo = group_advantages(rewards, group_std=False, leave_one_out=True)
+    loo = group_advantages(rewards, std=False, leave_one_out=True)[0]
     torch.testing.assert_close(loo[:, 0], rewards[:, 0] - rewards[:, 1:].mean(1))
+
+
+@pytest.mark.parametrize("algo,key,values", [("dp_pg", "algo.lr", ("0.01", "0.03")),
+                                             ("dp_npg", "algo.lr", ("0.05", "0.1"))])
+def test_an_lm_runs_algo_keys_reach_the_update(small_prompts, tmp_path, algo, key, values):
+    """Every key the user sets reaches the code that runs: a different ``algo.lr`` on a language-model run gives
+    a different policy (``policy_sha256``), the same one the same policy."""
+    sha = [train(lm_overrides(small_prompts, f"algo={algo}", "eps=8", "algo.optimizer=adam" if algo == "dp_pg" else
+                              "algo.step=norm", f"{key}={v}"), str(tmp_path / f"r{i}"))["policy_sha256"]
+           for i, v in enumerate(values + values[:1])]
+    assert sha[0] != sha[1] and sha[0] == sha[2]
 
 
 def test_npg_step_kl_uses_public_prompts(small_prompts, tmp_path):

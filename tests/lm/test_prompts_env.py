@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from cli_helpers import run_cli
+from tests.cli_helpers import run_cli
 from dppo.api import make_config, train
 from dppo.envs.prompts import PromptsEnv
 from dppo.errors import ConfigError, DataError, PrivacyError

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from scipy.stats import norm
 
 from dppo.errors import ConfigError, DataError
+from dppo.privacy.calibration import ssp_calibration
 from dppo.oracles import make_oracle
 from dppo.privacy.context import PrivacyContext
 from dppo.privacy.noise import NoiseSource
@@ -46,8 +47,10 @@ def ctx(eps, seed=0):
     return PrivacyContext(eps=eps, delta=1e-5, noise=NoiseSource(seed))
 
 
-ORACLE_KW = {"ssp": dict(ridge=1e-3), "dp_gd": dict(steps=100, lr=0.5, clip=2.0, ridge=1e-3, radius=5.0),
-             "exp_mech": dict(ridge=1e-3, w_max=1.0, cover="grid", grid_points=31)}
+UNIT = dict(x_bound=1.0, y_bound=1.0)  # the test users' rows: ||x|| <= 1, |y| <= 1 (nothing clipped)
+SSP_UNIT = dict(UNIT, b_clip=1.0)       # and the moments unclipped: one Gaussian mechanism at Delta = sqrt(4.5)
+ORACLE_KW = {"ssp": dict(SSP_UNIT, ridge=1e-3), "dp_gd": dict(UNIT, steps=100, lr=0.5, clip=2.0, ridge=1e-3, radius=5.0),
+             "exp_mech": dict(UNIT, ridge=1e-3, w_max=1.0, cover="grid", grid_points=31)}
 
 
 @pytest.mark.parametrize("name", ["exact", "ssp", "dp_gd", "exp_mech"])
@@ -107,7 +110,7 @@ def test_private_error_shrinks_as_eps_grows(name):
 def test_ssp_ledger_entry_and_sigma():
     users, _ = regression_users(m=20)
     privacy = ctx(2.0)
-    make_oracle("ssp").solve(users, privacy=privacy, round=7)
+    make_oracle("ssp", **SSP_UNIT).solve(users, privacy=privacy, round=7)
     (entry,) = privacy.ledger.entries
     assert entry["mechanism"] == "ssp" and entry["round"] == 7 and entry["users"] == 20
     assert entry["eps"] == 2.0 and entry["delta"] == 1e-5
@@ -121,7 +124,7 @@ def test_ssp_ledger_entry_and_sigma():
 def test_ssp_noise_has_the_released_scale():
     """The noise actually added to b has the ledger's sigma (empirical std over many releases)."""
     users, _ = regression_users(m=20, d=2)
-    oracle = make_oracle("ssp", ridge=1e-3, ridge_noise=0.0, psd_floor=1e9)  # huge floor: w = b~ / (floor + ridge)
+    oracle = make_oracle("ssp", **SSP_UNIT, ridge=1e-3, ridge_noise=0.0, psd_floor=1e9)  # huge floor: w = b~ / (floor + ridge)
     data = oracle.prepare(users)
     draws = [oracle.solve(users, privacy=ctx(1.0, s), round=0) * (1e9 + 1e-3) - data.moment() for s in range(400)]
     sigma = oracle.last_release["sigma_moment"]
@@ -133,7 +136,7 @@ def test_ssp_noise_has_the_released_scale():
 def test_ssp_sensitivity_bound_holds_for_replaced_users(seed, n1, n2):
     rng = np.random.default_rng(seed)
     d = 4
-    oracle = make_oracle("ssp", x_bound=1.0, y_bound=1.0)
+    oracle = make_oracle("ssp", x_bound=1.0, y_bound=1.0, b_clip=1.0)
 
     def release_vector(X, y):
         data = oracle.prepare([(torch.tensor(X), torch.tensor(y))])
@@ -144,14 +147,16 @@ def test_ssp_sensitivity_bound_holds_for_replaced_users(seed, n1, n2):
     scale = rng.choice([0.1, 1.0, 10.0])
     s1, b1 = release_vector(scale * rng.normal(size=(n1, d)), scale * rng.normal(size=n1))
     s2, b2 = release_vector(scale * rng.normal(size=(n2, d)), scale * rng.normal(size=n2))
-    d_s, d_b = oracle.sensitivities()
+    cal = ssp_calibration(1.0, 1e-5, gram_share=oracle.gram_share, b_clip=oracle.b_clip)
+    d_s, d_b = cal.sensitivity_gram, cal.sensitivity_moment
     assert (s1 - s2).norm().item() <= d_s + 1e-9
     assert (b1 - b2).norm().item() <= d_b + 1e-9
 
 
 def _whitened_change(oracle, user_a, user_b):
     """||dS||^2 / sigma_S^2 + ||db||^2 / sigma_b^2 between two single users, with the oracle's eps = 1 stds."""
-    s_gram, s_b = oracle.noise_stds(1.0, 1e-5)
+    cal = ssp_calibration(1.0, 1e-5, gram_share=oracle.gram_share, b_clip=oracle.b_clip)
+    s_gram, s_b = cal.sigma_gram, cal.sigma_moment
     (Sa, ba), (Sb, bb) = [(d.gram(), d.per_user_moments()[0]) for d in (oracle.prepare([u]) for u in (user_a, user_b))]
     ba, bb = [b * min(1.0, oracle.b_clip / max(float(b.norm()), 1e-300)) for b in (ba, bb)]
     return float(((Sa - Sb) ** 2).sum()) / s_gram ** 2 + float(((ba - bb) ** 2).sum()) / s_b ** 2
@@ -163,7 +168,7 @@ def test_ssp_joint_sensitivity_is_never_exceeded_and_is_attained(gram_share):
     and a grid search over single-row unit users (u = x.x', y = -y') reaches it: the calibration is tight."""
     from dppo.privacy.calibration import analytic_gaussian_sigma
 
-    oracle = make_oracle("ssp", gram_share=gram_share)
+    oracle = make_oracle("ssp", gram_share=gram_share, x_bound=1.0, y_bound=1.0, b_clip=1.0)
     mu_sq = analytic_gaussian_sigma(1.0, 1e-5, 1.0) ** -2
     rng = np.random.default_rng(0)
     worst = 0.0
@@ -187,20 +192,30 @@ def test_ssp_joint_sensitivity_is_never_exceeded_and_is_attained(gram_share):
 def test_ssp_default_noise_is_the_gaussian_mechanism_at_sensitivity_sqrt_4_5():
     from dppo.privacy.calibration import analytic_gaussian_sigma
 
-    s_gram, s_b = make_oracle("ssp").noise_stds(3.0, 1e-5)
+    cal = ssp_calibration(3.0, 1e-5, gram_share=1.0 / 3.0, b_clip=1.0)
+    s_gram, s_b = cal.sigma_gram, cal.sigma_moment
     assert s_gram == pytest.approx(s_b) and s_b == pytest.approx(analytic_gaussian_sigma(3.0, 1e-5, math.sqrt(4.5)))
 
 
-def test_stacked_noise_gives_the_same_releases_as_one_solve_per_noise():
-    """The oracles broadcast over a leading noise dimension (how the audit runs many trials): each row of a
-    stacked solve equals the unstacked solve fed that row's noise."""
-    from dppo.oracles.ssp import psd_ridge_solve
+def test_stacked_noise_gives_the_same_releases_as_one_release_per_noise():
+    """The mechanisms broadcast over a leading noise dimension (how the audit runs many trials): each row of a
+    stacked release equals the unstacked release fed that row's noise."""
+    from dppo.privacy.mechanisms import exponential_mechanism, noisy_gradient_descent, ssp_release
 
     users, _ = regression_users(m=6, d=3)
+    data = make_oracle("ssp").prepare(users)
     gen = torch.Generator().manual_seed(0)
-    for name, kw in [("dp_gd", dict(steps=4, clip=0.5, radius=0.8)), ("ssp", {}), ("exp_mech", dict(cover="grid", grid_points=5))]:
-        oracle = make_oracle(name, **kw)
-        data = oracle.prepare(users)
+    releases = {
+        "ssp": lambda p: ssp_release(p, data.gram(), data.per_user_moments(), round=0, eps=2.0, delta=1e-5,
+                                     gram_share=0.3, b_clip=1.0)[:2],
+        "ssp public Gram": lambda p: ssp_release(p, None, data.per_user_moments(), round=0, eps=2.0, delta=1e-5,
+                                                 gram_share=0.3, b_clip=0.5, public_gram=True)[1],
+        "noisy gd": lambda p: noisy_gradient_descent(p, lambda w: data.per_user_grads(torch.zeros(3, dtype=torch.float64)),
+                                                     lambda w, s: w + s, torch.zeros(3, dtype=torch.float64), steps=3,
+                                                     clip=0.5, round=0, users=6, eps=2.0, delta=1e-5)[0],
+        "exponential": lambda p: exponential_mechanism(p, torch.linspace(-1, 1, 7, dtype=torch.float64), eps=2.0,
+                                                       sensitivity=1.0, round=0, users=6)[0]}
+    for name, release in releases.items():
         draws = []
 
         class Recorded(NoiseSource):
@@ -212,8 +227,7 @@ def test_stacked_noise_gives_the_same_releases_as_one_solve_per_noise():
                 draws.append(-torch.log(-torch.log(torch.rand((5, *shape), generator=gen, dtype=torch.float64))))
                 return draws[-1]
 
-        stacked = oracle._solve_private(data, PrivacyContext(2.0, 1e-5, noise=Recorded(0)), 0, 2.0, 1e-5)
-        assert stacked.shape == (5, 3)
+        stacked = release(PrivacyContext(2.0, 1e-5, noise=Recorded(0)))
         for row in range(5):
             class Replay(NoiseSource):
                 it = iter([d[row] for d in draws])
@@ -224,13 +238,10 @@ def test_stacked_noise_gives_the_same_releases_as_one_solve_per_noise():
                 def gumbel(self, shape):
                     return next(self.it)
 
-            single = oracle._solve_private(data, PrivacyContext(2.0, 1e-5, noise=Replay(0)), 0, 2.0, 1e-5)
-            assert torch.allclose(stacked[row], single, atol=1e-10), name
-    S = torch.tensor([[[2.0, 0.5], [0.5, 1.0]], [[1.0, 0.0], [0.0, 3.0]]], dtype=torch.float64)
-    b = torch.tensor([[1.0, -1.0], [2.0, 3.0]], dtype=torch.float64)
-    w = psd_ridge_solve(S, b, 0.1)
-    for i in range(2):
-        assert torch.allclose(w[i], torch.linalg.solve(S[i] + 0.1 * torch.eye(2, dtype=torch.float64), b[i]))
+            single = release(PrivacyContext(2.0, 1e-5, noise=Replay(0)))
+            for a, b in zip(stacked if isinstance(stacked, tuple) else (stacked,),
+                            single if isinstance(single, tuple) else (single,)):
+                assert torch.allclose(a[row].double(), b.double(), atol=1e-10), name
 
 
 def test_dp_gd_noise_meets_eps_delta_by_both_accountants():
@@ -276,7 +287,7 @@ def test_exp_mech_samples_the_gibbs_distribution():
     from scipy.stats import chisquare
 
     users, _ = regression_users(m=5, d=1)
-    oracle = make_oracle("exp_mech", w_max=1.0, cover="grid", grid_points=5)
+    oracle = make_oracle("exp_mech", **UNIT, w_max=1.0, cover="grid", grid_points=5)
     data = oracle.prepare(users)
     W = oracle.candidate_set(1)
     beta = 8.0 / (2 * oracle.sensitivity())
@@ -333,16 +344,19 @@ def test_batched_loss_equals_direct_sum_of_user_losses():
     np.testing.assert_allclose(data.loss(W).numpy(), torch.stack(direct).numpy(), rtol=1e-10)
 
 
-def test_settings_nested_under_an_oracle_name_apply_to_that_oracle_only():
-    kw = dict(x_bound=2.0, ridge=0.5, dp_gd=dict(steps=3), ssp=dict(ridge_noise=0.0))
-    gd, ssp = make_oracle("dp_gd", **kw), make_oracle("ssp", **kw)
-    assert gd.steps == 3 and gd.x_bound == 2.0 and gd.ridge == 0.5
-    assert ssp.ridge_noise == 0.0 and ssp.x_bound == 2.0
+def test_each_oracle_declares_the_defaults_of_its_family():
+    """One home per setting: the class. ssp and exp_mech carry DP-NPG's bounds and ridge, dp_gd DP-REBEL's, exact
+    the twins' (no clipping)."""
+    ssp, gd, em, ex = (make_oracle(n) for n in ("ssp", "dp_gd", "exp_mech", "exact"))
+    assert (ssp.x_bound, ssp.y_bound, ssp.ridge, ssp.b_clip) == (0.5, 3.0, 0.4, 0.003)
+    assert (em.x_bound, em.y_bound, em.ridge, em.w_max) == (0.5, 3.0, 0.4, 2.0)
+    assert (gd.x_bound, gd.y_bound, gd.ridge, gd.steps, gd.clip, gd.radius) == (1.0, 1.0, 0.0, 1, 0.1, None)
+    assert ex.clip_rows == (False, False) and ex.ridge == 0.01
 
 
 def test_ssp_split_budget_composes_to_eps_delta():
-    oracle = make_oracle("ssp", b_clip=0.1, gram_share=0.2)
-    s_gram, s_b = oracle.noise_stds(4.0, 1e-5)
+    cal = ssp_calibration(4.0, 1e-5, gram_share=0.2, b_clip=0.1)
+    s_gram, s_b = cal.sigma_gram, cal.sigma_moment
     mu = math.hypot(math.sqrt(2) / s_gram, 2 * 0.1 / s_b)  # two Gaussian mechanisms compose in GDP
     delta = norm.cdf(-4.0 / mu + mu / 2) - math.exp(4.0) * norm.cdf(-4.0 / mu - mu / 2)
     assert delta == pytest.approx(1e-5, rel=1e-6)
@@ -351,7 +365,7 @@ def test_ssp_split_budget_composes_to_eps_delta():
 
 def test_ssp_gram_average_is_the_bias_corrected_mean_of_released_grams():
     users, _ = regression_users(m=30, d=2)
-    oracle = make_oracle("ssp", gram_momentum=0.5)
+    oracle = make_oracle("ssp", **SSP_UNIT, gram_momentum=0.5)
     grams = []
     for r in range(3):
         privacy = ctx(1.0, seed=r)
@@ -363,7 +377,7 @@ def test_ssp_gram_average_is_the_bias_corrected_mean_of_released_grams():
     # the average of three noisy releases is closer to S than one release is, on average over entries
     assert (S_bar - S0).abs().mean() < (grams[0] - S0).abs().mean() * 1.5
     state = oracle.state_dict()
-    other = make_oracle("ssp", gram_momentum=0.5)
+    other = make_oracle("ssp", **SSP_UNIT, gram_momentum=0.5)
     other.load_state_dict(state)
     torch.testing.assert_close(other.gram_sum, oracle.gram_sum)
 
@@ -372,7 +386,7 @@ def test_ssp_with_public_gram_spends_everything_on_the_moment():
     users, _ = regression_users(m=50, d=3)
     gram = torch.eye(3, dtype=torch.float64) * 0.3
     privacy = ctx(2.0)
-    oracle = make_oracle("ssp", b_clip=0.5, ridge=0.0)
+    oracle = make_oracle("ssp", **UNIT, b_clip=0.5, ridge=0.0)
     oracle.solve(users, privacy=privacy, round=0, public_gram=gram)
     (entry,) = privacy.ledger.entries
     assert entry["gram"] == "public" and entry["eps"] == 2.0
@@ -380,6 +394,6 @@ def test_ssp_with_public_gram_spends_everything_on_the_moment():
     delta = norm.cdf(-2.0 / mu + mu / 2) - math.exp(2.0) * norm.cdf(-2.0 / mu - mu / 2)
     assert delta == pytest.approx(1e-5, rel=1e-6)
     # at huge eps the answer is (m * gram)^-1 sum_i clip(b_i): check against numpy
-    w = make_oracle("ssp", b_clip=0.5, ridge=0.0).solve(users, privacy=ctx(1e6), round=0, public_gram=gram)
+    w = make_oracle("ssp", **UNIT, b_clip=0.5, ridge=0.0).solve(users, privacy=ctx(1e6), round=0, public_gram=gram)
     b = sum(np.asarray(X.T @ y / len(y)) * min(1.0, 0.5 / np.linalg.norm(X.T @ y / len(y))) for X, y in users)
     np.testing.assert_allclose(w.numpy(), np.linalg.solve(50 * 0.3 * np.eye(3), b), atol=1e-4)

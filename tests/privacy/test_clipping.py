@@ -1,7 +1,7 @@
 import torch
 
 from dppo.algos.core import group_advantages
-from dppo.algos.subspace import per_user_gradients
+from dppo.policies.per_user_grads import per_user_gradients
 from dppo.envs.gym_env import GymEnvFactory
 from dppo.policies.mlp import MLPPolicy
 from dppo.privacy import PrivacyContext
@@ -62,7 +62,7 @@ def _user_grads(obs, actions, rewards, mask, policy, G=2):
     A, _ = group_advantages((rewards * mask).sum(1).reshape(m, G), std=True)
     A = A.reshape(-1, 1) * mask
     flat = lambda x: x.reshape(m, G * x.shape[1], *x.shape[2:])  # noqa: E731
-    return clip_per_user(per_user_gradients(policy, flat(obs), flat(actions), flat(A)).double(), 1.0)[0]
+    return clip_per_user(per_user_gradients(policy, (flat(obs), flat(actions)), flat(A)).double(), 1.0)[0]
 
 
 def test_changing_one_user_leaves_other_users_clipped_gradients_unchanged():

@@ -7,9 +7,9 @@ import pytest
 import torch
 from scipy.linalg import solve_triangular
 
-from dppo.errors import PrivacyError
+from dppo.errors import ConfigError, PrivacyError
 from dppo.privacy.accountants.zcdp import rho_for_target, zcdp_to_dp
-from dppo.privacy.gaussian_counter import (GRID, GaussianTreeCounter, SqrtFactorizationCounter,
+from dppo.privacy.gaussian_counter import (GRID, GaussianTreeCounter, SqrtFactorizationCounter, chi_union_quantile,
                                            gaussian_union_quantile, sqrt_coefficients, sqrt_factorization)
 from dppo.privacy.noise import NoiseSource
 
@@ -86,6 +86,23 @@ def test_release_error_has_the_exact_variance(cls):
 
 
 @pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+def test_per_stream_noise_multiplier_scales_the_release_error_std(cls):
+    """``stream_noise = c``: every stream's release error is exactly ``N(0, (c_i release_std)^2)``."""
+    n, T, sigma = 60000, 9, 1.5
+    mult = np.repeat([0.5, 1.0, 3.0], n // 3)
+    c = cls(n, T, sigma, noise=NoiseSource(2), groups=np.zeros(n, np.int64), group_mass=np.array([float(n)]),
+            stream_noise=mult)
+    c.reserve(T)
+    for t in range(1, T + 1):
+        c.step(np.arange(n))
+        err = (c.released - c.counts).numpy() / mult
+        for part in np.split(err, 3):
+            assert part.var() == pytest.approx(c.release_std() ** 2, rel=0.04)
+    with pytest.raises(ConfigError):
+        cls(3, T, sigma, noise=NoiseSource(2), stream_noise=[1.0, -1.0, 1.0])
+
+
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
 def test_fraction_of_releases_outside_the_bound_is_below_beta(cls):
     n, T, sigma, beta = 2000, 200, 1.0, 0.05
     c = cls(n, T, sigma, noise=NoiseSource(2), groups=np.zeros(n, np.int64), group_mass=np.array([float(n)]))
@@ -153,3 +170,68 @@ def test_state_dict_round_trip_continues_identically(cls):
         a.step([2])
         b.step([2])
     assert torch.equal(a.released, b.released)
+
+
+def test_chi_union_quantile_is_the_chi_square_tail_and_the_normal_one_for_one_coordinate():
+    from scipy.stats import chi2
+
+    q = chi_union_quantile(0.05, 1000, 7)
+    assert chi2.sf(q * q, 7) * 1000 == pytest.approx(0.05, rel=1e-9)
+    assert chi_union_quantile(0.05, 1000, 1) == gaussian_union_quantile(0.05, 1000)
+    assert chi_union_quantile(0.05, 1000, 2) > gaussian_union_quantile(0.05, 1000)
+
+
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+def test_norm_of_a_pairs_release_noise_exceeds_its_quantile_with_the_stated_probability(cls):
+    """The per-pair widths of DP-UBEV bound the norm of the noise vector of one pair's release (its visit,
+    reward and S transition entries): simulated on the counter's own noise, the fraction of releases whose
+    norm exceeds ``chi_union_quantile(p, 1, k) sigma_t`` is at most p (and close to it: the variance is exact),
+    and the union quantile over all releases is never exceeded."""
+    pairs, k, T, sigma, p = 4000, 4, 50, 2.0, 0.02
+    n = pairs * k
+    c = cls(n, T, sigma, noise=NoiseSource(6), groups=np.zeros(n, np.int64), group_mass=np.array([float(n)]))
+    c.reserve(T)
+    q_one, q_all = chi_union_quantile(p, 1, k), chi_union_quantile(p, pairs * T, k)
+    outside = outside_all = 0
+    for _ in range(T):
+        c.step([])
+        xi = (c.released - c.counts).numpy().reshape(pairs, k)
+        norm = np.sqrt((xi * xi).sum(1))
+        std = c.release_std()
+        outside += int((norm > q_one * std + GRID * math.sqrt(k)).sum())
+        outside_all += int((norm > q_all * std + GRID * math.sqrt(k)).sum())
+    frac = outside / (pairs * T)
+    assert 0.7 * p < frac < p * 1.15
+    assert outside_all == 0
+
+
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+def test_a_step_of_several_users_releases_their_summed_clipped_increments(cls):
+    """add / close_step: each user is clipped on its own (group mass 1 per user, not per step), the step's
+    increment is the sum, the noise is one step of the counter (same as step() with the summed increment)."""
+    def make():
+        return cls(4, 5, 1.0, noise=NoiseSource(9), groups=np.array([0, 0, 1, 1]), group_mass=np.array([1.0, 1.0]))
+
+    a, b = make(), make()
+    a.reserve(1)
+    b.reserve(1)
+    a.add([0, 1], [0.8, 0.8])                       # group 0 mass 1.6 > 1: scaled to 0.5 + 0.5
+    a.add([0, 3], [0.25, 7.0])                      # stream 3 clipped to 1
+    assert torch.equal(a.released, torch.zeros(4)) and int(a.pending_users) == 2
+    with pytest.raises(PrivacyError):
+        a.step([2])                                 # users are waiting in the open step
+    a.close_step()
+    assert a.counts.tolist() == [0.75, 0.5, 0.0, 1.0] and a.steps_done == 1 and int(a.pending_users) == 0
+    assert a.pending.abs().sum() == 0
+    b.step([0], [0.5])                              # one user: the same noise for the same step
+    assert torch.equal(a.released - a.counts, b.released - b.counts)
+    a.add([2], [1.0])
+    state = a.state_dict()                          # the open step travels with a checkpoint (between rounds)
+    c = make()
+    c.load_state_dict(state)
+    c.noise.load_state_dict(a.noise.state_dict())
+    a.reserve(1)
+    c.reserve(1)
+    a.close_step()
+    c.close_step()
+    assert torch.equal(a.released, c.released) and c.counts.tolist() == [0.75, 0.5, 1.0, 1.0]

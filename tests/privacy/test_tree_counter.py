@@ -1,6 +1,7 @@
 """Binary-tree continual counter: node noise scale, error bound coverage, exactness without noise."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -166,3 +167,23 @@ def test_snapped_release_has_no_low_order_bits_to_leak():
         outs.append(c.released)
     frac = [torch.frac(o / c.snap_grid).abs().max().item() for o in outs]
     assert frac == [0.0, 0.0]
+
+
+def test_a_step_of_several_users_clips_each_and_is_one_tree_step():
+    """add / close_step on the Laplace tree: each user's increment clipped to [0, Delta] on its own, the
+    step releases their sum with one step's node noise (as step() with that sum)."""
+    from dppo.privacy.noise import NoiseSource
+
+    def make():
+        return TreeCounter(3, 4, 1.0, sensitivity=1.0, noise=NoiseSource(2))
+
+    a, b = make(), make()
+    a.add([0, 1], [5.0, 0.5])
+    a.add([1], [-2.0])
+    a.close_step()
+    assert a.counts.tolist() == [1.0, 0.5, 0.0] and a.steps_done == 1
+    b._advance(b._numpy_views(), 1, [0, 1], np.array([1.0, 0.5]))
+    assert torch.equal(a.released, b.released)
+    with pytest.raises(PrivacyError):
+        a.add([2])
+        a.step([2])

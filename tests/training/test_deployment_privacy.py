@@ -27,7 +27,7 @@ class StopAfter(Callback):
 
 
 def _policy_weights(run_dir):
-    return torch.load(os.path.join(run_dir, "policy.pt"), weights_only=True)
+    return torch.load(os.path.join(run_dir, "policy.pt"), weights_only=True)["policy"]
 
 
 def test_default_config_draws_noise_from_the_os_csprng():
@@ -60,9 +60,18 @@ def test_summary_names_the_noise_source_and_seeded_mode_warns_once(tmp_path, cap
 
 def test_shared_files_hold_no_noise_state_and_secure_checkpoints_hold_no_generator(tmp_path):
     dppo.train(["algo=dp_pg", *SECURE], run_dir=str(tmp_path))
-    weights = _policy_weights(tmp_path)
+    shared = torch.load(os.path.join(tmp_path, "policy.pt"), weights_only=True)
+    # the weights, the public config that rebuilds them and their provenance: no optimizer, RNG, noise or journal
+    assert set(shared) == {"format", "policy", "config", "provenance", "rounds_done", "algo", "env_id"}
     fresh = build(dppo.make_config(["algo=dp_pg", *SECURE])).learner.policy
-    assert set(weights) == set(fresh.state_dict())            # the policy's parameters, nothing else
+    assert set(shared["policy"]) == set(fresh.state_dict())   # the policy's parameters, nothing else
+    assert shared["config"]["privacy"]["secure_rng"] is True and "hydra" not in shared["config"]
+    assert shared["provenance"]["consumed"][0]["users"] == [[0, 9]]   # 3 rounds x 3 users, ids only
+    from omegaconf import OmegaConf
+
+    public = OmegaConf.to_container(OmegaConf.load(tmp_path / ".hydra" / "config.yaml"), resolve=True)
+    public.pop("resume")
+    assert shared["config"] == public                           # the same public config as .hydra/config.yaml
     text = open(tmp_path / "summary.json").read()
     assert "generator" not in text and "rng_state" not in text and "\"noise\":" not in text
     from dppo.training.checkpoint import load_latest_checkpoint
@@ -108,13 +117,17 @@ def test_secure_resume_burns_the_crashed_attempts_users_and_charges_its_release(
     assert done["epsilon_spent"] == pytest.approx(5.0)        # burned users are disjoint: parallel composition
 
 
-def test_secure_multi_pass_resume_charges_the_lost_release(tmp_path):
+def test_secure_multi_pass_resume_charges_the_lost_release_only_with_consent(tmp_path):
+    """A lost multi-pass release composes with the rest: the finished run would exceed its target eps, so the
+    resume is refused naming the amount, unless privacy.allow_over_target=true."""
     args = ["algo=dp_pg", *SECURE, "rounds=4", "checkpoint_every=1", "privacy.multi_pass=true",
             "privacy.population_size=30"]
     part = dppo.train(args, run_dir=str(tmp_path), callbacks=[StopAfter(1)])
     entry = dict(part["ledger"][-1], round=2)
     _crashed_attempt(str(tmp_path), 2, [1, 5], entry)
-    done = dppo.train(args, run_dir=str(tmp_path), resume=True)
+    with pytest.raises(PrivacyError, match=r"resume refused: .* up to [0-9.]+ more than its target eps=5"):
+        dppo.train(args, run_dir=str(tmp_path), resume=True)
+    done = dppo.train([*args, "privacy.allow_over_target=true"], run_dir=str(tmp_path), resume=True)
     full = dppo.train(args, run_dir=str(tmp_path / "full"))
     assert done["releases_lost"] == 1 and len(done["ledger"]) == 5
     assert done["epsilon_spent"] > full["epsilon_spent"]          # five Poisson releases composed, not four
@@ -144,7 +157,7 @@ def test_a_fresh_start_in_a_crashed_directory_burns_what_the_crash_journalled(tm
     assert s["users_burned"] == 3 and s["users_seen"] == 12
 
 
-@pytest.mark.parametrize("change", ["rounds=5", "eps=3", "users_per_round=4", "max_grad_norm=0.5",
+@pytest.mark.parametrize("change", ["rounds=3", "eps=3", "users_per_round=4", "max_grad_norm=0.5",
                                     "privacy.secure_rng=false", "privacy.max_epsilon=9", "algo.lr=0.5",
                                     "reward_bound=2", "seed=3"])
 def test_resume_refuses_a_privacy_relevant_change_naming_the_key(tmp_path, change):
@@ -165,10 +178,10 @@ def test_resume_accepts_logging_and_checkpoint_changes(tmp_path):
 
 
 def test_oracle_clip_change_is_refused_on_resume(tmp_path):
-    args = ["algo=dp_npg", *SECURE, "rounds=3", "checkpoint_every=1"]
+    args = ["algo=dp_npg", "oracle=ssp", *SECURE, "rounds=3", "checkpoint_every=1"]
     dppo.train(args, run_dir=str(tmp_path), callbacks=[StopAfter(0)])
-    trainer = build(dppo.make_config([*args, "algo.oracle_kwargs.y_bound=7"]), str(tmp_path))
-    with pytest.raises(ConfigError, match="'algo.oracle_kwargs.y_bound' was"):
+    trainer = build(dppo.make_config([*args, "oracle.y_bound=7"]), str(tmp_path))
+    with pytest.raises(ConfigError, match="'oracle.y_bound' was"):
         trainer.try_resume()
 
 
@@ -180,8 +193,8 @@ def test_user_callbacks_of_a_private_run_see_no_raw_statistics(tmp_path):
             seen.append(set(metrics))
 
     dppo.train(["algo=dp_pg", *SECURE], run_dir=str(tmp_path / "private"), callbacks=[Spy()])
-    assert seen and all(not any(k.startswith("diag/") for k in keys) for keys in seen)
-    assert all("privacy/epsilon" in keys for keys in seen)
+    assert seen and all(not any(k.startswith(("diag/", "perf/")) for k in keys) for keys in seen)
+    assert all({"privacy/epsilon", "rollout/users", "rollout/round"} <= keys for keys in seen)
     seen.clear()
     dppo.train(["algo=pg", *SECURE], run_dir=str(tmp_path / "public"), callbacks=[Spy()])
     assert all("diag/return" in keys for keys in seen)         # non-private: nothing to protect
@@ -215,15 +228,17 @@ def test_diagnostics_off_drops_every_diag_key_from_every_output(tmp_path):
 
 
 @pytest.mark.parametrize("overrides", [
-    ["algo=dp_pg"],
-    ["algo=dp_pg", "privacy.multi_pass=true", "privacy.population_size=30"],
-    ["algo=dp_npg", "oracle=ssp"], ["algo=dp_npg", "oracle=dp_gd"], ["algo=dp_npg", "oracle=exp_mech"],
-    ["algo=dp_rebel"],
+    ["algo=dp_pg", "rounds=2"],
+    ["algo=dp_pg", "rounds=2", "privacy.multi_pass=true", "privacy.population_size=30"],
+    ["algo=dp_npg", "rounds=2", "oracle=ssp"], ["algo=dp_npg", "rounds=2", "oracle=dp_gd"],
+    ["algo=dp_npg", "rounds=2", "oracle=exp_mech"], ["algo=dp_rebel", "rounds=2"],
     ["algo=pucb", "env=riverswim", "episodes=40", "algo.episodes_per_round=20"],
     ["algo=gfa", "env=riverswim", "episodes=40", "batch_size=10", "algo.grid_points=4"],
 ])
 def test_every_release_speaks_the_one_ledger_vocabulary(tmp_path, overrides):
-    s = dppo.train([*SECURE, "rounds=2", *overrides], run_dir=str(tmp_path))
+    tabular = "env=riverswim" in overrides  # episodes, not rounds of users: rounds/users_per_round do not apply
+    base = [a for a in SECURE if not (tabular and a.startswith(("rounds=", "users_per_round=")))]
+    s = dppo.train([*base, *overrides], run_dir=str(tmp_path))
     assert s["ledger"] and s["adjacency"] in ("replace_one", "add_remove")
     for e in s["ledger"]:
         assert {"mechanism", "round", "users", "eps", "delta", "adjacency", "sensitivity"} <= set(e), e
@@ -253,10 +268,10 @@ def test_progress_bar_shows_a_raw_return_only_with_diagnostics_and_prefers_the_p
         cb.on_round_end(SimpleNamespace(logger=Logger(diagnostics=diagnostics)), 0, metrics)
         return cb.bar.post
 
-    raw = {"diag/return": 17.0, "privacy/epsilon": 5.0}
-    assert shown(True, raw) == {"diag_return": "17.0", "eps": "5"}
+    raw = {"diag/return": 17.25, "privacy/epsilon": 5.0}
+    assert shown(True, raw) == {"diag_return": "17.25", "eps": "5"}       # 4 significant digits
     assert shown(False, raw) == {"eps": "5"}
-    assert shown(False, {**raw, "eval/return": 30.0}) == {"eval_return": "30.0", "eps": "5"}
+    assert shown(False, {**raw, "eval/return": 0.72354}) == {"eval_return": "0.7235", "eps": "5"}
 
 
 def test_secure_resume_charges_learners_whose_releases_span_rounds(tmp_path):
@@ -267,7 +282,9 @@ def test_secure_resume_charges_learners_whose_releases_span_rounds(tmp_path):
     part = dppo.train(pucb, run_dir=str(tmp_path / "pucb"), callbacks=[StopAfter(0)])
     assert part["epsilon_spent"] == pytest.approx(2.0)
     _crashed_attempt(str(tmp_path / "pucb"), 1, list(range(20, 40)), None)
-    done = dppo.train(pucb, run_dir=str(tmp_path / "pucb"), resume=True)
+    with pytest.raises(PrivacyError, match="put eps spent at 4, above the target eps=2"):  # never without consent
+        dppo.train(pucb, run_dir=str(tmp_path / "pucb"), resume=True)
+    done = dppo.train([*pucb, "privacy.allow_over_target=true"], run_dir=str(tmp_path / "pucb"), resume=True)
     replays = [e for e in done["ledger"] if e.get("replay")]
     assert len(replays) == 3 and done["epsilon_spent"] == pytest.approx(4.0) and done["users_burned"] == 20
 
@@ -276,7 +293,9 @@ def test_secure_resume_charges_learners_whose_releases_span_rounds(tmp_path):
     full = dppo.train(gfa, run_dir=str(tmp_path / "gfa_full"))
     part = dppo.train(gfa, run_dir=str(tmp_path / "gfa"), callbacks=[StopAfter(1)])
     _crashed_attempt(str(tmp_path / "gfa"), 2, list(range(20, 30)), dict(part["ledger"][-1], round=2))
-    done = dppo.train(gfa, run_dir=str(tmp_path / "gfa"), resume=True)
+    with pytest.raises(PrivacyError, match="compose with the run's other releases"):
+        dppo.train(gfa, run_dir=str(tmp_path / "gfa"), resume=True)
+    done = dppo.train([*gfa, "privacy.allow_over_target=true"], run_dir=str(tmp_path / "gfa"), resume=True)
     assert done["releases_lost"] == 1 and done["epsilon_spent"] > full["epsilon_spent"] + 1e-9
 
 

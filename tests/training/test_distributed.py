@@ -58,6 +58,24 @@ def test_a_rank_that_dies_before_the_gather_ends_the_round_without_a_release(tmp
     assert not (tmp_path / "rank1.json").exists()
 
 
+def assert_same_policy(one_dir, two_dir, rel=1e-5):
+    """The final parameters of two runs agree to float32 rounding: max |a - b| <= rel * max(1, max |a|).
+
+    Not bit for bit on every CPU: a rank computes its users' rows in a smaller batch than one process does,
+    and a CPU's kernels may then sum in another order (the last bits of a row can differ; the sums on rank 0
+    and the noise are the same by construction). On the CPUs the suite was run on the final parameters were
+    also bit-identical (same ``policy_sha256``); the README's "Scaling out" names them.
+    """
+    import torch
+
+    a = torch.load(os.path.join(one_dir, "policy.pt"), weights_only=True)["policy"]
+    b = torch.load(os.path.join(two_dir, "policy.pt"), weights_only=True)["policy"]
+    assert a.keys() == b.keys()
+    for k in a:
+        scale = max(1.0, float(a[k].abs().max()))
+        assert float((a[k] - b[k]).abs().max()) <= rel * scale, k
+
+
 def _train(args, run_dir, n=None, algo="dp_pg", users=5):
     base = ["train.py", f"algo={algo}", "privacy.secure_rng=false", f"users_per_round={users}", "eval_episodes=2",
             "progress=false", "env.horizon=40", "checkpoint_every=1", f"hydra.run.dir={run_dir}", *args]
@@ -70,34 +88,38 @@ def _train(args, run_dir, n=None, algo="dp_pg", users=5):
     return json.load(open(os.path.join(run_dir, "summary.json")))
 
 
-def test_two_process_run_equals_the_single_process_run_bit_for_bit(tmp_path):
-    """Same seed, seeded noise: same ledger and bit-identical final parameters (2 rounds, 5 users split 3 + 2)."""
+def test_two_process_run_equals_the_single_process_run(tmp_path):
+    """Same seed, seeded noise: the same ledger and users, and final parameters equal to float32 rounding
+    (2 rounds, 5 users split 3 + 2)."""
     one = _train(["rounds=2"], str(tmp_path / "one"))
     two = _train(["rounds=2"], str(tmp_path / "two"), n=2)
     assert two["world_size"] == 2 and one["world_size"] == 1
     assert two["ledger"] == one["ledger"] and len(one["ledger"]) == 2
-    assert two["policy_sha256"] == one["policy_sha256"] and one["policy_sha256"]
+    assert_same_policy(tmp_path / "one", tmp_path / "two")
     assert two["users_seen"] == one["users_seen"] == 10
     assert not os.path.exists(tmp_path / "two" / "rank1")  # only rank 0 writes the run directory
 
 
 @pytest.mark.parametrize("algo", ["dp_npg", "dp_rebel"])
-def test_two_process_oracle_learners_equal_the_single_process_run_bit_for_bit(tmp_path, algo):
+def test_two_process_oracle_learners_equal_the_single_process_run(tmp_path, algo):
     """DP-NPG (ssp oracle) and DP-REBEL (dp_gd oracle): each rank builds its users' regression rows, rank 0's
-    oracle clips, sums and noises them once: the same ledger and parameters as one process (2 rounds)."""
+    oracle clips, sums and noises them once: the same ledger as one process and the same parameters to float32
+    rounding (2 rounds)."""
     one = _train(["rounds=2"], str(tmp_path / "one"), algo=algo)
     two = _train(["rounds=2"], str(tmp_path / "two"), n=2, algo=algo)
     assert two["world_size"] == 2 and len(one["ledger"]) == 2
-    assert two["ledger"] == one["ledger"] and two["policy_sha256"] == one["policy_sha256"]
+    assert two["ledger"] == one["ledger"]
+    assert_same_policy(tmp_path / "one", tmp_path / "two")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["npg", "rebel", "dp_npg algo.oracle=dp_gd", "dp_rebel algo.oracle=ssp"])
+@pytest.mark.parametrize("algo", ["npg", "rebel", "dp_npg oracle=dp_gd", "dp_rebel oracle=ssp"])
 def test_two_process_oracle_variants_equal_the_single_process_run(tmp_path, algo):
     name, *extra = algo.split()
     one = _train(["rounds=2", *extra], str(tmp_path / "one"), algo=name)
     two = _train(["rounds=2", *extra], str(tmp_path / "two"), n=2, algo=name)
-    assert two["ledger"] == one["ledger"] and two["policy_sha256"] == one["policy_sha256"]
+    assert two["ledger"] == one["ledger"]
+    assert_same_policy(tmp_path / "one", tmp_path / "two")
 
 
 @pytest.mark.slow
@@ -105,7 +127,8 @@ def test_a_rank_without_users_still_takes_part_in_the_oracle_round(tmp_path):
     """3 processes, 2 users a round: rank 2 holds no user, the release is still the single-process one."""
     one = _train(["rounds=2"], str(tmp_path / "one"), algo="dp_npg", users=2)
     three = _train(["rounds=2"], str(tmp_path / "three"), n=3, algo="dp_npg", users=2)
-    assert three["ledger"] == one["ledger"] and three["policy_sha256"] == one["policy_sha256"]
+    assert three["ledger"] == one["ledger"]
+    assert_same_policy(tmp_path / "one", tmp_path / "three")
 
 
 def test_the_backend_is_nccl_with_a_gpu_per_process_and_gloo_otherwise():
@@ -123,19 +146,21 @@ def test_the_backend_is_nccl_with_a_gpu_per_process_and_gloo_otherwise():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [["algo.subspace=full", "algo.dim=null"], ["group_size=1", "algo.advantage=to_go"]])
+@pytest.mark.parametrize("extra", [["policy.subspace=full", "policy.dim=null"], ["group_size=1", "algo.advantage=to_go"]])
 def test_two_process_dp_pg_variants_equal_the_single_process_run(tmp_path, extra):
     """Every parameter (per-user gradients from one backward), and one rollout per user (tiny batches)."""
     one = _train(["rounds=2", *extra], str(tmp_path / "one"))
     two = _train(["rounds=2", *extra], str(tmp_path / "two"), n=2)
-    assert two["ledger"] == one["ledger"] and two["policy_sha256"] == one["policy_sha256"]
+    assert two["ledger"] == one["ledger"]
+    assert_same_policy(tmp_path / "one", tmp_path / "two")
 
 
 @pytest.mark.slow
 def test_non_private_two_process_run_equals_the_single_process_run(tmp_path):
     one = _train(["rounds=2"], str(tmp_path / "one"), algo="pg")
     two = _train(["rounds=2"], str(tmp_path / "two"), n=2, algo="pg")
-    assert one["ledger"] == two["ledger"] == [] and two["policy_sha256"] == one["policy_sha256"]
+    assert one["ledger"] == two["ledger"] == []
+    assert_same_policy(tmp_path / "one", tmp_path / "two")
 
 
 @pytest.mark.slow
@@ -150,4 +175,4 @@ def test_a_two_process_run_killed_mid_run_and_resumed_ends_where_an_uninterrupte
     assert r.returncode == 0, r.stderr[-3000:]
     resumed = json.load(open(os.path.join(part, "summary.json")))
     assert resumed["rounds_done"] == 3 and resumed["ledger"] == whole["ledger"]
-    assert resumed["policy_sha256"] == whole["policy_sha256"]
+    assert_same_policy(tmp_path / "whole", part)

@@ -11,7 +11,7 @@ import dppo
 def _eval_steps(run_dir, episodes):
     """Env steps of the final evaluation, recounted: the saved policy on the same public seeds and stream."""
     run = dppo.load(str(run_dir))
-    return int(run.learner.public_episodes("eval", 0, episodes).env_steps)
+    return int(run.learner.collector.public(run.learner.policy, "eval", 0, episodes).env_steps)
 
 
 @pytest.mark.parametrize("algo,extra", [("dp_pg", []), ("dp_npg", ["algo.fisher_episodes=2"])])

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from cli_helpers import ROOT, run_cli
+from tests.cli_helpers import ROOT, run_cli
 
 ARGS = ["privacy.secure_rng=false", "algo=dp_pg", "rounds=12", "users_per_round=3", "checkpoint_every=1", "eval_episodes=3", "progress=false",
         "env.horizon=60", "seed=11"]

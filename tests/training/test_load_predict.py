@@ -48,7 +48,7 @@ def test_predict_round_trip_from_a_saved_run(saved):
     assert np.array_equal(run.policy.predict(obs, deterministic=True), expected)
     single = run.policy.predict(obs[0], deterministic=True)
     assert np.ndim(single) == 0 and int(single) == expected[0]
-    assert run.config.algo.name == "dp_pg" and run.summary["rounds_done"] == 3 == run.rounds_done
+    assert run.summary["algo"] == "dp_pg" and run.summary["rounds_done"] == 3 == run.rounds_done
     # evaluation on the trainer's held-out seeds reproduces final_return; nothing is written into the run
     assert run.evaluate() == pytest.approx(summary["final_return"])
     assert _snapshot(run_dir) == before
@@ -80,7 +80,51 @@ def test_evaluate_video_without_moviepy_is_one_line_exit_2(saved, capsys, monkey
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "moviepy" else real(n, *a))
     assert evaluate_cli.main([saved[0], "--video", str(tmp_path / "v")]) == 2
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(err) == 1 and "pip install moviepy" in err[0]
+    assert len(err) == 1 and 'pip install -e ".[video]"' in err[0]      # the README's install line
+
+
+def _fake_moviepy(monkeypatch, written):
+    """Just enough of moviepy for gymnasium's RecordVideo: an ImageSequenceClip that writes a small file."""
+    import importlib.machinery
+    import sys
+    import types
+
+    class ImageSequenceClip:
+        def __init__(self, frames, fps=None):
+            self.frames = list(frames)
+
+        def write_videofile(self, path, logger=None):
+            with open(path, "wb") as f:
+                f.write(b"frames:%d" % len(self.frames))
+            written.append((path, len(self.frames)))
+
+    for name in ("moviepy", "moviepy.video", "moviepy.video.io", "moviepy.video.io.ImageSequenceClip"):
+        mod = types.ModuleType(name)
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        monkeypatch.setitem(sys.modules, name, mod)
+    sys.modules["moviepy.video.io.ImageSequenceClip"].ImageSequenceClip = ImageSequenceClip
+
+
+def test_evaluate_video_records_the_held_out_episodes(saved, monkeypatch, tmp_path, capsys):
+    """The --video branch end to end (a stand-in moviepy, frames without pygame): one file per episode, from the
+    trainer's held-out reset seeds, and nothing written into the run."""
+    from gymnasium.envs.classic_control.cartpole import CartPoleEnv
+
+    written = []
+    _fake_moviepy(monkeypatch, written)
+    monkeypatch.setattr(CartPoleEnv, "render", lambda self: np.zeros((8, 8, 3), dtype=np.uint8))
+    run_dir = saved[0]
+    before = _snapshot(run_dir)
+    videos = tmp_path / "videos"
+    assert evaluate_cli.main([run_dir, "--episodes", "2", "--video", str(videos), "--video-episodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "video: 2 episode(s)" in out and len(written) == 2
+    assert all(os.path.dirname(p) == str(videos) and n > 1 for p, n in written)
+    assert _snapshot(run_dir) == before
+    from dppo.evaluate import evaluation_seeds
+
+    seeds = evaluation_seeds(dppo.load(run_dir), 2)
+    assert all(s >= 2**31 for s in seeds)         # public evaluation seeds, never a training user's
 
 
 def test_load_of_a_directory_without_a_run_is_one_line(tmp_path):

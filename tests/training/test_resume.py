@@ -6,7 +6,7 @@ import subprocess
 import sys
 import time
 
-from cli_helpers import ROOT, run_cli
+from tests.cli_helpers import ROOT, run_cli
 
 ARGS = ["privacy.secure_rng=false", "algo=dp_pg", "rounds=8", "users_per_round=3", "checkpoint_every=1", "eval_episodes=3", "progress=false",
         "env.horizon=40", "seed=4"]

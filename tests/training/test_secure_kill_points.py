@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from cli_helpers import ROOT, run_cli
+from tests.cli_helpers import ROOT, run_cli
 from dppo.training.journal import JOURNAL_NAME, UserJournal
 
 ARGS = ["algo=dp_pg", "privacy.secure_rng=true", "rounds=8", "users_per_round=3", "checkpoint_every=2",

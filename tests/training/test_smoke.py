@@ -78,7 +78,8 @@ def test_init_from_loads_pretrained_weights(tiny, tmp_path):
     pre = MLPPolicy(env.observation_space, env.action_space)
     torch.nn.init.constant_(pre.head.bias, 0.25)
     torch.save(pre.state_dict(), tmp_path / "pre.pt")
-    cfg = dppo.make_config(["algo=dp_pg", *tiny, f"policy.init_from={tmp_path / 'pre.pt'}", "eval_episodes=0"])
+    cfg = dppo.make_config(["algo=dp_pg", *tiny, f"policy.init_from={tmp_path / 'pre.pt'}", "policy.init_users_offset=0",
+                            "eval_episodes=0"])
     from dppo.build import build
 
     trainer = build(cfg)

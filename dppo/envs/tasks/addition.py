@@ -40,16 +40,22 @@ def sample_problems(n: int, rng: np.random.Generator) -> list[tuple[str, str]]:
     return [problem(int(a), int(b)) for a, b in ab]
 
 
-def write_prompts(path: str, *, public: int, private: int, seed: int = 0) -> None:
-    """A prompts file: ``public`` rows (held-out evaluation, ``split=public``) then ``private`` rows
-    (the users of RL, ``split=private``); distinct problems, seeded. ``.gz`` paths are gzip-compressed."""
+def distinct_rows(sample, public: int, private: int, seed: int) -> list[dict]:
+    """``public`` rows (held-out evaluation, ``split=public``) then ``private`` rows (the users of RL,
+    ``split=private``) of distinct problems drawn by ``sample(n, rng)``, seeded."""
     rng = np.random.default_rng(seed)
     seen, rows = set(), []
     while len(rows) < public + private:
-        for p, a in sample_problems(public + private, rng):
+        for p, a in sample(public + private, rng):
             if p not in seen and len(rows) < public + private:
                 seen.add(p)
                 rows.append({"prompt": p, "answer": a, "split": "public" if len(rows) < public else "private"})
+    return rows
+
+
+def write_prompts(path: str, *, public: int, private: int, seed: int = 0) -> None:
+    """A prompts file of :func:`distinct_rows` (``.gz`` paths are gzip-compressed)."""
+    rows = distinct_rows(sample_problems, public, private, seed)
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "wt") as f:
         for r in rows:

@@ -1,5 +1,6 @@
 """Episode collection: one engine for users' groups, public rollouts and evaluation, on gymnasium's
-vector API, plus the former lockstep collector (kept as the reference for tests and the bench).
+vector API, and the collector a policy-optimization learner asks for its rounds (the env side of the
+learner interface: ``EpisodeCollector``; prompts have their own, ``dppo.envs.prompts.PromptCollector``).
 
 ``RolloutEngine.run(policy, seeds, uniforms)`` runs one episode per reset seed, all in lockstep with
 one batched policy call per step. Episode i's actions come from the inverse CDF of the policy at
@@ -16,11 +17,14 @@ once per batch size and reused for the whole run.
 """
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from dppo.data import streams
 from dppo.errors import ConfigError, DataError
 from dppo.policies.base import pad_rows
 
@@ -74,8 +78,11 @@ class Episodes:
         """Reshape a per-episode tensor (N, ...) to (users, G, ...)."""
         return x.reshape(self.users, self.group_size, *x.shape[1:])
 
-
-UserEpisodes = Episodes  # the former name
+    def metrics(self) -> dict:
+        """Public counts (users, episodes = users x G) and raw diagnostics of this round's users (``diag/``)."""
+        return {"rollout/users": self.users, "rollout/episodes": self.users * self.group_size,
+                "diag/return": float(self.returns.mean()), "diag/episode_length": float(self.lengths.double().mean()),
+                "diag/env_steps": self.env_steps, "diag/reward_clip_fraction": self.reward_clip_fraction}
 
 
 def clip_rewards(rewards: np.ndarray, bound: float | None) -> tuple[np.ndarray, int]:
@@ -267,67 +274,6 @@ class RolloutEngine:
                         torch.from_numpy(final.reshape(n, -1)))
 
 
-# ---- the former collector (reference implementation for the tests and scripts/bench_rollout.py) ----------
-def collect_episodes(policy, env_factory, reset_seeds: list[int], *, reward_bound: float | None,
-                     generator: torch.Generator | None = None, greedy: bool = False, envs=None) -> Episodes:
-    """Run one episode per reset seed, stepping all users in lockstep with batched policy calls; envs are
-    built per call and actions drawn from one shared generator (the collector before ``RolloutEngine``).
-    """
-    m, horizon = len(reset_seeds), env_factory.horizon
-    envs = envs or [env_factory.make() for _ in range(m)]
-    obs_list, act_list, rew_list = [[] for _ in range(m)], [[] for _ in range(m)], [[] for _ in range(m)]
-    try:
-        cur = [np.asarray(e.reset(seed=int(s))[0], dtype=np.float32) for e, s in zip(envs, reset_seeds)]
-        active = list(range(m))
-        for _ in range(horizon):
-            if not active:
-                break
-            batch = np.stack([cur[i] for i in active]).reshape(len(active), -1)
-            if not np.all(np.isfinite(batch)):
-                raise DataError("the environment returned a NaN/inf observation; this round's data is discarded")
-            actions, _ = policy.sample(torch.as_tensor(batch), greedy=greedy, generator=generator)
-            still = []
-            for j, i in enumerate(active):
-                a = int(actions[j])
-                nxt, r, term, trunc, _ = envs[i].step(a)
-                obs_list[i].append(cur[i]); act_list[i].append(a); rew_list[i].append(float(r))
-                cur[i] = np.asarray(nxt, dtype=np.float32)
-                if not (term or trunc):
-                    still.append(i)
-            active = still
-    except DataError:
-        raise
-    except Exception as err:  # noqa: BLE001 - any env failure aborts the round without releasing it
-        raise DataError(f"the environment raised {type(err).__name__} mid-episode ({err}); the round is not released") from None
-    finally:
-        for e in envs:
-            e.close()
-    counts = []
-    for i in range(m):  # clipped before anything else sees the rewards
-        clipped, c = clip_rewards(np.asarray(rew_list[i], dtype=np.float64), reward_bound)
-        rew_list[i] = clipped
-        counts.append(c)
-    return _pad(obs_list, act_list, rew_list, torch.tensor(counts))
-
-
-def _pad(obs_list, act_list, rew_list, clipped) -> Episodes:
-    m = len(obs_list)
-    T = max(1, max(len(a) for a in act_list))
-    obs_shape = np.asarray(obs_list[0][0]).reshape(-1).shape
-    obs = torch.zeros((m, T) + obs_shape)
-    actions = torch.zeros(m, T, dtype=torch.long)
-    rewards = torch.zeros(m, T, dtype=torch.float64)
-    mask = torch.zeros(m, T, dtype=torch.bool)
-    for i in range(m):
-        n = len(act_list[i])
-        if n:
-            obs[i, :n] = torch.as_tensor(np.stack(obs_list[i])).reshape(n, -1)
-            actions[i, :n] = torch.as_tensor(act_list[i])
-            rewards[i, :n] = torch.as_tensor(rew_list[i], dtype=torch.float64)
-            mask[i, :n] = True
-    return Episodes(obs, actions, rewards, mask, rewards.sum(1), clipped)
-
-
 def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
     """G_t = sum_{k>=t} gamma^(k-t) r_k per episode (row), zero on padding."""
     out = torch.zeros_like(rewards)
@@ -337,3 +283,132 @@ def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> to
         out[:, t] = running * mask[:, t]
     return out
 
+
+class EpisodeCollector:
+    """What a policy-optimization learner asks of an env of episodes (gymnasium envs, the bandit).
+
+    A round's users: user u runs G rollouts (``group_size``) of the current policy, all from u's own start
+    state (``streams.user_reset_seeds``, or the env's own ``reset_seeds``: bandit user u = context u), with
+    actions drawn from u's own stream (``streams.user_generator(run seed, u, round)``), so a user's episodes
+    depend on that user alone. Public rollouts (evaluation, the states of a public Fisher matrix) start from
+    public seeds, disjoint from every user's by construction, with public sampling streams.
+
+    Options a learner may set (both change only how a user's own episodes are drawn, from its own data):
+    ``user_horizon`` cuts the users' episodes after that many steps (the cut episodes are truncated, not
+    terminated: ``Episodes.terminated`` is False and ``final_obs`` holds the state to bootstrap from; public
+    rollouts and evaluation keep the env's horizon); ``action_noise_corr`` = rho draws a user's sampling
+    uniforms as Phi(z_t) with z an AR(1) process along each rollout, z_0 = e_0, z_t = rho z_{t-1} +
+    sqrt(1 - rho^2) e_t, e iid N(0, 1) from the user's own stream, so every u_t is still exactly U(0, 1) (each
+    action marginally pi(.|s_t)) while successive actions are correlated (0: iid uniforms).
+
+    ``public_env_steps`` counts the env steps of every public rollout run so far (the public rollouts of
+    ``users(..., public=k)``, ``public``, ``evaluate``): public, reported in ``summary.json``.
+
+    Args:
+        env: an env factory (``make()``, ``horizon``, ``observation_space``, ``action_space``).
+        seed: the run seed.
+        user_horizon: cut users' episodes at this many steps (None: the env's horizon).
+        action_noise_corr: rho in [0, 1) of the users' AR(1) sampling uniforms.
+    """
+
+    def __init__(self, env, seed: int, *, user_horizon: int | None = None, action_noise_corr: float = 0.0):
+        self.env, self.seed = env, int(seed)
+        self.engine = RolloutEngine(env)
+        self.public_env_steps = 0
+        if not 0.0 <= float(action_noise_corr) < 1.0:
+            raise ConfigError(f"action_noise_corr must lie in [0, 1), got {action_noise_corr}")
+        self.action_noise_corr, self._ar1 = float(action_noise_corr), None
+        self.user_engine, self.user_horizon = self.engine, int(env.horizon)
+        if user_horizon is not None and int(user_horizon) < int(env.horizon):
+            if int(user_horizon) < 1:
+                raise ConfigError(f"user_horizon must be >= 1, got {user_horizon}")
+            cut = copy.copy(env)
+            cut.horizon = int(user_horizon)
+            self.user_engine, self.user_horizon = RolloutEngine(cut), int(user_horizon)
+
+    def check(self, policy, rounds: int, sampler) -> None:
+        """Nothing to check before round 0 (the sampler checks the population)."""
+
+    def user_reset_seeds(self, users, group_size: int) -> list[int]:
+        """Reset seeds of the users' groups, user-major (the env's own mapping if it has one)."""
+        if hasattr(self.env, "reset_seeds"):
+            return [s for s in self.env.reset_seeds(self.seed, users) for _ in range(group_size)]
+        return [s for u in users for s in streams.user_reset_seeds(self.seed, u, group_size)]
+
+    def public_seeds(self, stream: str, round_idx: int, n: int) -> list[int]:
+        seeds = streams.public_reset_seeds(self.seed, stream, round_idx, n)
+        return [self.env.public_seed(s) for s in seeds] if hasattr(self.env, "public_seed") else seeds
+
+    @staticmethod
+    def uniform_shape(policy) -> tuple:
+        """Uniforms per step beyond one: (d,) for a continuous policy with d > 1 action dimensions."""
+        d = int(getattr(policy, "action_dim", 1)) if getattr(policy, "continuous", False) else 1
+        return (d,) if d > 1 else ()
+
+    def users(self, policy, users, round_idx: int, group_size: int, reward_bound: float | None,
+              public: int = 0) -> tuple[Episodes, Episodes | None]:
+        """The users' groups (G rollouts each) and ``public`` public rollouts (stream ``fisher``) of this round.
+
+        The public rollouts ride in the same vectorized batch (every row depends only on its own seed and
+        uniforms, so packing them together changes nothing), unless the users' episodes are cut
+        (``user_horizon``): then they run on their own at the env's horizon.
+        """
+        H, k, G = self.user_horizon, int(public), int(group_size)
+        extra = self.uniform_shape(policy)
+        uniforms = [self.user_uniforms(streams.user_generator(self.seed, u, round_idx), (G, H) + extra)
+                    for u in users]
+        seeds = self.user_reset_seeds(users, G)
+        n = len(users) * G
+        if k and self.user_engine is not self.engine:
+            batch = self.user_engine.run(policy, seeds, torch.cat(uniforms), reward_bound=reward_bound)
+            public_batch = self.public(policy, "fisher", round_idx, k, reward_bound=reward_bound)
+            return batch.take(0, n, G), public_batch
+        if k:
+            uniforms.append(torch.rand((k, H) + extra, generator=streams.public_generator(self.seed, "fisher",
+                                                                                          round_idx),
+                                       dtype=torch.float64))
+            seeds = seeds + self.public_seeds("fisher", round_idx, k)
+        both = self.user_engine.run(policy, seeds, torch.cat(uniforms), reward_bound=reward_bound)
+        public_batch = both.take(n, n + k) if k else None
+        if k:
+            self.public_env_steps += public_batch.env_steps
+        return both.take(0, n, G), public_batch
+
+    def user_uniforms(self, generator: torch.Generator, shape: tuple) -> torch.Tensor:
+        """One user's sampling uniforms (G, horizon, ...) from its own generator: iid U(0, 1), or Phi of the
+        AR(1) process along the horizon (``action_noise_corr``, class docstring)."""
+        rho = self.action_noise_corr
+        if rho == 0.0:
+            return torch.rand(shape, generator=generator, dtype=torch.float64)
+        e = torch.randn(shape, generator=generator, dtype=torch.float64)
+        H = shape[1]
+        if self._ar1 is None or self._ar1.shape[0] != H:
+            t = torch.arange(H, dtype=torch.float64)
+            lag = (t[:, None] - t[None, :]).clamp_min(0)
+            L = torch.where(t[:, None] >= t[None, :], rho ** lag, 0.0) * math.sqrt(1 - rho * rho)
+            L[:, 0] = rho ** t     # z_t = rho^t e_0 + sqrt(1 - rho^2) sum_{1<=k<=t} rho^(t-k) e_k
+            self._ar1 = L
+        z = torch.einsum("tk,gk...->gt...", self._ar1, e)
+        return torch.special.ndtr(z).clamp(1e-12, 1 - 1e-12)
+
+    def public(self, policy, stream: str, round_idx: int, n: int, greedy: bool = False, *,
+               reward_bound: float | None = None) -> Episodes:
+        """``n`` rollouts of the current (released) policy from public seeds, public sampling stream (counted in
+        ``public_env_steps``)."""
+        gen = streams.public_generator(self.seed, stream, round_idx)
+        uniforms = None if greedy else torch.rand((n, int(self.env.horizon)) + self.uniform_shape(policy),
+                                                  generator=gen, dtype=torch.float64)
+        episodes = self.engine.run(policy, self.public_seeds(stream, round_idx, n), uniforms,
+                                   reward_bound=reward_bound)
+        self.public_env_steps += episodes.env_steps
+        return episodes
+
+    def evaluate(self, policy, episodes: int, greedy: bool = False) -> float:
+        """Mean return over ``episodes`` held-out episodes (public seeds, never a user's)."""
+        return float(self.public(policy, "eval", 0, episodes, greedy=greedy).returns.mean())
+
+    def log_examples(self, policy, logger, round_idx: int) -> None:
+        """Nothing beyond the metrics for episodes."""
+
+    def summary(self, policy) -> dict:
+        return {}

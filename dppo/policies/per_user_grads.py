@@ -1,24 +1,30 @@
-"""Per-user gradients of a policy-gradient objective from ONE backward pass (per-layer rules).
+"""The per-user-gradient engine: gradients of any per-row objective, grouped by user, from ONE backward pass.
 
-User u's objective is L_u = sum_{r in u} w_r log pi(a_r | s_r) over its rows r (its steps, or the steps of
-all its G rollouts: one privacy unit, contract C5). Rows do not interact in a policy's forward pass (no
-batch statistics), so the error backpropagated to any layer output in row r of the summed objective
-L = sum_u L_u equals the one of L_u alone. For a layer whose parameter gradient is a product of its
-input and that error, the per-user gradient follows from the activations and errors of one backward
-of L, grouped by user (the book-keeping / Opacus grad-sample idea, summed per user instead of per row):
+User u's objective is L_u = sum_{r in u} w_r f(r) over its rows r (its steps, the steps of all its G rollouts,
+or its prompt with G completions: one privacy unit, contract C5), for any per-row scalar f: a log-probability
+log pi(a_r | s_r) (policy gradients, compatible features), a clipped surrogate plus a value loss (actor-critic),
+a KL penalty to a reference model, ... Rows do not interact in the forward pass (no batch statistics), so the
+error backpropagated to any layer output in row r of the summed objective L = sum_u L_u equals the one of L_u
+alone. For a layer whose parameter gradient is a product of its input and that error, the per-user gradient
+follows from the activations and errors of one backward of L, grouped by user (the book-keeping / Opacus
+grad-sample idea, summed per user instead of per row):
 
     Linear     y = x W^T + b:             dL_u/dW = sum_{r in u} g_r^T x_r,   dL_u/db = sum_{r in u} g_r
     Embedding  y = E[i]:                  dL_u/dE[v] = sum_{r in u, t: i_rt = v} g_rt
     LayerNorm  y = xhat * gamma + beta:   dL_u/dgamma = sum_{r in u} g_r * xhat_r,   dL_u/dbeta = sum g_r
     RMSNorm    y = xhat * gamma:          dL_u/dgamma = sum_{r in u} g_r * xhat_r
 
-(g_r = dL/dy_r; sums run over the row's inner positions too, e.g. tokens). LoRA adapters (peft's
-``lora.Linear``) are two ``nn.Linear`` modules around a frozen base layer, so the Linear rule covers
-them. A module with trainable parameters of its own and no rule falls back, for that module only, to
-``torch.func``: a vmap over users of the vector-Jacobian product of that module alone at the captured
-inputs and errors; parameters owned by the policy module itself (e.g. the log-linear policy's theta, a
-Gaussian head's log-std) use a vmap over users of the whole objective restricted to those parameters.
-``method="func"`` computes everything with the original vmap over users (the reference).
+(g_r = dL/dy_r; sums run over the row's inner positions too, e.g. tokens). A layer may see k rows per row of
+the objective (a prompt's KV cache repeated for its G completions): its rows are then grouped k at a time,
+slot-major. LoRA adapters (peft's ``lora.Linear``) are two ``nn.Linear`` modules around a frozen base layer,
+so the Linear rule covers them. A module with trainable parameters of its own and no rule falls back, for
+that module only, to ``torch.func``: a vmap over users of the vector-Jacobian product of that module alone at
+the captured inputs and errors; parameters owned by the differentiated module itself (e.g. the log-linear
+policy's theta, a Gaussian head's log-std) use a vmap over users of the whole objective restricted to those
+parameters. ``method="func"`` computes everything with a vmap over users of the objective (the reference).
+
+One engine for every parameter space of ``dppo.policies.spaces``: an MLP's head features come in closed
+form, but all-parameter gradients of any policy and the adapter gradients of a language model come from here.
 
 Cost: one forward with hooks on the parameter-owning modules (registered once per module and kept:
 outside a capture they return at once), one ``torch.autograd.grad`` to the layer outputs only (the
@@ -85,14 +91,15 @@ class Groups:
     operation a user's result sees depends only on that user's own rows, never on which other users
     share the batch or how much data they have (so a user's gradient is bit-identical whichever process
     or batch computes it; CPU kernels are invariant to the batch count at fixed shapes, checked in
-    tests/algos/test_per_user_grads.py). A phantom user ``num_users`` (never summed) pads tiny batches
-    to ``MIN_ROWS`` rows.
+    tests/policies/test_per_user_grads.py). A phantom user ``num_users`` (never summed) pads tiny batches
+    to ``min_rows`` rows (default ``MIN_ROWS``).
     """
 
     def __init__(self, user: torch.Tensor, num_users: int, pad_multiple: int = PAD_MULTIPLE,
-                 keep: torch.Tensor | None = None, sorted_users: bool = False, rows_per_user: int | None = None):
+                 keep: torch.Tensor | None = None, sorted_users: bool = False, rows_per_user: int | None = None,
+                 min_rows: int = MIN_ROWS):
         m, B = int(num_users), int(pad_multiple)
-        self.num_users = m
+        self.num_users, self.min_rows = m, int(min_rows)
         self._slot_user = None
         self._stride = None  # set by _init_strided: users' slots are rows u * stride .. of the padded input
         if B == 1 and self._init_sorted(user, m, keep, sorted_users, rows_per_user):
@@ -104,7 +111,7 @@ class Groups:
         N = len(user)
         counts = np.bincount(user, minlength=m)[:m] if N else np.zeros(m, dtype=np.int64)
         lens = (counts + B - 1) // B * B
-        phantom = max(0, -(-(MIN_ROWS - int(lens.sum())) // B) * B)
+        phantom = max(0, -(-(self.min_rows - int(lens.sum())) // B) * B)
         counts, lens = np.append(counts, 0), np.append(lens, phantom)
         ends = np.cumsum(lens)  # users laid out in id order (the phantom last)
         start = ends - lens
@@ -131,7 +138,7 @@ class Groups:
 
     def _init_sorted(self, user, m: int, keep, known_sorted: bool, rows_per_user: int | None = None) -> bool:
         """The common layout without padding (``pad_multiple=1``), users' rows already in id order: slots
-        are the kept rows themselves (plus phantom rows up to ``MIN_ROWS``), built with a few tensor ops.
+        are the kept rows themselves (plus phantom rows up to ``min_rows``), built with a few tensor ops.
         Returns False (nothing set) when the rows are not sorted by user."""
         n_all = m * rows_per_user if rows_per_user is not None else len(user)
         counts = None
@@ -141,7 +148,7 @@ class Groups:
             lens = counts.tolist()
             if min(lens, default=rows_per_user) == rows_per_user:
                 keep = None  # every row kept
-            elif n_all >= MIN_ROWS and self._init_strided(keep, kv, counts, lens):
+            elif n_all >= self.min_rows and self._init_strided(keep, kv, counts, lens):
                 return True
         elif keep is not None and bool(keep.all()):
             keep = None
@@ -157,7 +164,7 @@ class Groups:
             if not known_sorted and N > 1 and not bool((kept_user[1:] >= kept_user[:-1]).all()):
                 return False
             counts = torch.bincount(kept_user, minlength=m)[:m] if N else torch.zeros(m, dtype=torch.long)
-        phantom = max(0, MIN_ROWS - N)
+        phantom = max(0, self.min_rows - N)
         self.num_slots = N + phantom
         self.identity = rows is None and phantom == 0
         if not self.identity:
@@ -420,19 +427,38 @@ def _hf_rms_norm(module, inputs, output, g, groups: Groups, names) -> dict:
 
 
 # ---- the torch.func paths ---------------------------------------------------------------------------
-def per_user_gradients_func(policy, obs, actions, weights) -> torch.Tensor:
-    """Reference: row i = grad_theta sum_t weights[i, t] log pi(actions[i, t] | obs[i, t]), by a
-    ``torch.func`` vmap over users of the whole objective (trainable parameters only)."""
-    params = _trainable(policy)
-    frozen = {k: v.detach() for k, v in policy.named_parameters() if k not in params}
+class _Objective(nn.Module):
+    """``objective`` as a module holding ``module``, so ``functional_call`` can substitute ``module``'s
+    parameters (as ``module.<name>``) while the objective runs."""
+
+    def __init__(self, module, objective):
+        super().__init__()
+        self.module, self.objective = module, objective
+
+    def forward(self, *args):
+        return self.objective(*args)
+
+
+def functional(module, objective, params: dict, args: tuple):
+    """``objective(*args)`` (``module(*args)`` when None) with ``module``'s parameters ``params`` (name -> tensor)."""
+    if objective is None:
+        return functional_call(module, params, args)
+    return functional_call(_Objective(module, objective), {f"module.{k}": v for k, v in params.items()}, args)
+
+
+def per_user_gradients_func(module, inputs: tuple, weights, *, objective=None) -> torch.Tensor:
+    """Reference: row i = grad_theta sum_t weights[i, t] objective(inputs[i, t]), by a ``torch.func`` vmap
+    over users of the whole objective (trainable parameters only); inputs padded per user, (m, T, ...)."""
+    params = _trainable(module)
+    frozen = {k: v.detach() for k, v in module.named_parameters() if k not in params}
     dtype = next(iter(params.values())).dtype
 
-    def user_objective(p, o, a, w):
-        return (functional_call(policy, {**frozen, **p}, (o, a)) * w).sum()
+    def user_objective(p, w, *args):
+        return (functional(module, objective, {**frozen, **p}, args) * w).sum()
 
     detached = {k: v.detach() for k, v in params.items()}
-    grads = vmap(grad(user_objective), in_dims=(None, 0, 0, 0))(detached, obs, actions, weights.to(dtype))
-    return torch.cat([grads[k].detach().reshape(obs.shape[0], -1) for k in params], dim=1)
+    grads = vmap(grad(user_objective), in_dims=(None, 0) + (0,) * len(inputs))(detached, weights.to(dtype), *inputs)
+    return torch.cat([grads[k].detach().reshape(weights.shape[0], -1) for k in params], dim=1)
 
 
 def _block_func(fn, params: dict, slot_args: list, groups: Groups) -> dict:
@@ -453,6 +479,8 @@ def _module_vjp(module, names, args, kwargs, g, groups: Groups) -> dict:
     """Fallback for one module without a rule: per bucket, a vmap over users of the VJP of that module
     alone, at its captured inputs and backpropagated errors."""
     R = g.shape[0]
+    if R != groups.num_slots:
+        raise Unsupported(f"{type(module).__name__}: called on {R} rows for {groups.num_slots} slots")
     batched = [isinstance(a, torch.Tensor) and a.dim() > 0 and a.shape[0] == R for a in args]
     if any(isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == R for v in kwargs.values()):
         raise Unsupported(f"{type(module).__name__}: batched keyword inputs")
@@ -460,14 +488,27 @@ def _module_vjp(module, names, args, kwargs, g, groups: Groups) -> dict:
     fixed = list(args)
     where = [i for i, b in enumerate(batched) if b]
 
-    def objective(p, g_b, *block_args):
+    def vjp(p, g_b, *block_args):
         full = list(fixed)
         for i, a in zip(where, block_args):
             full[i] = a
         return (functional_call(module, p, tuple(full), kwargs) * g_b).sum()
 
-    return _block_func(objective, params, [g.detach()] + [args[i].detach() for i in where], groups)
+    return _block_func(vjp, params, [g.detach()] + [args[i].detach() for i in where], groups)
 
+
+def _per_slot(t: torch.Tensor, slots: int) -> torch.Tensor:
+    """A layer's input or error with ``k * slots`` leading rows, slot-major (e.g. the G completions of
+    each user's row after a prompt's KV cache was repeated for them), as ``slots`` rows of k times
+    the inner positions; unchanged when it has ``slots`` rows."""
+    if t.dim() == 0 or t.shape[0] == slots:
+        return t
+    if slots == 0 or t.shape[0] % slots:
+        raise Unsupported(f"a layer was called on {t.shape[0]} rows, not a multiple of the {slots} slots")
+    k = t.shape[0] // slots
+    if t.dim() == 1:
+        return t.reshape(slots, k)
+    return t.reshape(slots, k * t.shape[1], *t.shape[2:])
 
 # ---- capturing the layers' inputs and outputs ------------------------------------------------------
 # One forward hook per parameter-owning module, registered the first time a policy's per-user gradients
@@ -504,21 +545,30 @@ def _ensure_hooks(modules) -> None:
             mod.register_forward_hook(_capture_hook, with_kwargs=True)
 
 
-def per_user_gradients(policy, obs, actions, weights, user_index: torch.Tensor | None = None, *,
-                       num_users: int | None = None, method: str = "hooks",
-                       pad_multiple: int = PAD_MULTIPLE) -> torch.Tensor:
-    """Per-user gradients of sum_{rows of u} w log pi(a | s) (flattened, trainable parameters only).
+
+
+def per_user_gradients(module, inputs: tuple, weights, user_index: torch.Tensor | None = None, *,
+                       objective=None, num_users: int | None = None, method: str = "hooks",
+                       pad_multiple: int = PAD_MULTIPLE, min_rows: int = MIN_ROWS,
+                       chunk: int | None = None) -> torch.Tensor:
+    """Per-user gradients of sum_{rows r of u} w_r f(row r), f = ``objective`` (trainable parameters only).
 
     Args:
-        policy: a module whose ``forward(obs, actions)`` is the per-row ``log pi(a | s)``.
-        obs, actions, weights: either padded per user, ``(m, T, ...)``, ``(m, T)``, ``(m, T)`` (row i =
-            user i; padding carries weight 0), or flat rows ``(N, ...)``, ``(N,)``, ``(N,)`` with
-            ``user_index``.
+        module: the ``nn.Module`` whose trainable (``requires_grad``) parameters are differentiated.
+        inputs: tensors whose leading axis (two axes, padded) is the row: either padded per user,
+            ``(m, T, ...)`` each (row (i, t) belongs to user i; padding carries weight 0), or flat rows
+            ``(N, ...)`` with ``user_index``.
+        weights: ``(m, T)`` or ``(N,)`` row weights w_r.
         user_index: ``(N,)`` user of each flat row (e.g. the steps of a user's G rollouts), in
             ``0..num_users-1`` (default ``max + 1``).
+        objective: ``objective(*rows) -> (R,)``, one value per row, each a function of its own row only
+            (no batch statistics); default ``module(*rows)`` (a policy's ``forward`` is ``log pi(a | s)``).
+            Any per-row scalar works: a weighted log-probability, a clipped surrogate plus a value loss, ...
         method: ``hooks`` (one backward + per-layer rules, the default) or ``func`` (vmap over users).
-        pad_multiple: a user's rows are padded to a multiple of it (zero-weight copies), e.g. the group
-            size when rows are whole completions.
+        pad_multiple: a user's rows are padded to a multiple of it (zero-weight copies).
+        min_rows: forward passes run on at least this many rows (zero-weight copies): a row's result then
+            never depends on how many rows share the batch (``dppo.policies.base.MIN_ROWS``).
+        chunk: padded inputs only: at most this many users per forward pass (memory; results are the same).
 
     Returns:
         ``(m, P)`` tensor (the parameters' dtype, detached), row u = user u's gradient (zeros for a user
@@ -526,15 +576,21 @@ def per_user_gradients(policy, obs, actions, weights, user_index: torch.Tensor |
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got '{method}'")
+    inputs = tuple(inputs)
     padded = user_index is None
+    if padded and chunk is not None and weights.shape[0] > chunk:
+        return torch.cat([per_user_gradients(module, tuple(t[lo:lo + chunk] for t in inputs), weights[lo:lo + chunk],
+                                             objective=objective, method=method, pad_multiple=pad_multiple,
+                                             min_rows=min_rows)
+                          for lo in range(0, weights.shape[0], chunk)])
     if padded:
         m, T = weights.shape[:2]
-        obs, actions, weights = obs.reshape(m * T, *obs.shape[2:]), actions.reshape(m * T, *actions.shape[2:]), \
-            weights.reshape(m * T)
+        inputs = tuple(t.reshape(m * T, *t.shape[2:]) for t in inputs)
+        weights = weights.reshape(m * T)
     else:
         m = int(num_users) if num_users is not None else int(user_index.max()) + 1 if len(user_index) else 0
     keep = weights != 0  # zero-weight rows (padding) contribute nothing
-    plan = _plan(policy)
+    plan = _plan(module)
     weights = weights.to(plan.dtype)
     fast_layout = padded and method == "hooks" and pad_multiple == 1  # Groups finds the empty case itself
     if not fast_layout and not bool(keep.any()):
@@ -542,22 +598,25 @@ def per_user_gradients(policy, obs, actions, weights, user_index: torch.Tensor |
     if padded:
         user_index = None if fast_layout else torch.arange(m).repeat_interleave(T)
     if method == "func":
-        return _func_over_users(policy, obs, actions, weights, user_index, keep, m)
-    groups = Groups(user_index, m, pad_multiple, keep, sorted_users=padded, rows_per_user=T if padded else None)
+        return _func_over_users(module, objective, inputs, weights, user_index, keep, m)
+    groups = Groups(user_index, m, pad_multiple, keep, sorted_users=padded, rows_per_user=T if padded else None,
+                    min_rows=min_rows)
     if not groups.buckets:  # no row with a non-zero weight
         return torch.zeros(m, plan.P, dtype=plan.dtype)
     try:
-        return _hook_gradients(policy, plan, groups.layout(obs), groups.layout(actions),
+        return _hook_gradients(module, objective, plan, tuple(groups.layout(t) for t in inputs),
                                groups.layout_weights(weights), groups)
     except Unsupported:
         if user_index is None:
             user_index = torch.arange(m).repeat_interleave(T)
-        return _func_over_users(policy, obs, actions, weights, user_index, keep, m)
+        return _func_over_users(module, objective, inputs, weights, user_index, keep, m)
 
 
-def _func_over_users(policy, obs, actions, weights, user_index, keep, m):
+def _func_over_users(module, objective, inputs, weights, user_index, keep, m):
     idx = keep.nonzero().squeeze(1)
-    return per_user_gradients_func(policy, *(pad_users(t[idx], user_index[idx], m) for t in (obs, actions, weights)))
+    padded = [pad_users(t[idx], user_index[idx], m) for t in inputs]
+    return per_user_gradients_func(module, tuple(padded), pad_users(weights[idx], user_index[idx], m),
+                                   objective=objective)
 
 
 class _Plan:
@@ -615,14 +674,30 @@ def _plan(policy) -> _Plan:
     return plan
 
 
-def _hook_gradients(policy, plan: _Plan, obs, actions, weights, groups: Groups) -> torch.Tensor:
+
+
+def _records_per_slot(records: list, err_of: dict, slots: int) -> tuple[list, dict]:
+    """The captures of layers called on k rows per slot, with inputs and errors as ``slots`` rows (``_per_slot``)."""
+    out_records, out_err = [], dict(err_of)
+    for mod, args, kwargs, out, versions, out_version in records:
+        R = out.shape[0]
+        if R != slots:
+            args = tuple(_per_slot(a, slots) if isinstance(a, torch.Tensor) and a.dim() and a.shape[0] == R else a
+                         for a in args)
+            if out_err.get(id(out)) is not None:
+                out_err[id(out)] = _per_slot(out_err[id(out)], slots)
+        out_records.append((mod, args, kwargs, out, versions, out_version))
+    return out_records, out_err
+
+
+def _hook_gradients(module, objective, plan: _Plan, inputs: tuple, weights, groups: Groups) -> torch.Tensor:
     """(users, P): every trainable parameter's per-user gradient, added into its columns."""
     m = groups.num_users
     records: list = []
     _CAPTURES.stack.append((plan.hooked, records))
     try:
         with torch.enable_grad():
-            logp = policy(obs, actions)
+            values = module(*inputs) if objective is None else objective(*inputs)
     finally:
         _CAPTURES.stack.pop()
     for mod, args, _, out, versions, out_version in records:
@@ -630,14 +705,17 @@ def _hook_gradients(policy, plan: _Plan, obs, actions, weights, groups: Groups) 
             raise Unsupported(f"{type(mod).__name__}: a captured tensor was modified in place")
     needed = [rec[3] for rec in records if rec[3].requires_grad]
     # errors at the layer outputs only: the autograd engine skips every parameter-gradient product
-    errs = torch.autograd.grad((logp * weights).sum(), needed, allow_unused=True) if needed else []
+    errs = torch.autograd.grad((values * weights).sum(), needed, allow_unused=True) if needed else []
+    err_of = dict(zip([id(o) for o in needed], errs))
+    if any(rec[3].shape[0] != groups.num_slots for rec in records):  # a layer called on k rows per slot
+        records, err_of = _records_per_slot(records, err_of, groups.num_slots)
+        errs = [err_of.get(id(rec[3])) for rec in records if rec[3].requires_grad]
     each_layer_once = len(needed) == len(records) == len(plan.linear or ()) == len({id(r[0]) for r in records})
     if plan.linear is not None and each_layer_once and all(r[1] for r in records) and \
             all(e is not None for e in errs) and m * plan.P <= FAST_PATH_MAX_ELEMENTS:
         return _linear_layers(plan, records, errs, groups)
     flat = torch.zeros(m, plan.P, dtype=plan.dtype)
     columns, owner = plan.columns, plan.owner
-    err_of = dict(zip([id(o) for o in needed], errs))
     written: set = set()  # ids of the parameters whose columns hold a contribution already
     with torch.no_grad():
         for mod, args, kwargs, out, _, _ in records:
@@ -662,11 +740,11 @@ def _hook_gradients(policy, plan: _Plan, obs, actions, weights, groups: Groups) 
                 lo, hi = columns[id(getattr(mod, n))]
                 groups.add_into(flat[:, lo:hi], v)
                 written.add(id(getattr(mod, n)))
-    if policy in owner:  # parameters used directly by the policy: vmap over users for those only
-        _, names = owner[policy]
-        direct = {n: getattr(policy, n) for n in names}
+    if module in owner:  # parameters used directly by the module: vmap over users for those only
+        _, names = owner[module]
+        direct = {n: getattr(module, n) for n in names}
         with torch.no_grad():
-            for n, v in _root_func(policy, direct, obs, actions, weights, groups).items():
+            for n, v in _root_func(module, objective, direct, inputs, weights, groups).items():
                 lo, hi = columns[id(direct[n])]
                 groups.add_into(flat[:, lo:hi], v.detach())
     return flat.detach()
@@ -709,16 +787,18 @@ def _linear_layers(plan: _Plan, records: list, errs, groups: Groups) -> torch.Te
     return (torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]).to(plan.dtype)
 
 
-def _root_func(policy, direct: dict, obs, actions, weights, groups: Groups) -> dict:
-    """Parameters the policy module uses directly: per bucket, a vmap over users of the objective for those only."""
+
+
+def _root_func(module, objective, direct: dict, inputs: tuple, weights, groups: Groups) -> dict:
+    """Parameters the module uses directly: per bucket, a vmap over users of the objective for those only."""
     detached = {n: p.detach() for n, p in direct.items()}
 
-    def objective(p, o, a, w):
-        return (functional_call(policy, p, (o, a)) * w).sum()
+    def user_objective(p, w, *args):
+        return (functional(module, objective, p, args) * w).sum()
 
-    return _block_func(objective, detached, [obs, actions, weights], groups)
+    return _block_func(user_objective, detached, [weights, *inputs], groups)
 
 
-def _trainable(policy) -> dict:
+def _trainable(module) -> dict:
     """{name: parameter} of the trainable parameters (from the cached plan)."""
-    return _plan(policy).params
+    return _plan(module).params

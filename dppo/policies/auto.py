@@ -1,0 +1,49 @@
+"""``policy=auto`` (the default): the policy the env's action space calls for, as Stable-Baselines3's
+``MlpPolicy`` picks its distribution from the action space.
+
+* ``Discrete(K)`` actions: a softmax MLP (``MLPPolicy``, ``policy=mlp``);
+* a 1-d ``Box`` of actions: a Gaussian MLP (``GaussianMLPPolicy``, ``policy=gaussian``), tanh-squashed
+  into the Box by default;
+* anything else (MultiDiscrete, MultiBinary, Dict, Box actions of rank > 1): a one-line error naming the
+  choices.
+"""
+from __future__ import annotations
+
+import difflib
+
+import gymnasium as gym
+
+from dppo.errors import ConfigError
+from dppo.policies.gaussian import GaussianMLPPolicy
+from dppo.policies.mlp import MLPPolicy
+
+BOX_ONLY = ("log_std", "log_std_init", "log_std_min", "log_std_max", "squash")
+
+
+def auto_policy(observation_space: gym.Space, action_space: gym.Space, hidden_sizes=(64, 64),
+                activation: str = "tanh", **box_options):
+    """The MLP policy for ``action_space`` (module docstring).
+
+    Args:
+        observation_space, action_space: the env's spaces (passed by the builder).
+        hidden_sizes, activation: the MLP body of either policy.
+        box_options: options of the Gaussian policy (``log_std``, ``log_std_init``, ``log_std_min``,
+            ``log_std_max``, ``squash``), for Box actions only.
+    """
+    unknown = sorted(set(box_options) - set(BOX_ONLY))
+    if unknown:
+        valid = sorted(("hidden_sizes", "activation") + BOX_ONLY)
+        close = difflib.get_close_matches(unknown[0], valid, n=1)
+        hint = f" (did you mean 'policy.{close[0]}'?)" if close else ""
+        raise ConfigError(f"unknown key 'policy.{unknown[0]}'{hint}: policy=auto takes {valid}")
+    if isinstance(action_space, gym.spaces.Discrete):
+        if box_options:
+            raise ConfigError(f"policy.{sorted(box_options)[0]} applies to Box (continuous) actions; the env's "
+                              f"actions are {action_space}: remove it (policy=auto is a softmax MLP here)")
+        return MLPPolicy(observation_space, action_space, hidden_sizes=hidden_sizes, activation=activation)
+    if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        return GaussianMLPPolicy(observation_space, action_space, hidden_sizes=hidden_sizes, activation=activation,
+                                 **box_options)
+    raise ConfigError(f"policy=auto has no policy for the action space {action_space}: it builds a softmax MLP for "
+                      f"Discrete actions (policy=mlp) and a Gaussian MLP for 1-d Box actions (policy=gaussian); "
+                      f"for other spaces pass your own policy (dppo.train(cfg, policy=...))")

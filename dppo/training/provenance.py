@@ -1,0 +1,192 @@
+"""Where a policy's training data came from: the users it consumed, the run's seed and its population.
+
+The record travels with the policy (``policy.pt`` and every checkpoint), so that ``policy.init_from`` never
+hands a user whose data shaped the weights to another release, whichever form the weights come in
+(``dppo.build.load_init_source``). It names user *ids*, never data, and only ids that are public anyway:
+the ids of a one-pass run follow from its seed and its length, and a multi-pass run records its whole
+population (which members a Poisson round sampled stays secret: amplification by subsampling needs it).
+
+Two kinds of id space (``population["kind"]``):
+
+* ``ids``: a user stream (gym episodes, tabular and GFA episodes, any env without a finite population).
+  User u of a run with seed s is the episode reset by ``dppo.data.streams.user_seed(s, u)``; a
+  ``privacy.population_size`` only caps the ids at N. A record lists the stream ids consumed. A run
+  that inherits such a record starts its stream after the largest one, whatever its env or seed: ids
+  are the conservative unit (a real deployment's stream, users arriving in order, has no seed at all).
+* ``members``: a finite population the env defines (``env.population``: the bandit's contexts, the
+  private prompts of a file). The record lists *member* ids - a prompt's row in its file, a context's
+  index - which do not depend on the run's seed or visiting order. A run on the same population (same
+  env id and size) burns those members; a run on another population skips none of them, and says so.
+"""
+from __future__ import annotations
+
+import sys
+
+FORMAT = "dppo-provenance-1"
+
+
+# ---- id sets as half-open ranges ---------------------------------------------------------------------------
+def to_ranges(ids) -> list[list[int]]:
+    """Sorted half-open ranges ``[[lo, hi), ...]`` covering the integer set ``ids``."""
+    out: list[list[int]] = []
+    for u in sorted({int(i) for i in ids}):
+        if out and out[-1][1] == u:
+            out[-1][1] = u + 1
+        else:
+            out.append([u, u + 1])
+    return out
+
+
+def from_ranges(ranges) -> list[int]:
+    return [u for lo, hi in ranges for u in range(int(lo), int(hi))]
+
+
+def union_ranges(a, b) -> list[list[int]]:
+    merged: list[list[int]] = []
+    for lo, hi in sorted([list(map(int, r)) for r in list(a) + list(b)]):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return merged
+
+
+def count(ranges) -> int:
+    return sum(int(hi) - int(lo) for lo, hi in ranges)
+
+
+# ---- the population of a run -------------------------------------------------------------------------------
+class Population:
+    """The id space of a run's users and the map from the sampler's ids to it.
+
+    Args:
+        env: the run's env factory (``population`` and ``member_ids`` when it defines a finite population).
+        sampler: the run's user sampler (``population_size``: a cap on stream ids, or multi-pass).
+    """
+
+    def __init__(self, env, sampler=None):
+        self.env, self.sampler = env, sampler
+        env_id = str(getattr(env, "id", type(env).__name__))
+        size = getattr(env, "population", None)
+        if isinstance(size, int) and not isinstance(size, bool):
+            self.identity = {"kind": "members", "env_id": env_id, "size": int(size)}
+        else:
+            cap = getattr(sampler, "population_size", None)
+            self.identity = {"kind": "ids", "env_id": env_id, "size": None if cap is None else int(cap)}
+
+    @property
+    def finite_members(self) -> bool:
+        return self.identity["kind"] == "members"
+
+    def member_ids(self, users) -> list[int]:
+        """The population's ids of these sampler ids (the identity for streams and for the bandit)."""
+        fn = getattr(self.env, "member_ids", None) if self.finite_members else None
+        return [int(m) for m in (fn(users) if fn is not None else users)]
+
+    def users_of(self, members) -> list[int]:
+        """The sampler ids whose members are in ``members`` (inverse of ``member_ids``)."""
+        fn = getattr(self.env, "users_of_members", None) if self.finite_members else None
+        return [int(u) for u in (fn(members) if fn is not None else members)]
+
+    def same_as(self, other: dict) -> bool:
+        """Whether ``other`` (a record's population) names the same users as this run's ids do."""
+        if other.get("kind") == "ids" and self.identity["kind"] == "ids":
+            return True  # stream ids: the conservative unit, whatever the env
+        return (other.get("kind") == "members" and self.finite_members and other.get("env_id") == self.identity["env_id"]
+                and other.get("size") == self.identity["size"])
+
+
+# ---- the record --------------------------------------------------------------------------------------------
+def entry(population: dict, users, *, everyone: bool = False, source: str = "training") -> dict:
+    """One population's consumed users (``users``: ids), ``everyone`` for a multi-pass run's whole population."""
+    return {"population": dict(population), "users": to_ranges(users), "all": bool(everyone), "source": source}
+
+
+def merge(entries: list[dict]) -> list[dict]:
+    """One entry per population: ranges united, ``all`` if any entry used everyone."""
+    out: list[dict] = []
+    for e in entries:
+        for o in out:
+            if o["population"] == e["population"]:
+                o["users"] = union_ranges(o["users"], e["users"])
+                o["all"] = o["all"] or e["all"]
+                if e["source"] not in o["source"].split("+"):
+                    o["source"] = f"{o['source']}+{e['source']}"
+                break
+        else:
+            out.append({"population": dict(e["population"]), "users": union_ranges(e["users"], []),
+                        "all": bool(e.get("all")), "source": e.get("source", "training")})
+    return out
+
+
+def record(*, seed: int, algo: str, env_id: str, population: Population, sampler, inherited: list[dict]) -> dict:
+    """The provenance of the current policy: this run's consumed users and everything it inherited."""
+    own = []
+    if sampler is not None:
+        if getattr(sampler, "multi_pass", False):
+            n = int(sampler.population_size)
+            own = [entry(population.identity, population.member_ids(range(n)), everyone=True)]
+        elif sampler.used:
+            own = [entry(population.identity, population.member_ids(sorted(sampler.used)))]
+    return {"format": FORMAT, "seed": int(seed), "algo": str(algo), "env_id": str(env_id),
+            "consumed": merge(list(inherited) + own)}
+
+
+def is_record(obj) -> bool:
+    return isinstance(obj, dict) and obj.get("format") == FORMAT and isinstance(obj.get("consumed"), list)
+
+
+def legacy_record(used) -> dict:
+    """A checkpoint written before provenance existed: its sampler's ids, applied to any population."""
+    return {"format": FORMAT, "seed": None, "algo": None, "env_id": None,
+            "consumed": [{"population": {"kind": "ids", "env_id": None, "size": None}, "users": to_ranges(used),
+                          "all": False, "source": "training"}]}
+
+
+def offset_entry(population: Population, offset: int) -> dict:
+    """``policy.init_users_offset=n``: the weights' training used this run's user ids 0..n-1."""
+    return entry(population.identity, population.member_ids(range(int(offset))), source="init_users_offset")
+
+
+def exclude(sampler, population: Population, consumed: list[dict], what: str) -> None:
+    """Never hand a consumed user to this run: skip (stream ids) or burn (members) them in ``sampler``.
+
+    Raises ConfigError when users must be excluded from a Poisson-sampled (multi-pass) population.
+    """
+    from dppo.errors import ConfigError
+
+    ids: set[int] = set()
+    skip_below = 0
+    for e in consumed:
+        pop = e["population"]
+        if not e["users"] and not e.get("all"):
+            continue
+        if pop.get("env_id") is None and pop.get("kind") == "ids":   # a legacy record: the sampler's own ids
+            skip_below = max(skip_below, max(hi for _, hi in e["users"]))
+            ids.update(from_ranges(e["users"]))
+            continue
+        if not population.same_as(pop):
+            print(f"dppo: note: {what} was trained on users of another population ({_describe(pop)}); no user "
+                  f"of this run's population ({_describe(population.identity)}) is skipped", file=sys.stderr)
+            continue
+        if population.finite_members:
+            ids.update(population.users_of(from_ranges(e["users"])))
+        else:
+            skip_below = max(skip_below, max(hi for _, hi in e["users"]))
+    if not ids and not skip_below:
+        return
+    if getattr(sampler, "multi_pass", False):
+        raise ConfigError(f"{what} was trained on users of this population, and a Poisson-sampled (multi-pass) "
+                          f"run cannot exclude them; fine-tune one-pass (privacy.multi_pass=false)")
+    if sampler.population_size is None:
+        sampler.next_index = max(sampler.next_index, skip_below)
+        sampler.exclude(sorted(u for u in ids if u >= skip_below))
+    else:
+        sampler.exclude(sorted(u for u in ids | set(range(min(skip_below, sampler.population_size)))
+                               if u < sampler.population_size))
+
+
+def _describe(pop: dict) -> str:
+    if pop.get("kind") == "members":
+        return f"{pop.get('size')} members of {pop.get('env_id')}"
+    return f"user ids of {pop.get('env_id')}"
