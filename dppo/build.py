@@ -200,12 +200,13 @@ def build_policy(cfg, env, init_state: dict | None = None):
     return policy
 
 
-def build_space(cfg, policy):
-    """The policy's parameter space (``policy.subspace``, ``policy.dim``; ``dppo.policies.spaces.make_space``)."""
+def build_space(cfg, policy, defaults: dict | None = None):
+    """The policy's parameter space (``policy.subspace``, ``policy.dim``; ``dppo.policies.spaces.make_space``);
+    ``defaults``: the learner's own choice where the config names none (``space_defaults``, e.g. PPO's full space)."""
     from dppo.policies.spaces import make_space
 
     spec = to_container(cfg.policy) or {}
-    return make_space(policy, seed=cfg.seed, **{k: spec[k] for k in SPACE_KEYS if k in spec})
+    return make_space(policy, seed=cfg.seed, **{**(defaults or {}), **{k: spec[k] for k in SPACE_KEYS if k in spec}})
 
 
 def accepted_keys(target) -> set | None:
@@ -555,7 +556,7 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
             if objects["policy"] is not None:
                 check_policy(objects["policy"], env)  # before any user is drawn
                 if "space" in sig:
-                    objects["space"] = build_space(cfg, objects["policy"])
+                    objects["space"] = build_space(cfg, objects["policy"], getattr(cls, "space_defaults", None))
         check_memory(cfg, env, objects.get("policy"))
         learner = build_learner(cfg, cls, objects)
     if dist.enabled:

@@ -22,6 +22,19 @@ class Learner:
     # algo key -> (option, values): the key is read only when ``algo.<option>`` takes one of ``values``
     APPLIES: dict = {}
 
+    @property
+    def public_env_steps(self) -> int | None:
+        """Env steps of the public rollouts run so far (evaluation, public Fisher states): the learner's
+        collector counts them (``EpisodeCollector.public_env_steps``); None where nothing counts them. The
+        trainer checkpoints it and reports it in ``summary.json``'s ``env_steps``."""
+        return getattr(getattr(self, "collector", None), "public_env_steps", None)
+
+    @public_env_steps.setter
+    def public_env_steps(self, value: int) -> None:
+        collector = getattr(self, "collector", None)
+        if collector is not None and hasattr(collector, "public_env_steps"):
+            collector.public_env_steps = int(value)
+
     @classmethod
     def defaults(cls) -> dict:
         """The defaults of the learner's keyword arguments (the one home of each hyper-parameter)."""

@@ -36,6 +36,7 @@ class AuditSpec:
 def suite() -> list[AuditSpec]:
     """Every private mechanism of the project that the audit knows how to drive."""
     from dppo.audit.dp_pg import audit_dp_pg
+    from dppo.audit.dp_ppo import audit_dp_ppo, audit_dp_ppo_releases
     from dppo.audit.gfa import audit_gfa
     from dppo.audit.gfa_tabular import audit_gfa_tabular
     from dppo.audit.multi_pass import audit_multi_pass_dp_pg
@@ -46,6 +47,8 @@ def suite() -> list[AuditSpec]:
 
     specs = [
         AuditSpec("dp_pg_round", audit_dp_pg, 2_000_000, 1_000_000, gaussian=True),
+        AuditSpec("dp_ppo_releases", audit_dp_ppo_releases, 2_000_000, 200_000, gaussian=True),
+        AuditSpec("dp_ppo_round", audit_dp_ppo, 10_000, 400),
         AuditSpec("dp_rebel_round", audit_oracle_round, 2_000_000, 1_000_000, gaussian=True,
                   kwargs={"algo": "dp_rebel"}),
         AuditSpec("dp_npg_round", audit_oracle_round, 2_000_000, 200_000, gaussian=True, kwargs={"algo": "dp_npg"}),

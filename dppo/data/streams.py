@@ -5,7 +5,8 @@ that user's own stream, so one user's data never depends on who else is in its r
   (run seed, user id) only. All G rollouts of a user start from the same start state (the user's one
   "context", as in the bandit form of [PO] and in GRPO): the group then compares G responses to it.
 * ``user_generator(run_seed, u, r)``: the torch.Generator of user u's action sampling in round r.
-* ``public_reset_seeds`` / ``public_generator``: evaluation and public (e.g. Fisher-state) rollouts.
+* ``public_reset_seeds`` / ``public_generator``: evaluation and public (e.g. Fisher-state) rollouts, and
+  public draws that are not rollouts (``minibatch``: DP-PPO's partition of a round's users).
 
 Disjointness, by construction rather than by luck of a hash: every user reset seed lies in
 [0, 2^31) and every public reset seed in [2^31, 2^32) (the top bit of a 32-bit seed is the domain);
@@ -19,7 +20,7 @@ import torch
 
 _USER_RESET, _USER_SAMPLING, _PUBLIC_RESET, _PUBLIC_SAMPLING = 0x5EED, 0x5A3B, 0x9B1C, 0x9A3B
 PUBLIC_SEED_BASE = 2**31  # public reset seeds are >= this, user reset seeds < this
-_STREAMS = {"eval": 1, "fisher": 2, "bench": 3}
+_STREAMS = {"eval": 1, "fisher": 2, "bench": 3, "minibatch": 4}
 
 
 def _hash(*words: int) -> int:

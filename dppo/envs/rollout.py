@@ -17,6 +17,8 @@ once per batch size and reused for the whole run.
 """
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,7 +35,10 @@ VECTORIZATION = ("auto", "native", "sync", "async", "none")
 class Episodes:
     """Padded episodes: ``obs[N, T, ...]``, ``actions[N, T]``, ``rewards[N, T]`` (clipped, float64),
     ``mask[N, T]`` (True on real steps), ``returns[N]`` (sum of clipped rewards). For a round, the N
-    episodes are m users x G rollouts, user-major (episode i belongs to user i // G)."""
+    episodes are m users x G rollouts, user-major (episode i belongs to user i // G).
+    ``terminated[N]`` is True when the episode ended in a terminal state (False when it was truncated at the
+    horizon: its last step should be bootstrapped) and ``final_obs[N, ...]`` is the observation after its
+    last step (both None from the former collector)."""
 
     obs: torch.Tensor
     actions: torch.Tensor
@@ -42,6 +47,8 @@ class Episodes:
     returns: torch.Tensor
     clipped: torch.Tensor  # (N,) rewards clipped per episode
     group_size: int = 1
+    terminated: torch.Tensor | None = None
+    final_obs: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -54,8 +61,10 @@ class Episodes:
     def take(self, lo: int, hi: int, group_size: int = 1) -> "Episodes":
         """Episodes lo..hi-1 (padding trimmed to their longest)."""
         T = max(1, int(self.mask[lo:hi].sum(1).max())) if hi > lo else 1
+        cut = lambda x: None if x is None else x[lo:hi]
         return Episodes(self.obs[lo:hi, :T], self.actions[lo:hi, :T], self.rewards[lo:hi, :T], self.mask[lo:hi, :T],
-                        self.returns[lo:hi], self.clipped[lo:hi], int(group_size))
+                        self.returns[lo:hi], self.clipped[lo:hi], int(group_size), cut(self.terminated),
+                        cut(self.final_obs))
 
     @property
     def users(self) -> int:
@@ -105,12 +114,12 @@ class _ListBackend:
 
     def step(self, actions: np.ndarray, active: np.ndarray, cur: np.ndarray):
         obs, rew = cur.copy(), np.zeros(len(self.envs))
-        done = ~active
+        term, trunc = np.zeros(len(self.envs), dtype=bool), ~active
         for i in np.flatnonzero(active):
             a = actions[i] if actions.dtype.kind == "f" else int(actions[i])  # Box actions stay vectors
-            o, r, term, trunc, _ = self.envs[i].step(a)
-            obs[i], rew[i], done[i] = np.asarray(o, dtype=np.float32), float(r), bool(term or trunc)
-        return obs, rew, done
+            o, r, te, tr, _ = self.envs[i].step(a)
+            obs[i], rew[i], term[i], trunc[i] = np.asarray(o, dtype=np.float32), float(r), bool(te), bool(tr)
+        return obs, rew, term, trunc
 
     def close(self):
         for e in self.envs:
@@ -154,7 +163,8 @@ class _VectorBackend:
 
     def step(self, actions: np.ndarray, active: np.ndarray, cur: np.ndarray):
         obs, rew, term, trunc, _ = self.vec.step(actions)
-        return np.asarray(obs, dtype=np.float32), np.asarray(rew, dtype=np.float64), np.logical_or(term, trunc)
+        return (np.asarray(obs, dtype=np.float32), np.asarray(rew, dtype=np.float64), np.asarray(term, dtype=bool),
+                np.asarray(trunc, dtype=bool))
 
     def close(self):
         self.vec.close()
@@ -219,6 +229,8 @@ class RolloutEngine:
             rew_buf = np.zeros((n, horizon), dtype=np.float64)
             lengths = np.zeros(n, dtype=np.int64)
             active = np.ones(n, dtype=bool)
+            terminated = np.zeros(n, dtype=bool)
+            final = np.array(cur, dtype=np.float32)   # the observation after each episode's last step
             for t in range(horizon):
                 if not active.any():
                     break
@@ -235,10 +247,12 @@ class RolloutEngine:
                     actions = inverse_cdf_actions(policy.logits(obs_t)[:n], u_t).numpy()
                     act_buf[:, t] = actions
                 obs_buf[:, t] = cur  # rows of finished episodes are masked out below
-                nxt, rew, done = backend.step(actions, active, cur)
+                nxt, rew, term, trunc = backend.step(actions, active, cur)
                 rew_buf[:, t] = np.where(active, rew, 0.0)
                 lengths += active
-                active &= ~done
+                final[active] = nxt[active]
+                terminated |= active & term
+                active &= ~(term | trunc)
                 cur = nxt
         except DataError:
             raise
@@ -256,7 +270,8 @@ class RolloutEngine:
         rewards = torch.from_numpy(np.where(mask, rewards, 0.0))
         obs = torch.from_numpy(obs_buf[:, :T].reshape(n, T, -1))
         return Episodes(obs, torch.from_numpy(act_buf[:, :T]), rewards, torch.from_numpy(mask), rewards.sum(1),
-                        clipped, int(group_size))
+                        clipped, int(group_size), torch.from_numpy(terminated),
+                        torch.from_numpy(final.reshape(n, -1)))
 
 
 def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -278,14 +293,38 @@ class EpisodeCollector:
     depend on that user alone. Public rollouts (evaluation, the states of a public Fisher matrix) start from
     public seeds, disjoint from every user's by construction, with public sampling streams.
 
+    Options a learner may set (both change only how a user's own episodes are drawn, from its own data):
+    ``user_horizon`` cuts the users' episodes after that many steps (the cut episodes are truncated, not
+    terminated: ``Episodes.terminated`` is False and ``final_obs`` holds the state to bootstrap from; public
+    rollouts and evaluation keep the env's horizon); ``action_noise_corr`` = rho draws a user's sampling
+    uniforms as Phi(z_t) with z an AR(1) process along each rollout, z_0 = e_0, z_t = rho z_{t-1} +
+    sqrt(1 - rho^2) e_t, e iid N(0, 1) from the user's own stream, so every u_t is still exactly U(0, 1) (each
+    action marginally pi(.|s_t)) while successive actions are correlated (0: iid uniforms).
+
+    ``public_env_steps`` counts the env steps of every public rollout run so far (the public rollouts of
+    ``users(..., public=k)``, ``public``, ``evaluate``): public, reported in ``summary.json``.
+
     Args:
         env: an env factory (``make()``, ``horizon``, ``observation_space``, ``action_space``).
         seed: the run seed.
+        user_horizon: cut users' episodes at this many steps (None: the env's horizon).
+        action_noise_corr: rho in [0, 1) of the users' AR(1) sampling uniforms.
     """
 
-    def __init__(self, env, seed: int):
+    def __init__(self, env, seed: int, *, user_horizon: int | None = None, action_noise_corr: float = 0.0):
         self.env, self.seed = env, int(seed)
         self.engine = RolloutEngine(env)
+        self.public_env_steps = 0
+        if not 0.0 <= float(action_noise_corr) < 1.0:
+            raise ConfigError(f"action_noise_corr must lie in [0, 1), got {action_noise_corr}")
+        self.action_noise_corr, self._ar1 = float(action_noise_corr), None
+        self.user_engine, self.user_horizon = self.engine, int(env.horizon)
+        if user_horizon is not None and int(user_horizon) < int(env.horizon):
+            if int(user_horizon) < 1:
+                raise ConfigError(f"user_horizon must be >= 1, got {user_horizon}")
+            cut = copy.copy(env)
+            cut.horizon = int(user_horizon)
+            self.user_engine, self.user_horizon = RolloutEngine(cut), int(user_horizon)
 
     def check(self, policy, rounds: int, sampler) -> None:
         """Nothing to check before round 0 (the sampler checks the population)."""
@@ -311,28 +350,58 @@ class EpisodeCollector:
         """The users' groups (G rollouts each) and ``public`` public rollouts (stream ``fisher``) of this round.
 
         The public rollouts ride in the same vectorized batch (every row depends only on its own seed and
-        uniforms, so packing them together changes nothing).
+        uniforms, so packing them together changes nothing), unless the users' episodes are cut
+        (``user_horizon``): then they run on their own at the env's horizon.
         """
-        H, k, G = int(self.env.horizon), int(public), int(group_size)
+        H, k, G = self.user_horizon, int(public), int(group_size)
         extra = self.uniform_shape(policy)
-        uniforms = [torch.rand((G, H) + extra, generator=streams.user_generator(self.seed, u, round_idx),
-                               dtype=torch.float64) for u in users]
+        uniforms = [self.user_uniforms(streams.user_generator(self.seed, u, round_idx), (G, H) + extra)
+                    for u in users]
         seeds = self.user_reset_seeds(users, G)
+        n = len(users) * G
+        if k and self.user_engine is not self.engine:
+            batch = self.user_engine.run(policy, seeds, torch.cat(uniforms), reward_bound=reward_bound)
+            public_batch = self.public(policy, "fisher", round_idx, k, reward_bound=reward_bound)
+            return batch.take(0, n, G), public_batch
         if k:
             uniforms.append(torch.rand((k, H) + extra, generator=streams.public_generator(self.seed, "fisher",
                                                                                           round_idx),
                                        dtype=torch.float64))
             seeds = seeds + self.public_seeds("fisher", round_idx, k)
-        both = self.engine.run(policy, seeds, torch.cat(uniforms), reward_bound=reward_bound)
-        n = len(users) * G
-        return both.take(0, n, G), (both.take(n, n + k) if k else None)
+        both = self.user_engine.run(policy, seeds, torch.cat(uniforms), reward_bound=reward_bound)
+        public_batch = both.take(n, n + k) if k else None
+        if k:
+            self.public_env_steps += public_batch.env_steps
+        return both.take(0, n, G), public_batch
 
-    def public(self, policy, stream: str, round_idx: int, n: int, greedy: bool = False) -> Episodes:
-        """``n`` rollouts of the current (released) policy from public seeds, public sampling stream."""
+    def user_uniforms(self, generator: torch.Generator, shape: tuple) -> torch.Tensor:
+        """One user's sampling uniforms (G, horizon, ...) from its own generator: iid U(0, 1), or Phi of the
+        AR(1) process along the horizon (``action_noise_corr``, class docstring)."""
+        rho = self.action_noise_corr
+        if rho == 0.0:
+            return torch.rand(shape, generator=generator, dtype=torch.float64)
+        e = torch.randn(shape, generator=generator, dtype=torch.float64)
+        H = shape[1]
+        if self._ar1 is None or self._ar1.shape[0] != H:
+            t = torch.arange(H, dtype=torch.float64)
+            lag = (t[:, None] - t[None, :]).clamp_min(0)
+            L = torch.where(t[:, None] >= t[None, :], rho ** lag, 0.0) * math.sqrt(1 - rho * rho)
+            L[:, 0] = rho ** t     # z_t = rho^t e_0 + sqrt(1 - rho^2) sum_{1<=k<=t} rho^(t-k) e_k
+            self._ar1 = L
+        z = torch.einsum("tk,gk...->gt...", self._ar1, e)
+        return torch.special.ndtr(z).clamp(1e-12, 1 - 1e-12)
+
+    def public(self, policy, stream: str, round_idx: int, n: int, greedy: bool = False, *,
+               reward_bound: float | None = None) -> Episodes:
+        """``n`` rollouts of the current (released) policy from public seeds, public sampling stream (counted in
+        ``public_env_steps``)."""
         gen = streams.public_generator(self.seed, stream, round_idx)
         uniforms = None if greedy else torch.rand((n, int(self.env.horizon)) + self.uniform_shape(policy),
                                                   generator=gen, dtype=torch.float64)
-        return self.engine.run(policy, self.public_seeds(stream, round_idx, n), uniforms, reward_bound=None)
+        episodes = self.engine.run(policy, self.public_seeds(stream, round_idx, n), uniforms,
+                                   reward_bound=reward_bound)
+        self.public_env_steps += episodes.env_steps
+        return episodes
 
     def evaluate(self, policy, episodes: int, greedy: bool = False) -> float:
         """Mean return over ``episodes`` held-out episodes (public seeds, never a user's)."""

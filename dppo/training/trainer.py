@@ -89,6 +89,7 @@ class Trainer:
                 "sampler": None if self.sampler is None else self.sampler.state_dict(),
                 "rng": rng_state(), "best_round_return": self.best_round_return, "steps": self.steps.state_dict(),
                 "wall_time_s": self.wall_time(), "provenance": self.provenance(),
+                "public_env_steps": self.learner.public_env_steps,
                 "journal_offset": None if self.journal is None else self.journal.offset}
 
     def provenance(self) -> dict | None:
@@ -110,6 +111,8 @@ class Trainer:
         self.best_round_return = float(state["best_round_return"])
         self.wall_time_prev = float(state["wall_time_s"])
         self.steps.load_state_dict(state.get("steps"))
+        if state.get("public_env_steps") is not None:
+            self.learner.public_env_steps = int(state["public_env_steps"])
         # what an interrupted session logged after this checkpoint is redone: drop it from the logs
         purge = getattr(self.logger, "purge_after", None)
         if purge is not None:
@@ -359,12 +362,18 @@ class Trainer:
                    "ledger": entries}
         if private and not self.privacy.noise.secure:
             summary["noise_note"] = SEEDED_NOTE
-        if getattr(self.logger, "diagnostics", True):
+        diagnostics = getattr(self.logger, "diagnostics", True)
+        if diagnostics:
             # timing depends on the users' episode lengths: like every raw statistic, only with diagnostics on
             summary["wall_time_s"] = round(self.wall_time(), 3)
             summary["diag"] = {"best_round_return": _finite(self.best_round_return)}
         if final and self.eval_episodes > 0:
             summary["final_return"] = float(self.learner.evaluate(self.eval_episodes, self.eval_greedy))
+        # env steps: the public rollouts' (evaluation, public Fisher states) are public; the users' are a raw
+        # statistic of their data (episode lengths), present only with diagnostics on, like ``diag``
+        summary["env_steps"] = {"public": self.learner.public_env_steps}
+        if diagnostics:
+            summary["env_steps"]["users"] = self.steps.env_steps
         if self.run_dir is not None:
             atomic_write_json(os.path.join(self.run_dir, "summary.json"), summary)
         self.summary = summary

@@ -1,0 +1,336 @@
+"""PPO and DP-PPO: one actor-critic learner; DP-PPO is PPO with the round's composed Gaussian sums injected.
+
+One round, read top to bottom in ``update`` (CleanRL's ``ppo.py`` with the user as the unit):
+
+1. Collect (the env's collector, ``dppo.envs.rollout.EpisodeCollector``): m fresh users, each runs G rollouts
+   of the released policy from its own start state with actions from its own stream (optionally cut at
+   ``user_horizon``, with AR(1)-correlated sampling uniforms).
+2. Advantages, per episode: GAE(gamma, lambda) from the released critic's values and the episode's own
+   clipped rewards, delta_t = r_t + gamma V(s_{t+1}) - V(s_t), with V(s_T) = V(final observation) when the
+   episode was truncated at the horizon and 0 when it terminated. ``adv_norm`` rescales A over the user's
+   own steps only (``scale``: A / rms_u(A); ``standardize``: (A - mean_u) / std_u; ``none``). Value targets
+   R_t = A_t + V(s_t) (before the rescaling). No statistic mixes users.
+3. ``epochs`` epochs; each partitions the round's users (by position, a public permutation) into
+   ``minibatches`` minibatches; for each minibatch b, user u's objectives are means over its own steps,
+
+       J_u(theta) = mean_t [ min(rho_t A_t, clip(rho_t, 1 - clip_range, 1 + clip_range) A_t) + ent_coef H_t ],
+       L_u(phi)   = mean_t 1/2 (V_phi(s_t) / c - R_t / c)^2,      rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t),
+
+   (c = ``value_scale``, a public constant), and the step releases two sums over b's users,
+   sum_u clip_C(grad J_u) and sum_u clip_Cv(grad L_u) (C = ``max_grad_norm``, Cv = ``critic_max_grad_norm``),
+   divided by |b|; Adam ascends J (the space's ``ascend``) and descends L along them.
+
+Per-user gradients come from the one per-user-gradient engine (``dppo.policies.per_user_grads``: the actor's
+through its parameter space's ``gradients``, the critic's directly): it differentiates sum_r w_r f(x_r) per
+user, and every term above is of that form. The surrogate's gradient is
+sum_t w_t grad log pi(a_t|s_t) with w_t = rho_t A_t [not clipped] / n_u (clipped terms have zero gradient);
+the entropy's, exactly, sum_a -pi(a|s) log pi(a|s) grad log pi(a|s) (one row per action) for a softmax
+policy, and 1/2 [grad log pi(mu + sqrt2 sigma | s) + grad log pi(mu - sqrt2 sigma | s)] = sum_k grad log sigma_k(s)
+for a Gaussian one; the critic's, sum_t (R_t - V(s_t)) / c^2 grad V(s_t) / n_u.
+
+Privacy (DP-PPO): user u's two gradients are functions of its own rollouts and of the released policy,
+critic and earlier releases of the round only. Each user is in one minibatch per epoch, so it takes part
+in k = 2 x epochs releases of its round, and ``dppo.privacy.composed`` calibrates their noise so that the
+k releases together are (eps, delta)-DP under replace-one adjacency (exact Gaussian-DP composition; the
+sensitivity 2C of each clipped sum is derived there). Rounds take disjoint users: parallel composition.
+Everything else (Adam, the learning-rate schedule, the next round's values and ratios) is post-processing.
+PPO (``eps=null``) runs the same code with the noiseless clipped sums.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dppo.algos.core import GroupPolicyOptimizer
+from dppo.data import streams
+from dppo.envs.rollout import EpisodeCollector
+from dppo.errors import ConfigError
+from dppo.policies.critic import ValueMLP
+from dppo.policies.per_user_grads import per_user_gradients
+from dppo.policies.spaces import finite_or_fail, make_space
+from dppo.privacy.composed import composed_sums
+
+ADV_NORMS = ("none", "scale", "standardize")
+OPTIMIZERS = ("adam", "sgd")
+SQRT2 = math.sqrt(2.0)
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, bootstrap: torch.Tensor,
+        gamma: float, lam: float) -> torch.Tensor:
+    """GAE per episode (rows): A_t = sum_k (gamma lam)^k delta_{t+k}; ``bootstrap`` (N,) = V after the last
+    step (0 for a terminal state). Zero on padding. (N, T) float64."""
+    N, T = rewards.shape
+    lengths = mask.sum(1)
+    v = values.double() * mask
+    nxt = torch.zeros_like(v)
+    nxt[:, :-1] = v[:, 1:]
+    last = (lengths - 1).clamp_min(0)
+    nxt[torch.arange(N), last] = bootstrap.double()
+    delta = (rewards.double() + gamma * nxt - v) * mask
+    A = torch.zeros_like(delta)
+    running = torch.zeros(N, dtype=torch.float64)
+    for t in range(T - 1, -1, -1):
+        running = delta[:, t] + gamma * lam * running * mask[:, t]
+        A[:, t] = running
+    return A * mask
+
+
+def normalize_per_user(A: torch.Tensor, mask: torch.Tensor, users: int, mode: str) -> torch.Tensor:
+    """Rescale advantages over each user's own steps (rows are user-major: ``users`` x G rollouts)."""
+    if mode == "none":
+        return A
+    a, m = A.reshape(users, -1), mask.reshape(users, -1).double()
+    n = m.sum(1, keepdim=True).clamp_min(1)
+    if mode == "standardize":
+        mu = (a * m).sum(1, keepdim=True) / n
+        a = a - mu
+    rms = ((a * m) ** 2).sum(1, keepdim=True).div(n).sqrt()
+    return (a / (rms + 1e-8) * m).reshape_as(A)
+
+
+class PPO(GroupPolicyOptimizer):
+    """PPO over users; private (DP-PPO, each round (eps, delta)-DP) iff ``eps`` is set (module docstring).
+
+    Every default below is the one home of that hyper-parameter (``conf/algo/dp_ppo.yaml`` names only the
+    target; ``conf/experiment/<env>_{ppo,dp_ppo}.yaml`` hold the tuned differences).
+
+    Args:
+        policy, env, privacy, sampler, logger: injected by the builder.
+        space: the policy's parameter space (``dppo.policies.spaces``); PPO's default is every trainable
+            parameter (``policy.subspace=full``, ``policy.dim=null``); ``policy.dim=k`` restricts the actor to a
+            fixed random k-dim subspace. The closed-form head (``subspace=head``) has no surrogate gradient.
+        seed, rounds, group_size, reward_bound: top-level keys (G rollouts per user, rewards clipped).
+        max_grad_norm: per-user clip C of the actor's gradient (top-level key).
+        gamma, gae_lambda: discount and GAE's lambda.
+        epochs, minibatches: passes over the round's users and minibatches of users per pass.
+        clip_range: PPO's ratio clip.
+        ent_coef: entropy bonus coefficient.
+        lr, critic_lr: step sizes (critic_lr null: lr); anneal_lr: both decay linearly to 0 over the rounds
+            (a public schedule).
+        adam_eps: Adam's epsilon (optimizer=adam).
+        critic_max_grad_norm: per-user clip Cv of the critic's gradient (null: C).
+        critic_hidden_sizes, critic_activation: the critic MLP (``dppo.policies.critic``).
+        value_scale: c, the critic predicts V / c (``auto``: reward_bound / (1 - gamma), or 1 without a
+            reward bound; a number: that constant).
+        adv_norm: ``none`` | ``scale`` | ``standardize`` (over the user's own steps).
+        action_noise_corr: rho of temporally correlated exploration (``EpisodeCollector``: a user's sampling
+            uniforms are Phi of an AR(1) process of its own stream; each action still marginally pi(.|s_t)).
+        user_horizon: cut each user's episodes after this many steps (null: the env's horizon); the cut
+            episodes are bootstrapped from the critic like any truncated one, evaluation keeps the full
+            horizon. Fewer env steps per user, more users per env step.
+        optimizer, momentum: ``adam`` or ``sgd`` (with ``momentum``) on the released means.
+        composition: ``gdp`` (exact) or ``rdp``: how the round's releases are composed
+            (``dppo.privacy.composed``).
+    """
+
+    names = ("ppo", "dp_ppo")
+    space_defaults = {"subspace": "full", "dim": None}   # the builder's space for PPO unless policy.* says otherwise
+    APPLIES = {"momentum": ("optimizer", ("sgd",)), "adam_eps": ("optimizer", ("adam",))}
+
+    def __init__(self, policy, env, privacy, sampler, *, space=None, logger=None, seed: int, rounds: int,
+                 group_size: int, reward_bound: float | None, max_grad_norm: float, gamma: float = 0.99,
+                 gae_lambda: float = 0.95, epochs: int = 4, minibatches: int = 1, clip_range: float = 0.2,
+                 ent_coef: float = 0.0, lr: float = 0.01, critic_lr: float | None = None, anneal_lr: bool = False,
+                 adam_eps: float = 1e-5, critic_max_grad_norm: float | None = None, critic_hidden_sizes=(16,),
+                 critic_activation: str = "tanh", value_scale="auto", adv_norm: str = "scale",
+                 action_noise_corr: float = 0.0, user_horizon: int | None = None, optimizer: str = "adam",
+                 momentum: float = 0.9, composition: str = "gdp"):
+        if getattr(env, "kind", None) == "prompts" or not hasattr(env, "observation_space"):
+            raise ConfigError("algo=ppo|dp_ppo learns from episodes of a gymnasium env (env=cartpole, env=pendulum, "
+                              "env.id=...); use algo=pg|dp_pg for prompts and algo=ubev|dp_ubev for tabular MDPs")
+        if space is None:
+            space = make_space(policy, **self.space_defaults, seed=seed)
+        if space.kind == "head":
+            raise ConfigError("algo=ppo differentiates a clipped surrogate, which policy.subspace=head (closed-form "
+                              "scores only) cannot; use policy.subspace=full")
+        super().__init__(policy, env, privacy, sampler, space=space, logger=logger, seed=seed, rounds=rounds,
+                         reward_bound=reward_bound, group_size=group_size, advantage="to_go", gamma=gamma)
+        if adv_norm not in ADV_NORMS:
+            raise ConfigError(f"algo.adv_norm must be one of {ADV_NORMS}, got '{adv_norm}'")
+        if int(epochs) < 1 or int(minibatches) < 1:
+            raise ConfigError(f"algo.epochs and algo.minibatches must be >= 1, got {epochs}, {minibatches}")
+        if not 0 <= action_noise_corr < 1:
+            raise ConfigError(f"algo.action_noise_corr must lie in [0, 1), got {action_noise_corr}")
+        if user_horizon is not None and int(user_horizon) < 1:
+            raise ConfigError(f"algo.user_horizon must be >= 1 or null, got {user_horizon}")
+        if not 0 < clip_range < 1 or not 0 <= gae_lambda <= 1 or not 0 < gamma <= 1:
+            raise ConfigError("algo.clip_range must lie in (0, 1), algo.gae_lambda in [0, 1], algo.gamma in (0, 1]")
+        for key, c in (("max_grad_norm", max_grad_norm), ("algo.critic_max_grad_norm", critic_max_grad_norm)):
+            if key == "max_grad_norm" and c is None or c is not None and not c > 0:
+                raise ConfigError(f"{key} must be > 0, got {c}")
+        if ent_coef < 0 or lr <= 0 or (critic_lr is not None and critic_lr <= 0):
+            raise ConfigError("algo.ent_coef must be >= 0 and algo.lr, algo.critic_lr > 0")
+        if ent_coef > 0 and not hasattr(policy, "mean_and_log_std" if getattr(policy, "continuous", False)
+                                        else "logits"):
+            raise ConfigError("algo.ent_coef > 0 needs the policy's distribution: logits(obs) (Discrete) or "
+                              "mean_and_log_std(obs) (Gaussian); set algo.ent_coef=0")
+        if optimizer not in OPTIMIZERS:
+            raise ConfigError(f"algo.optimizer must be one of {OPTIMIZERS}, got '{optimizer}'")
+        if users_per_round := getattr(sampler, "users_per_round", None):
+            if int(minibatches) > int(users_per_round):
+                raise ConfigError(f"algo.minibatches={minibatches} exceeds users_per_round={users_per_round}: "
+                                  f"every minibatch needs at least one user")
+        # the env side: users' episodes cut at user_horizon, AR(1) sampling uniforms (both per user)
+        self.collector = EpisodeCollector(env, seed, user_horizon=user_horizon, action_noise_corr=action_noise_corr)
+        self.collector.check(policy, self.num_rounds, sampler)
+        self.gae_lambda, self.epochs, self.minibatches = float(gae_lambda), int(epochs), int(minibatches)
+        self.clip_range, self.ent_coef, self.adv_norm = float(clip_range), float(ent_coef), adv_norm
+        self.clip, self.critic_clip = float(max_grad_norm), float(critic_max_grad_norm or max_grad_norm)
+        if value_scale == "auto":
+            value_scale = reward_bound / (1.0 - gamma) if reward_bound is not None and gamma < 1 else 1.0
+        self.value_scale = float(value_scale)
+        if not self.value_scale > 0:
+            raise ConfigError(f"algo.value_scale must be > 0 or auto, got {value_scale}")
+        self.critic = ValueMLP(env.observation_space, critic_hidden_sizes, critic_activation)
+        self.critic_params = list(self.critic.parameters())
+        self.lr, self.critic_lr, self.anneal_lr = float(lr), float(critic_lr or lr), bool(anneal_lr)
+        # Adam (or SGD) per parameter: one optimizer for the actor's space, one for the critic
+        make = ((lambda params, lr: torch.optim.Adam(params, lr=lr, eps=adam_eps)) if optimizer == "adam" else
+                (lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=momentum)))
+        self.optimizer, self.critic_optimizer = make(self.space.params, self.lr), make(self.critic_params,
+                                                                                         self.critic_lr)
+        self.round_users: list[int] = []
+        # each user: one minibatch per epoch, two sums (actor, critic) per minibatch step
+        self.release = composed_sums(privacy, releases_per_user=2 * self.epochs, composition=composition)
+
+    # ---- one round ------------------------------------------------------------------------------
+    def update(self, batch, round_idx: int) -> dict:
+        users, m = self.round_users, batch.users
+        t = self.round_targets(batch)
+        self.set_lr(round_idx)
+        self.release.open_round(round_idx, users, (self.clip, self.critic_clip))
+        sums = {"diag/clip_fraction": 0.0, "diag/critic_clip_fraction": 0.0, "diag/ratio_clip_fraction": 0.0}
+        steps = 0
+        for epoch in self.schedule(round_idx, m):
+            for mb in epoch:
+                g_actor, g_critic, ratio_frac = self.minibatch_gradients(t, mb)
+                ids = [users[int(i)] for i in mb]
+                d_actor, s_a = self.release.release_sum(g_actor, ids, self.clip)
+                d_critic, s_c = self.release.release_sum(g_critic, ids, self.critic_clip)
+                self.step(d_actor / len(mb), d_critic / len(mb))
+                sums["diag/clip_fraction"] += s_a["diag/clip_fraction"]
+                sums["diag/critic_clip_fraction"] += s_c["diag/clip_fraction"]
+                sums["diag/ratio_clip_fraction"] += ratio_frac
+                steps += 1
+        mask = batch.mask
+        return {**{k: v / steps for k, v in sums.items()},
+                "losses/actor_update_norm": float(d_actor.norm() / len(mb)),
+                "losses/critic_update_norm": float(d_critic.norm() / len(mb)),
+                "privacy/noise_multiplier": self.release.noise_multiplier,
+                "diag/value_error": float(((t["returns"] - t["values"]) ** 2 * mask).sum() / mask.sum()),
+                "diag/advantage_rms": float((t["A"] ** 2 * mask).sum().div(mask.sum()).sqrt())}
+
+    def schedule(self, round_idx: int, m: int) -> list[list[torch.Tensor]]:
+        """The round's minibatches: per epoch, a public random partition of the positions 0..m-1 into
+        ``minibatches`` parts (sizes differ by at most one), each sorted (public: data-independent)."""
+        gen = streams.public_generator(self.seed, "minibatch", round_idx)
+        return [[mb.sort().values for mb in torch.tensor_split(torch.randperm(m, generator=gen), self.minibatches)]
+                for _ in range(self.epochs)]
+
+    @torch.no_grad()
+    def round_targets(self, batch) -> dict:
+        """What the round's minibatch steps need, from the users' own episodes and the released policy and
+        critic at the start of the round: advantages A, value targets R, old log-probabilities, n_u."""
+        obs, actions, mask = batch.obs, batch.actions, batch.mask
+        values = self.value_scale * self.critic.value(obs.flatten(0, 1)).reshape(mask.shape).double()
+        final_v = self.value_scale * self.critic.value(batch.final_obs).double()
+        logp_old = self.policy.log_prob(obs.flatten(0, 1), actions.flatten(0, 1)).reshape(mask.shape).double()
+        A = gae(batch.rewards, values, mask, torch.where(batch.terminated, 0.0, final_v), self.gamma, self.gae_lambda)
+        returns = (A + values) * mask
+        return {"obs": obs, "actions": actions, "mask": mask, "values": values, "returns": returns,
+                "A": normalize_per_user(A, mask, batch.users, self.adv_norm), "logp_old": logp_old,
+                "steps_per_user": batch.grouped(batch.lengths).sum(1).double().clamp_min(1),  # n_u: means
+                "group_size": batch.group_size}
+
+    def minibatch_gradients(self, t: dict, mb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Per-user (actor, critic) gradients of the users at positions ``mb`` at the current parameters, and
+        the fraction of their steps whose ratio is clipped."""
+        G = t["group_size"]
+        rows = (mb[:, None] * G + torch.arange(G)).reshape(-1)  # their episodes
+        n_u = t["steps_per_user"][mb]
+        g_actor, frac = self.actor_gradients(t["obs"][rows], t["actions"][rows], t["mask"][rows], t["A"][rows],
+                                             t["logp_old"][rows], n_u, G)
+        g_critic = self.critic_gradients(t["obs"][rows], t["mask"][rows], t["returns"][rows], n_u, G)
+        return g_actor, g_critic, frac
+
+    def actor_gradients(self, obs, actions, mask, A, logp_old, n_u, G) -> tuple[torch.Tensor, float]:
+        """(b, P) per-user gradients of J_u (module docstring), and the fraction of steps whose ratio is clipped."""
+        b = len(n_u)
+        keep = mask.reshape(-1)
+        o, a = obs.flatten(0, 1)[keep], actions.flatten(0, 1)[keep]
+        user = torch.arange(b).repeat_interleave(G * mask.shape[1])[keep]
+        scale = 1.0 / n_u[user]
+        with torch.no_grad():
+            ratio = torch.exp(self.policy.log_prob(o, a).double() - logp_old.reshape(-1)[keep])
+        adv = A.reshape(-1)[keep]
+        clipped = ((adv > 0) & (ratio > 1 + self.clip_range)) | ((adv < 0) & (ratio < 1 - self.clip_range))
+        w = torch.where(clipped, 0.0, ratio * adv) * scale
+        if self.ent_coef > 0:
+            eo, ea, ew, eu = self.entropy_rows(o, user, scale)
+            o, a, w, user = torch.cat([o, eo]), torch.cat([a, ea]), torch.cat([w, ew]), torch.cat([user, eu])
+            order = torch.argsort(user, stable=True)  # rows grouped by user
+            o, a, w, user = o[order], a[order], w[order], user[order]
+        g = finite_or_fail(self.space.gradients((o, a), w, user, num_users=b), "the PPO actor gradient")
+        return g, float(clipped.double().mean())
+
+    @torch.no_grad()
+    def entropy_rows(self, obs, user, scale):
+        """Rows (obs, action, weight, user) whose weighted score sum is ent_coef grad sum_t H(pi(.|s_t)) / n_u."""
+        if getattr(self.policy, "continuous", False):
+            mu, log_std = self.policy.mean_and_log_std(obs)
+            off = SQRT2 * torch.exp(log_std)
+            acts = torch.cat([mu + off, mu - off])
+            w = (0.5 * self.ent_coef * scale).repeat(2)
+            return torch.cat([obs, obs]), acts, w, user.repeat(2)
+        logp = torch.log_softmax(self.policy.logits(obs).double(), -1)
+        k = logp.shape[-1]
+        acts = torch.arange(k).repeat(obs.shape[0])
+        w = (-(logp.exp() * logp) * self.ent_coef * scale[:, None]).reshape(-1)
+        return obs.repeat_interleave(k, 0), acts, w, user.repeat_interleave(k)
+
+    def critic_gradients(self, obs, mask, returns, n_u, G) -> torch.Tensor:
+        """(b, P_critic) per-user gradients of -L_u (ascent direction)."""
+        b = len(n_u)
+        keep = mask.reshape(-1)
+        o = obs.flatten(0, 1)[keep]
+        user = torch.arange(b).repeat_interleave(G * mask.shape[1])[keep]
+        c = self.value_scale
+        with torch.no_grad():
+            v = self.critic.value(o).double()
+        w = (returns.reshape(-1)[keep] / c - v) / n_u[user]
+        g = per_user_gradients(self.critic, (o,), w, user, num_users=b).double()
+        return finite_or_fail(g, "the PPO critic gradient")
+
+    def step(self, d_actor: torch.Tensor, d_critic: torch.Tensor) -> None:
+        """One optimizer step each: the space ascends J along ``d_actor``; the critic descends L along
+        -``d_critic`` (both released means)."""
+        self.space.ascend(d_actor, self.optimizer)
+        lo = 0
+        for p in self.critic_params:
+            n = p.numel()
+            p.grad = -d_critic[lo:lo + n].reshape(p.shape).to(p.dtype)
+            lo += n
+        self.critic_optimizer.step()
+
+    def set_lr(self, round_idx: int) -> None:
+        frac = 1.0 - round_idx / self.num_rounds if self.anneal_lr else 1.0
+        for opt, lr in ((self.optimizer, self.lr), (self.critic_optimizer, self.critic_lr)):
+            for group in opt.param_groups:
+                group["lr"] = lr * frac
+
+    def collect(self, users, round_idx: int):
+        """The users' episodes from the collector (``dppo.envs.rollout.EpisodeCollector``)."""
+        self.round_users = [int(u) for u in users]
+        return super().collect(users, round_idx)
+
+    # ---- state ------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "critic": self.critic.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "critic_optimizer": self.critic_optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.critic.load_state_dict(state["critic"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])

@@ -1,0 +1,52 @@
+"""A state-value network for actor-critic learners (DP-PPO's critic).
+
+``ValueMLP(s)`` predicts V(s) / value_scale, where ``value_scale`` is a public constant chosen by the learner
+(e.g. reward_bound / (1 - gamma), the largest possible |return|), so the regression targets stay O(1)
+without any statistic of users' data. ``forward(obs, actions)`` ignores the actions and returns the
+per-row output, so the per-user-gradient engine (which differentiates sum_r w_r forward(obs_r, a_r))
+computes the critic's per-user gradients with the same call as the policy's.
+"""
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from dppo.errors import ConfigError
+
+_ACT = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+class ValueMLP(nn.Module):
+    """V(s) / value_scale = MLP(s), a scalar per observation.
+
+    Args:
+        observation_space: a ``Box`` space (flattened).
+        hidden_sizes: widths of the hidden layers ([] = linear in the observation).
+        activation: ``tanh`` or ``relu``.
+    """
+
+    def __init__(self, observation_space: gym.Space, hidden_sizes=(64, 64), activation: str = "tanh"):
+        super().__init__()
+        if not isinstance(observation_space, gym.spaces.Box):
+            raise ConfigError(f"the critic needs a Box observation space, got {type(observation_space).__name__}")
+        if activation not in _ACT:
+            raise ConfigError(f"algo.critic_activation must be one of {sorted(_ACT)}, got '{activation}'")
+        sizes = [int(np.prod(observation_space.shape))] + [int(h) for h in hidden_sizes]
+        layers: list[nn.Module] = []
+        for a, b in zip(sizes[:-1], sizes[1:]):
+            layers += [nn.Linear(a, b), _ACT[activation]()]
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(sizes[-1], 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        """(N,) scaled values of a batch of observations (N, *obs_shape)."""
+        x = obs.flatten(start_dim=1) if obs.dim() > 2 else obs
+        return self.head(self.body(x.float())).squeeze(-1)
+
+    def forward(self, obs: torch.Tensor, actions: torch.Tensor | None = None) -> torch.Tensor:
+        """The per-row output the per-user-gradient engine differentiates (actions are ignored)."""
+        return self.value(obs)

@@ -1,0 +1,408 @@
+"""The suite: dppo's learners and Stable-Baselines3 side by side on CartPole-v1, Acrobot-v1, Pendulum-v1 and
+MountainCar-v0, in one script.
+
+    python scripts/reproduce_suite.py --jobs 2          # run what is missing (cached per run), then report
+    python scripts/reproduce_suite.py --report          # table + plots from the runs on disk
+    python scripts/reproduce_suite.py --only cartpole   # one env (or rows: --rows PPO DP-PPO SB3-PPO)
+
+dppo rows: ``python train.py +experiment=<env>_<algo> eps=<eps> seed=<seed>`` where the env has a tuned
+``conf/experiment`` file (``<env>_ppo`` / ``<env>_dp_ppo`` for the PPO family; the NPG/PG families' existing
+files for CartPole, Acrobot and Pendulum), else the algorithm's defaults with ``env.id=<id>``; each private
+learner at eps 5 and eps 1, delta 1e-5, seeded noise (``privacy.secure_rng=false``: the table reproduces).
+SB3 rows (``pip install -e ".[bench]"``; imported only here): PPO with rl-baselines3-zoo's published
+hyper-parameters and budget for each env, and SAC (zoo) on Pendulum; the SB3 learner's env steps are all
+"users' env steps" (it learns from the same kind of episodes, without privacy).
+
+Every learner is evaluated the same way within an env: ``EVAL_EPISODES`` held-out episodes of the final
+policy (sampled actions, deterministic on Pendulum, as SB3 reports it), and a curve of the evaluation
+return (10 episodes) against the learner's env steps; "env steps to target" (CartPole: 475) is the first
+point of that curve at or above the target. Each run lives in ``--out/<env>/<row>_s<seed>/`` and is skipped
+when its ``summary.json`` is complete, so a rerun only runs what is missing. Seeds 0-9 by default (the
+configs were tuned on seeds 100-102); SB3's 1e6-step runs (Acrobot, MountainCar) take ~10-15 min each here,
+so those rows use ``SB3_SEEDS`` seeds (named in the table).
+Writes ``runs/reference/suite.md``, ``suite.png`` (final return against users' env steps, every learner)
+and ``suite_curves.png`` (evaluation return against users' env steps).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import multiprocessing
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from dppo.training.rundir import complete, write_report  # noqa: E402
+
+EVAL_EPISODES = 20
+CURVE_EPISODES = EVAL_EPISODES   # the dppo runs evaluate with eval_episodes too
+ENVS = {
+    "cartpole": {"id": "CartPole-v1", "target": 475.0, "greedy": False, "random": 22.0},
+    "acrobot": {"id": "Acrobot-v1", "target": None, "greedy": False, "random": -500.0},
+    "pendulum": {"id": "Pendulum-v1", "target": None, "greedy": True, "random": -1200.0},
+    "mountaincar": {"id": "MountainCar-v0", "target": None, "greedy": False, "random": -200.0},
+}
+# (label, algo, eps values, experiment files that exist, eval_every): every private learner at eps 5 and 1
+DPPO_ROWS = [
+    ("PPO", "ppo", [None], ("cartpole", "acrobot", "pendulum", "mountaincar"), 1),
+    ("DP-PPO", "dp_ppo", [5.0, 1.0], ("cartpole", "acrobot", "pendulum", "mountaincar"), 1),
+    ("NPG", "npg", [None], ("cartpole", "acrobot", "pendulum"), 10),
+    ("DP-NPG", "dp_npg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum"), 10),
+    ("PG", "pg", [None], ("cartpole", "acrobot", "pendulum"), 10),
+    ("DP-PG", "dp_pg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum"), 10),
+]
+# rl-baselines3-zoo (hyperparams/ppo.yml, sac.yml; the norm_obs-only VecNormalize of the zoo's published
+# Acrobot / MountainCar agents); "lin_x" = linear decay from x to 0, as the zoo's schedules
+SB3 = {
+    ("cartpole", "PPO"): {"n_timesteps": 100_000, "n_envs": 8, "kwargs": dict(
+        n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20, ent_coef=0.0,
+        learning_rate="lin_0.001", clip_range="lin_0.2")},
+    ("acrobot", "PPO"): {"n_timesteps": 1_000_000, "n_envs": 16, "normalize": True, "kwargs": dict(
+        n_steps=256, gae_lambda=0.94, gamma=0.99, n_epochs=4, ent_coef=0.0)},
+    ("pendulum", "PPO"): {"n_timesteps": 100_000, "n_envs": 4, "kwargs": dict(
+        n_steps=1024, gae_lambda=0.95, gamma=0.9, n_epochs=10, ent_coef=0.0, learning_rate=1e-3,
+        clip_range=0.2, use_sde=True, sde_sample_freq=4)},
+    ("pendulum", "SAC"): {"n_timesteps": 20_000, "n_envs": 1, "kwargs": dict(learning_rate=1e-3)},
+    ("mountaincar", "PPO"): {"n_timesteps": 1_000_000, "n_envs": 16, "normalize": True, "kwargs": dict(
+        n_steps=16, gae_lambda=0.98, gamma=0.99, n_epochs=4, ent_coef=0.0)},
+}
+SB3_SEEDS = {("acrobot", "PPO"): 3, ("mountaincar", "PPO"): 3}   # the 1e6-step rows (cost, see docstring)
+SB3_EVAL_POINTS = 50       # evaluation points along an SB3 run's curve
+COST = {"sb3_1e6": 60.0, "npg": 4.0, "dp_npg": 4.0, "pg": 3.0, "dp_pg": 3.0}   # rough, for ordering only
+
+
+# ---- the jobs ------------------------------------------------------------------------------------
+def row_name(label: str, eps) -> str:
+    return label if eps is None else f"{label} eps={eps:g}"
+
+
+def run_dir(out: str, env: str, name: str, seed: int) -> str:
+    return os.path.join(out, env, f"{name.replace(' ', '_').replace('=', '')}_s{seed}")
+
+
+def dppo_overrides(env: str, algo: str, eps, files, eval_every: int, seed: int) -> list[str]:
+    spec = ENVS[env]
+    base = [f"+experiment={env}_{algo}"] if env in files else [f"algo={algo}", f"env.id={spec['id']}"]
+    if env == "pendulum" and env not in files:
+        base += ["env=pendulum", "policy=gaussian", "reward_bound=16.3"]
+    extra = [] if eps is None else [f"eps={eps}"]
+    return [*base, *extra, f"seed={seed}", f"eval_episodes={EVAL_EPISODES}", f"eval_every={eval_every}",
+            f"eval.greedy={str(spec['greedy']).lower()}", "progress=false", "logger.tensorboard=false",
+            "privacy.secure_rng=false"]
+
+
+def jobs(args) -> list[tuple]:
+    out = []
+    for env in args.envs:
+        for label, algo, eps_list, files, every in DPPO_ROWS:
+            for eps in eps_list:
+                name = row_name(label, eps)
+                if args.rows and name not in args.rows and label not in args.rows:
+                    continue
+                for s in args.seeds:
+                    out.append(("dppo", env, name, s, dppo_overrides(env, algo, eps, files, every, s),
+                                COST.get(algo, 1.0)))
+        for (e, algo), spec in SB3.items():
+            name = f"SB3-{algo}"
+            if e != env or (args.rows and name not in args.rows):
+                continue
+            n = SB3_SEEDS.get((e, algo), len(args.seeds)) if not args.all_sb3_seeds else len(args.seeds)
+            for s in args.seeds[:n]:
+                out.append(("sb3", env, name, s, spec, spec["n_timesteps"] / 1e6 * COST["sb3_1e6"]))
+    return out
+
+
+def _worker_init() -> None:
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    import warnings
+
+    import torch
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+
+
+def run_job(kind: str, env: str, name: str, seed: int, spec, path: str) -> tuple[str, int, float]:
+    import contextlib
+    import shutil
+
+    t0 = time.perf_counter()
+    if os.path.isdir(path):
+        shutil.rmtree(path)   # an incomplete earlier attempt: start afresh
+    os.makedirs(path, exist_ok=True)
+    try:
+        with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+            if kind == "dppo":
+                run_dppo(spec, path)
+            else:
+                run_sb3(env, name, seed, spec, path)
+        rc = 0
+    except Exception as err:  # noqa: BLE001 - one failed run is reported, the suite goes on
+        print(f"FAILED {env}/{os.path.basename(path)}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        rc = 1
+    return path, rc, time.perf_counter() - t0
+
+
+def run_dppo(overrides: list[str], path: str) -> None:
+    """One dppo run through the Python API (the same config and outputs as ``train.py``)."""
+    from omegaconf import OmegaConf
+
+    import dppo
+
+    cfg = dppo.make_config(overrides)
+    os.makedirs(os.path.join(path, ".hydra"), exist_ok=True)
+    OmegaConf.save(cfg, os.path.join(path, ".hydra", "config.yaml"))
+    dppo.train(cfg, run_dir=path)
+
+
+def _schedule(value):
+    if isinstance(value, str) and value.startswith("lin_"):
+        v0 = float(value[4:])
+        return lambda progress_remaining: progress_remaining * v0
+    return value
+
+
+def run_sb3(env: str, name: str, seed: int, spec: dict, path: str) -> None:
+    """One SB3 run (zoo hyper-parameters), evaluated like the dppo runs; writes summary.json and curve.csv."""
+    import gymnasium as gym
+    import numpy as np
+    from stable_baselines3 import PPO, SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    env_id, greedy = ENVS[env]["id"], ENVS[env]["greedy"]
+    t0 = time.perf_counter()
+    venv = make_vec_env(env_id, n_envs=spec["n_envs"], seed=seed)
+    if spec.get("normalize"):
+        venv = VecNormalize(venv, norm_obs=True, norm_reward=False)
+    kwargs = {k: _schedule(v) for k, v in spec["kwargs"].items()}
+    cls = {"SB3-PPO": PPO, "SB3-SAC": SAC}[name]
+    model = cls("MlpPolicy", venv, seed=seed, verbose=0, device="cpu", **kwargs)
+    eval_env = gym.make(env_id)
+
+    def evaluate(episodes: int, offset: int) -> float:
+        obs_rms = venv.obs_rms if isinstance(venv, VecNormalize) else None
+        total = 0.0
+        for i in range(episodes):
+            obs, _ = eval_env.reset(seed=10_000_000 + offset + i)   # held-out seeds, never a training reset's
+            done, ret = False, 0.0
+            while not done:
+                x = obs if obs_rms is None else np.clip((obs - obs_rms.mean) / np.sqrt(obs_rms.var + venv.epsilon),
+                                                        -venv.clip_obs, venv.clip_obs)
+                action, _ = model.predict(x, deterministic=greedy)
+                obs, r, term, trunc, _ = eval_env.step(action)
+                ret += float(r)
+                done = term or trunc
+            total += ret
+        return total / episodes
+
+    every = max(spec["n_timesteps"] // SB3_EVAL_POINTS, 1)
+    curve = []
+
+    class Curve(BaseCallback):
+        def __init__(self):
+            super().__init__()
+            self.next = every
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps >= self.next:
+                curve.append((self.num_timesteps, evaluate(CURVE_EPISODES, 0)))
+                self.next += every
+            return True
+
+    model.learn(total_timesteps=spec["n_timesteps"], callback=Curve())
+    final = evaluate(EVAL_EPISODES, 1000)
+    with open(os.path.join(path, "curve.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["env_steps", "eval_return"])
+        w.writerows(curve)
+    summary = {"learner": name, "env_id": env_id, "seed": seed, "final_return": final,
+               "env_steps": {"users": int(model.num_timesteps), "public": None},
+               "hyperparameters": {**spec["kwargs"], "n_envs": spec["n_envs"], "normalize": spec.get("normalize", False),
+                                   "n_timesteps": spec["n_timesteps"]},
+               "wall_time_s": round(time.perf_counter() - t0, 3), "complete": True}
+    with open(os.path.join(path, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+
+
+def run_all(args) -> float:
+    todo = [j for j in jobs(args) if not complete(run_dir(args.out, j[1], j[2], j[3]))]
+    todo.sort(key=lambda j: -j[5])   # longest first, so the pool drains evenly
+    if not todo:
+        return 0.0
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_worker_init) as pool, \
+            tqdm(total=len(todo), desc="suite runs", unit="run") as bar:
+        futures = [pool.submit(run_job, kind, env, name, s, spec, run_dir(args.out, env, name, s))
+                   for kind, env, name, s, spec, _ in todo]
+        for fut in as_completed(futures):
+            path, rc, wall = fut.result()
+            bar.set_postfix_str(f"{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)} "
+                                f"{wall:.0f}s rc={rc}")
+            bar.update(1)
+    return time.perf_counter() - t0
+
+
+# ---- the report ----------------------------------------------------------------------------------
+def load(path: str) -> dict:
+    """A run's summary plus its evaluation curve [(users' env steps, eval return)]."""
+    with open(os.path.join(path, "summary.json")) as f:
+        s = json.load(f)
+    curve = []
+    if os.path.isfile(os.path.join(path, "curve.csv")):
+        with open(os.path.join(path, "curve.csv")) as f:
+            curve = [(float(r["env_steps"]), float(r["eval_return"])) for r in csv.DictReader(f)]
+    elif os.path.isfile(os.path.join(path, "progress.csv")):
+        with open(os.path.join(path, "progress.csv")) as f:
+            curve = [(float(r["global_step"]), float(r["eval/return"])) for r in csv.DictReader(f)
+                     if r.get("eval/return") not in (None, "")]
+    s["curve"] = curve
+    s["users_env_steps"] = (s.get("env_steps") or {}).get("users")
+    return s
+
+
+def steps_to(curve, target: float):
+    return next((x for x, y in curve if y >= target), None)
+
+
+def _fmt(x, nd=1):
+    return "-" if x is None else f"{x:,.{nd}f}"
+
+
+def report(args, wall: float | None) -> None:
+    rows_by_env, lines = {}, ["# The suite: dppo's learners and SB3 side by side", ""]
+    lines += [f"Final return: {EVAL_EPISODES} held-out episodes of the final policy (sampled actions; deterministic "
+              f"on Pendulum-v1), mean and min over seeds. Users' env steps: the environment steps of the episodes "
+              f"the learner trained on (for SB3: its training steps), mean over seeds. Env steps to target: the "
+              f"first point of the evaluation curve ({CURVE_EPISODES} held-out episodes) at or above the target, "
+              f"mean and max over seeds (k/n: seeds that reached it). delta = 1e-5, seeded noise (`privacy.secure_rng=false`). Configs: "
+              f"`conf/experiment/<env>_<algo>.yaml` where one exists, else the algorithm's defaults; SB3: "
+              f"rl-baselines3-zoo's hyper-parameters and budgets. Command: `python scripts/reproduce_suite.py "
+              f"--jobs 2`.", ""]
+    for env in args.envs:
+        spec = ENVS[env]
+        lines += [f"## {spec['id']}", "",
+                  "| learner | seeds | users' env steps | final return (mean) | min | env steps to target | "
+                  "eps spent | wall s/run |", "|---|---|---|---|---|---|---|---|"]
+        names = [row_name(l, e) for l, _, eps_list, _, _ in DPPO_ROWS for e in eps_list] + \
+                [f"SB3-{a}" for (e, a) in SB3 if e == env]
+        names = [n for n in names if not args.rows or n in args.rows or n.split(" ")[0] in args.rows]
+        for name in names:
+            runs = [load(run_dir(args.out, env, name, s)) for s in args.seeds
+                    if complete(run_dir(args.out, env, name, s))]
+            if not runs:
+                lines.append(f"| {name} | 0 | (not run) | | | | | |")
+                continue
+            rows_by_env.setdefault(env, {})[name] = runs
+            finals = [r["final_return"] for r in runs]
+            steps = [r["users_env_steps"] for r in runs if r["users_env_steps"] is not None]
+            hit = "-"
+            if spec["target"] is not None:
+                hits = [steps_to(r["curve"], spec["target"]) for r in runs]
+                got = [h for h in hits if h is not None]
+                hit = (f"{sum(got) / len(got):,.0f} (max {max(got):,.0f}; {len(got)}/{len(runs)})" if got
+                       else f"never (0/{len(runs)})")
+            eps = max((r.get("epsilon_spent") or 0.0) for r in runs)
+            wall_s = sum(r.get("wall_time_s", 0.0) for r in runs) / len(runs)
+            lines.append(f"| {name} | {len(runs)} | {_fmt(sum(steps) / len(steps) if steps else None, 0)} | "
+                         f"{sum(finals) / len(finals):.1f} | {min(finals):.1f} | {hit} | "
+                         f"{'-' if not eps else f'{eps:.3g}'} | {wall_s:.0f} |")
+        lines.append("")
+    if wall:
+        lines += [f"Wall time of this invocation: {wall / 60:.1f} min ({args.jobs} runs at a time, one thread each)."]
+    total = sum(r.get("wall_time_s", 0.0) for env_rows in rows_by_env.values() for runs in env_rows.values()
+                for r in runs)
+    lines += [f"Sum of the runs' own wall times: {total / 3600:.2f} h.", ""]
+    write_report(args.md, "\n".join(lines))
+    plot(rows_by_env, args)
+
+
+COLORS = {"SB3-PPO": "black", "SB3-SAC": "dimgray", "PPO": "tab:blue", "DP-PPO eps=5": "tab:cyan",
+          "DP-PPO eps=1": "lightblue", "NPG": "tab:green", "DP-NPG eps=5": "limegreen", "DP-NPG eps=1": "yellowgreen",
+          "PG": "tab:red", "DP-PG eps=5": "salmon", "DP-PG eps=1": "pink"}
+
+
+def plot(rows_by_env: dict, args) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = [e for e in args.envs if e in rows_by_env]
+    if not envs:
+        return
+    fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 4.2), squeeze=False)
+    for ax, env in zip(axes[0], envs):
+        for name, runs in rows_by_env[env].items():
+            xs = [r["users_env_steps"] for r in runs if r["users_env_steps"]]
+            ys = [r["final_return"] for r in runs]
+            if not xs:
+                continue
+            x, y = sum(xs) / len(xs), sum(ys) / len(ys)
+            ax.errorbar([x], [y], yerr=[[y - min(ys)], [max(ys) - y]], fmt="o", color=COLORS.get(name, "gray"),
+                        label=name, capsize=3)
+        ax.set_xscale("log")
+        ax.set_title(ENVS[env]["id"])
+        ax.set_xlabel("users' env steps (mean over seeds)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("final return (mean; bars: min-max over seeds)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=8)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(args.png, dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 4.2), squeeze=False)
+    for ax, env in zip(axes[0], envs):
+        for name, runs in rows_by_env[env].items():
+            curves = [r["curve"] for r in runs if r["curve"]]
+            if not curves:
+                continue
+            grid = sorted({x for c in curves for x, _ in c})
+            grid = grid[:: max(1, len(grid) // 200)]
+            mean = []
+            for g in grid:   # the mean over seeds of each curve's last point at or before g
+                vals = [next((y for x, y in reversed(c) if x <= g), c[0][1]) for c in curves]
+                mean.append(sum(vals) / len(vals))
+            ax.plot(grid, mean, color=COLORS.get(name, "gray"), label=name)
+        ax.set_xscale("log")
+        ax.set_title(ENVS[env]["id"])
+        ax.set_xlabel("users' env steps")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"evaluation return ({CURVE_EPISODES} episodes; mean over seeds)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=8)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.savefig(args.curves_png, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one torch thread each")
+    ap.add_argument("--only", dest="envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    ap.add_argument("--rows", nargs="+", help="only these rows (e.g. PPO 'DP-PPO eps=5' SB3-PPO)")
+    ap.add_argument("--all-sb3-seeds", action="store_true", help="every seed for SB3's 1e6-step rows too")
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "suite"))
+    ap.add_argument("--md", default=os.path.join(ROOT, "runs", "reference", "suite.md"))
+    ap.add_argument("--png", default=os.path.join(ROOT, "runs", "reference", "suite.png"))
+    ap.add_argument("--curves-png", default=os.path.join(ROOT, "runs", "reference", "suite_curves.png"))
+    ap.add_argument("--report", action="store_true", help="only write the table and plots from runs on disk")
+    args = ap.parse_args()
+    wall = None if args.report else run_all(args)
+    report(args, wall)
+
+
+if __name__ == "__main__":
+    main()

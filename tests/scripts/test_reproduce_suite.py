@@ -1,0 +1,67 @@
+"""scripts/reproduce_suite.py: which runs it schedules (cached runs skipped, SB3's 1e6-step rows on fewer
+seeds), and its report (final return mean/min, env steps to target, users' env steps) on synthetic run
+directories (no training)."""
+import csv
+import importlib.util
+import json
+import os
+import pathlib
+import types
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("reproduce_suite", ROOT / "scripts" / "reproduce_suite.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _args(tmp_path, **kw):
+    base = dict(envs=["cartpole"], seeds=[0, 1], rows=None, all_sb3_seeds=False, out=str(tmp_path / "suite"),
+                md=str(tmp_path / "suite.md"), png=str(tmp_path / "suite.png"),
+                curves_png=str(tmp_path / "curves.png"), jobs=1)
+    return types.SimpleNamespace(**{**base, **kw})
+
+
+def _fake_run(mod, args, env, name, seed, final, users, curve):
+    path = mod.run_dir(args.out, env, name, seed)
+    os.makedirs(path)
+    with open(os.path.join(path, "summary.json"), "w") as f:
+        json.dump({"final_return": final, "env_steps": {"users": users, "public": 0}, "complete": True,
+                   "wall_time_s": 1.0}, f)
+    with open(os.path.join(path, "curve.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["env_steps", "eval_return"])
+        w.writerows(curve)
+
+
+def test_the_schedule_has_every_row_at_eps_5_and_1_and_sb3_1e6_rows_on_fewer_seeds(tmp_path):
+    mod = _module()
+    names = {(j[1], j[2]) for j in mod.jobs(_args(tmp_path, envs=list(mod.ENVS), seeds=list(range(10))))}
+    for env in mod.ENVS:
+        for row in ("PPO", "DP-PPO eps=5", "DP-PPO eps=1"):
+            assert (env, row) in names
+    jobs = mod.jobs(_args(tmp_path, envs=["acrobot"], seeds=list(range(10)), rows=["SB3-PPO"]))
+    assert [j[3] for j in jobs] == list(range(mod.SB3_SEEDS[("acrobot", "PPO")]))
+    cp = mod.jobs(_args(tmp_path, rows=["DP-PPO eps=5"]))
+    assert [j[4][0] for j in cp] == ["+experiment=cartpole_dp_ppo"] * 2 and all("eps=5.0" in j[4] for j in cp)
+
+
+def test_the_report_gives_mean_and_min_final_return_and_the_first_curve_point_at_the_target(tmp_path):
+    mod = _module()
+    args = _args(tmp_path, rows=["PPO", "SB3-PPO"])
+    _fake_run(mod, args, "cartpole", "PPO", 0, 500.0, 100_000, [(10_000, 100.0), (40_000, 480.0), (50_000, 470.0)])
+    _fake_run(mod, args, "cartpole", "PPO", 1, 300.0, 200_000, [(10_000, 100.0), (60_000, 475.0)])
+    _fake_run(mod, args, "cartpole", "SB3-PPO", 0, 500.0, 100_000, [(30_000, 490.0)])
+    mod.report(args, None)
+    text = (tmp_path / "suite.md").read_text()
+    ppo = next(line for line in text.splitlines() if line.startswith("| PPO |"))
+    cells = [c.strip() for c in ppo.strip("|").split("|")]
+    assert cells[1:5] == ["2", "150,000", "400.0", "300.0"]
+    assert cells[5] == "50,000 (max 60,000; 2/2)"
+    assert "| SB3-PPO | 1 |" in text and (tmp_path / "suite.png").is_file()
+    # cached runs are not scheduled again
+    todo = [j for j in mod.jobs(args) if not mod.complete(mod.run_dir(args.out, j[1], j[2], j[3]))]
+    assert {(j[2], j[3]) for j in todo} == {("SB3-PPO", 1)}
