@@ -61,7 +61,8 @@ def group_advantages(returns: torch.Tensor, *, std: bool = True, leave_one_out: 
 def range_bonus(batch, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
     """(N,) float64 in [0, 1]: per episode, the mean over the coordinates k with finite bounds of
     (max_t s_tk - min_t s_tk) / (high_k - low_k) over its real steps (0 if no coordinate is bounded)."""
-    low, high = torch.as_tensor(low, dtype=torch.float64).reshape(-1), torch.as_tensor(high, dtype=torch.float64).reshape(-1)
+    low = torch.as_tensor(low, dtype=torch.float64).reshape(-1)
+    high = torch.as_tensor(high, dtype=torch.float64).reshape(-1)
     keep = torch.isfinite(low) & torch.isfinite(high) & (high > low)
     if not bool(keep.any()):
         return torch.zeros(batch.mask.shape[0], dtype=torch.float64)

@@ -19,5 +19,6 @@ def test_shrinkage_is_the_positive_part_james_stein_factor_of_the_released_mean(
     assert float((shrunk - g).pow(2).sum(1).mean()) < float((noisy - g).pow(2).sum(1).mean())
     pure = s * torch.randn(200, d, generator=gen, dtype=torch.float64)
     assert float(torch.tensor([shrinkage(row, s) for row in pure]).mean()) < 0.1
-    assert abs(shrinkage(torch.full((d,), 1.0, dtype=torch.float64), s) - (1 - s * s)) < 1e-12  # ||g~||^2 = d: 1 - d s^2 / d
+    ones = torch.full((d,), 1.0, dtype=torch.float64)
+    assert abs(shrinkage(ones, s) - (1 - s * s)) < 1e-12  # ||g~||^2 = d: 1 - d s^2 / d
     assert shrinkage(g, 0.0) == 1.0
