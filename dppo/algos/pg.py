@@ -7,7 +7,9 @@ sum_t grad log pi(a_t|s_t) A_t, with A from user i's own group, in the policy's 
 ``kl_coef`` times a KL estimate to the initial public model (language models). PG steps along the mean of
 the users' gradients clipped to C (the twins differ by the noise only); DP-PG along
 (sum_i clip(g_i, C) + N(0, sigma^2 I)) / m with sigma from the replace-one sensitivity 2C of the
-clipped sum (``dppo.privacy.clipping.sum_mechanism``). The G rollouts of a user are one clipped
+clipped sum (``dppo.privacy.clipping.sum_mechanism``). The clipped sum is formed from the users' norms and
+one weighted product per layer when the space can (``dppo.policies.clipped_sum``), without the (m, dim)
+matrix of per-user gradients. The G rollouts of a user are one clipped
 contribution, so G changes neither the sensitivity nor eps. Only trainable parameters
 (``requires_grad``) get gradients and noise; the noise has the space's dimension.
 """
@@ -83,7 +85,19 @@ class PolicyGradient(GroupPolicyOptimizer):
         return finite_or_fail(self.space.user_gradients(batch, A, kl_coef=self.kl_coef), "the policy gradient")
 
     def update_direction(self, batch, A: torch.Tensor, round_idx: int) -> tuple[torch.Tensor, dict]:
-        """The released mean of the users' gradients under advantages ``A`` (N, T) (the audited function)."""
+        """The released mean of the users' gradients under advantages ``A`` (N, T) (the audited function).
+
+        Where the space offers it (``clipped_user_sum``: every trainable parameter, unprojected) the clipped
+        sum is formed without the (m, dim) matrix of per-user gradients, with the release's clipping factors
+        (``dppo.privacy.clipping``); otherwise the rows of ``user_gradients`` are clipped by the release."""
+        scale = getattr(self.release, "clip_scale", None)
+        if scale is not None and getattr(self.release, "shards", None) is None:  # sharded: gathers the rows
+            fused = self.space.clipped_user_sum(batch, A, scale, kl_coef=self.kl_coef)
+            if fused is not None:
+                total, norms = fused
+                finite_or_fail(norms, "the policy gradient")
+                return self.release.release_clipped_sum(finite_or_fail(total, "the policy gradient"), norms,
+                                                        round_idx)
         return self.release.release_mean(self.user_gradients(batch, A), round_idx)
 
     def distribute(self, shards) -> None:
