@@ -24,8 +24,8 @@ Equal to clipping the rows of ``per_user_gradients`` and summing them, to float3
 layers' sum is taken by a different product than the blocks of the materialised path; the factor's margin,
 ``dppo.privacy.clipping.FUSED_MARGIN``, covers that rounding). Every quantity of user u (its norm, its
 factor) depends on u's rows only (``Groups``: per-user blocks); the clipped sum mixes users only in the sum.
-What is not supported by the fused path (a module output modified in place, ``method="func"``) falls back to
-the materialised per-user gradients, clipped with the same factors.
+What the fused path cannot handle (a captured tensor modified in place, a Linear called with a keyword
+input) falls back to the materialised per-user gradients, clipped with the same factors.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ import torch
 
 from dppo.policies.base import MIN_ROWS
 from dppo.policies.per_user_grads import (
-    _CAPTURES, PAD_MULTIPLE, RULES, BucketParts, Groups, Unsupported, _linear, _module_vjp, _plan,
+    _CAPTURES, PAD_MULTIPLE, RULES, Groups, Unsupported, _linear, _module_vjp, _plan,
     _records_per_slot, _root_func, per_user_gradients,
 )
 
@@ -153,7 +153,6 @@ class _Layer:
 
 
 def _fused(module, objective, plan, inputs: tuple, weights, groups: Groups, scale, norms: str):
-    m = groups.num_users
     records, err_of = _capture(module, objective, plan, inputs, weights, groups)
     layers: dict = {}
     other: dict = {}  # parameter -> (m, numel) per-user gradients of the modules handled by their rules
