@@ -18,11 +18,12 @@ from __future__ import annotations
 import torch
 
 from dppo.algos.core import GroupPolicyOptimizer
+from dppo.algos.dp_adam import AdamBC
 from dppo.errors import ConfigError
 from dppo.policies.spaces import finite_or_fail
 from dppo.privacy.clipping import sum_mechanism
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "adam_bc")
 
 
 class PolicyGradient(GroupPolicyOptimizer):
@@ -32,7 +33,8 @@ class PolicyGradient(GroupPolicyOptimizer):
         policy, env, privacy, sampler, space, logger: injected by the builder.
         max_grad_norm: per-user clip C (top-level key).
         lr: step size of the optimizer on the (noisy) mean gradient.
-        optimizer: ``sgd`` (with ``momentum``) or ``adam`` (its per-coordinate scaling amplifies noise coordinates).
+        optimizer: ``sgd`` (with ``momentum``), ``adam`` (its per-coordinate scaling amplifies noise coordinates)
+            or ``adam_bc`` (Adam with the release's noise variance removed from its second moment).
         momentum: SGD momentum.
         kl_coef: weight of the k3 KL estimate to the initial public model, per completion token (policy=lm).
         seed, rounds, group_size, reward_bound, advantage, group_std, leave_one_out, gamma: ``dppo.algos.core``.
@@ -62,6 +64,8 @@ class PolicyGradient(GroupPolicyOptimizer):
                 pass  # raises ConfigError without an adapter
         if optimizer == "adam":
             self.optimizer = torch.optim.Adam(self.space.params, lr=lr)
+        elif optimizer == "adam_bc":  # Adam minus the release's (public) noise variance: dppo/algos/dp_adam.py
+            self.optimizer = AdamBC(self.space.params, lr=lr)
         elif optimizer == "sgd":
             self.optimizer = torch.optim.SGD(self.space.params, lr=lr, momentum=momentum)
         else:
@@ -77,6 +81,8 @@ class PolicyGradient(GroupPolicyOptimizer):
             A, zero_frac = self.step_advantages(batch)
             direction, stats = self.update_direction(batch, A, round_idx)
             stats["diag/zero_spread_fraction"] = zero_frac
+        if isinstance(self.optimizer, AdamBC):
+            self.optimizer.noise_var = float(stats.get("privacy/noise_std", 0.0)) ** 2
         self.space.ascend(direction, self.optimizer)
         return {"losses/grad_norm": float(direction.norm()), **stats}
 
