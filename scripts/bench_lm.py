@@ -6,10 +6,12 @@ and each policy config - by default the private config of every task in ``script
 seven projections and full fine-tuning of the linear layers on the addition model beside them, those not
 benched already (``--adapters`` picks others from ``reproduce_lm.ADAPTERS``) - it times, after a warm-up and as the median of ``--repeats``, interleaved:
   non-private: one backward pass of the summed GRPO objective (a plain PG step's cost);
-  private:     per-user gradients of the trainable parameters (the learner's parameter space,
-               ``AdapterSpace`` / ``FullSpace.user_gradients``: the engine ``dppo.policies.per_user_grads``,
-               forward/backward + per-layer products), per-user clipping and the noisy sum
-               (``GaussianSumPrivatizer.release_mean``),
+  private:     DP-PG's update as the learner makes it: the users' norms and the clipped sum without the
+               (m, d) per-user gradients (``AdapterSpace.clipped_user_sum``, ``dppo.policies.clipped_sum``:
+               one forward/backward to the layers' outputs, per layer per-user blocks or Gram matrices,
+               whichever is cheaper), then the noise (``GaussianSumPrivatizer.release_clipped_sum``);
+  materialised: the same release from the (m, d) per-user gradients (``user_gradients``, the engine
+               ``dppo.policies.per_user_grads``), clipped and summed by ``release_mean`` (the path before),
 and the peak memory of each call above its start (CPU: the peak of the running sum of the tensor
 allocations ``torch.profiler`` records; CUDA: ``torch.cuda.max_memory_allocated``).
 With ``--device cuda`` (or ``auto`` on a GPU machine) it also benchmarks ``--large`` config (a wider
@@ -110,14 +112,18 @@ def bench(policy, env, users: int, group: int, repeats: int, label: str) -> dict
                 t_ += g_.double()
         return torch.cat([t_.reshape(-1).cpu() for t_ in total]) / users
 
-    def private():  # per-user gradients (dppo.policies.per_user_grads), clipping, the noisy sum
+    def private():  # the learner's path: norms and the clipped sum (dppo.policies.clipped_sum), the noise
+        total, norms = space.clipped_user_sum(batch, A, privatizer.clip_scale)
+        return privatizer.release_clipped_sum(total, norms, 0)[0]
+
+    def materialised():  # per-user gradients (dppo.policies.per_user_grads), clipping, the noisy sum
         return privatizer.release_mean(space.user_gradients(batch, A), 0)[0]
 
     def grads_only():
         return space.user_gradients(batch, A)
 
-    times = {"non-private": [], "private": [], "per-user grads": []}
-    fns = {"non-private": non_private, "private": private, "per-user grads": grads_only}
+    times = {"non-private": [], "private": [], "materialised": [], "per-user grads": []}
+    fns = {"non-private": non_private, "private": private, "materialised": materialised, "per-user grads": grads_only}
     for name in fns:  # warm-up
         fns[name]()
     for _ in range(repeats):
@@ -131,16 +137,19 @@ def bench(policy, env, users: int, group: int, repeats: int, label: str) -> dict
             times[name].append(time.perf_counter() - t)
     mem = {name: peak_memory(fn, dev)[1] for name, fn in fns.items() if name != "per-user grads"}
     med = {name: statistics.median(v) for name, v in times.items()}
-    tp, tn = med["private"], med["non-private"]
+    tp, tn, tm = med["private"], med["non-private"], med["materialised"]
     print(f"\n[{label}] {sum(p.numel() for p in policy.model.parameters())} "
           f"parameters, {policy.num_trainable()} trainable; m={users} prompts x G={group}; device {dev}; "
           f"generation {batch.tokens / max(batch.seconds, 1e-9):,.0f} tokens/s (KV cache)")
     print(f"{'update':<34}{'time (s)':>10}{'peak MiB':>10}")
     print(f"{'non-private (one backward)':<34}{tn:>10.3f}{mem['non-private']:>10.1f}")
-    print(f"{'private (per-user, clip, noise)':<34}{tp:>10.3f}{mem['private']:>10.1f}")
+    print(f"{'private (norms, clipped sum, noise)':<34}{tp:>10.3f}{mem['private']:>10.1f}")
+    print(f"{'private, materialised (m, d) rows':<34}{tm:>10.3f}{mem['materialised']:>10.1f}")
     print(f"{'  of which per-user gradients':<34}{med['per-user grads']:>10.3f}{'':>10}")
-    ratio = {"time": tp / tn, "memory": mem["private"] / max(mem["non-private"], 1e-9)}
-    print(f"ratio private / non-private: time {ratio['time']:.2f}x, peak memory {ratio['memory']:.2f}x "
+    ratio = {"time": tp / tn, "memory": mem["private"] / max(mem["non-private"], 1e-9),
+             "time_rows": tm / tn, "memory_rows": mem["materialised"] / max(mem["non-private"], 1e-9)}
+    print(f"ratio private / non-private: time {ratio['time']:.2f}x, peak memory {ratio['memory']:.2f}x; "
+          f"materialised rows {ratio['time_rows']:.2f}x, {ratio['memory_rows']:.2f}x "
           f"(median of {repeats}, interleaved)")
     return ratio
 
@@ -173,7 +182,8 @@ def main() -> None:
         del policy
     print("\nsummary (private / non-private update, side by side in this run):")
     for label, d, r in ratios:
-        print(f"  {label:<75} {d:>8,} trainable: time {r['time']:.2f}x, peak memory {r['memory']:.2f}x")
+        print(f"  {label:<75} {d:>8,} trainable: time {r['time']:.2f}x, peak memory {r['memory']:.2f}x "
+              f"(materialised rows: {r['time_rows']:.2f}x, {r['memory_rows']:.2f}x)")
 
 
 if __name__ == "__main__":

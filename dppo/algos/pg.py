@@ -7,7 +7,9 @@ sum_t grad log pi(a_t|s_t) A_t, with A from user i's own group, in the policy's 
 ``kl_coef`` times a KL estimate to the initial public model (language models). PG steps along the mean of
 the users' gradients clipped to C (the twins differ by the noise only); DP-PG along
 (sum_i clip(g_i, C) + N(0, sigma^2 I)) / m with sigma from the replace-one sensitivity 2C of the
-clipped sum (``dppo.privacy.clipping.sum_mechanism``). The G rollouts of a user are one clipped
+clipped sum (``dppo.privacy.clipping.sum_mechanism``). The clipped sum is formed from the users' norms and
+one weighted product per layer when the space can (``dppo.policies.clipped_sum``), without the (m, dim)
+matrix of per-user gradients. The G rollouts of a user are one clipped
 contribution, so G changes neither the sensitivity nor eps. Only trainable parameters
 (``requires_grad``) get gradients and noise; the noise has the space's dimension.
 
@@ -24,11 +26,12 @@ from __future__ import annotations
 import torch
 
 from dppo.algos.core import GroupPolicyOptimizer
+from dppo.algos.dp_adam import AdamBC
 from dppo.errors import ConfigError
 from dppo.policies.spaces import finite_or_fail
 from dppo.privacy.clipping import sum_mechanism
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "adam_bc")
 
 
 def shrinkage(mean: torch.Tensor, noise_std: float) -> float:
@@ -47,7 +50,8 @@ class PolicyGradient(GroupPolicyOptimizer):
         policy, env, privacy, sampler, space, logger: injected by the builder.
         max_grad_norm: per-user clip C (top-level key).
         lr: step size of the optimizer on the (noisy) mean gradient.
-        optimizer: ``sgd`` (with ``momentum``) or ``adam`` (its per-coordinate scaling amplifies noise coordinates).
+        optimizer: ``sgd`` (with ``momentum``), ``adam`` (its per-coordinate scaling amplifies noise coordinates)
+            or ``adam_bc`` (Adam with the release's noise variance removed from its second moment).
         momentum: SGD momentum.
         kl_coef: weight of the k3 KL estimate to the initial public model, per completion token (policy=lm).
         shrink: step along the James-Stein shrinkage of the released mean (module docstring).
@@ -78,6 +82,8 @@ class PolicyGradient(GroupPolicyOptimizer):
                 pass  # raises ConfigError without an adapter
         if optimizer == "adam":
             self.optimizer = torch.optim.Adam(self.space.params, lr=lr)
+        elif optimizer == "adam_bc":  # Adam minus the release's (public) noise variance: dppo/algos/dp_adam.py
+            self.optimizer = AdamBC(self.space.params, lr=lr)
         elif optimizer == "sgd":
             self.optimizer = torch.optim.SGD(self.space.params, lr=lr, momentum=momentum)
         else:
@@ -93,9 +99,12 @@ class PolicyGradient(GroupPolicyOptimizer):
             A, zero_frac = self.step_advantages(batch)
             direction, stats = self.update_direction(batch, A, round_idx)
             stats["diag/zero_spread_fraction"] = zero_frac
+        noise_std = float(stats.get("privacy/noise_std", 0.0))
         if self.shrink:
-            factor = shrinkage(direction, stats.get("privacy/noise_std", 0.0))
-            direction, stats["losses/shrinkage"] = direction * factor, factor
+            factor = shrinkage(direction, noise_std)
+            direction, stats["losses/shrinkage"], noise_std = direction * factor, factor, noise_std * factor
+        if isinstance(self.optimizer, AdamBC):  # the noise variance of the direction it is given
+            self.optimizer.noise_var = noise_std ** 2
         self.space.ascend(direction, self.optimizer)
         return {"losses/grad_norm": float(direction.norm()), **stats}
 
@@ -104,7 +113,19 @@ class PolicyGradient(GroupPolicyOptimizer):
         return finite_or_fail(self.space.user_gradients(batch, A, kl_coef=self.kl_coef), "the policy gradient")
 
     def update_direction(self, batch, A: torch.Tensor, round_idx: int) -> tuple[torch.Tensor, dict]:
-        """The released mean of the users' gradients under advantages ``A`` (N, T) (the audited function)."""
+        """The released mean of the users' gradients under advantages ``A`` (N, T) (the audited function).
+
+        Where the space offers it (``clipped_user_sum``: every trainable parameter, unprojected) the clipped
+        sum is formed without the (m, dim) matrix of per-user gradients, with the release's clipping factors
+        (``dppo.privacy.clipping``); otherwise the rows of ``user_gradients`` are clipped by the release."""
+        scale = getattr(self.release, "clip_scale", None)
+        if scale is not None and getattr(self.release, "shards", None) is None:  # sharded: gathers the rows
+            fused = self.space.clipped_user_sum(batch, A, scale, kl_coef=self.kl_coef)
+            if fused is not None:
+                total, norms = fused
+                finite_or_fail(norms, "the policy gradient")
+                return self.release.release_clipped_sum(finite_or_fail(total, "the policy gradient"), norms,
+                                                        round_idx)
         return self.release.release_mean(self.user_gradients(batch, A), round_idx)
 
     def distribute(self, shards) -> None:

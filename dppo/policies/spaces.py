@@ -10,6 +10,9 @@ A learner (``dppo.algos``) never reads or writes a policy's parameters itself. I
 * ``fisher(batch)``: the Fisher matrix at a (public) batch (NPG's KL step, ssp's public Gram matrix);
 * ``gradients(inputs, weights, objective=...)``: per-user gradients of any per-row objective (a clipped
   surrogate plus a value loss, ...), through the one engine ``dppo.policies.per_user_grads``;
+* ``clipped_user_sum(batch, weights, scale)``: sum_i scale(||g_i||)_i g_i of those rows and their norms, without
+  forming the (m, dim) matrix (``dppo.policies.clipped_sum``; None where a space cannot: a projected space,
+  the head's closed form): what DP-PG releases, at about the cost of one backward;
 * ``step(delta)`` / ``ascend(delta, optimizer)``: theta <- theta + P delta, or one optimizer step along it.
 
 Implementations (``make_space``; ``policy.subspace``, ``policy.dim``):
@@ -36,6 +39,7 @@ import torch
 
 from dppo.errors import ConfigError, DataError
 from dppo.policies.base import pad_rows
+from dppo.policies.clipped_sum import clipped_gradient_sum
 from dppo.policies.per_user_grads import per_user_gradients
 
 SUBSPACES = ("auto", "head", "full")
@@ -139,6 +143,13 @@ class ParameterSpace:
     # ---- scores (the learner's inputs) ----------------------------------------------------------
     def user_gradients(self, batch, weights: torch.Tensor, *, kl_coef: float = 0.0) -> torch.Tensor:
         raise NotImplementedError
+
+    def clipped_user_sum(self, batch, weights: torch.Tensor, scale, *, kl_coef: float = 0.0
+                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(sum_i scale(n)_i g_i (dim,) float64, n = ||g_i|| (m,) float64) for the rows g_i of
+        ``user_gradients``, without forming them; None when this space has no such path (then clip the
+        rows of ``user_gradients``). ``scale``: the release's clipping factors (``dppo.privacy.clipping``)."""
+        return None
 
     def features(self, batch) -> torch.Tensor:
         raise NotImplementedError
@@ -274,6 +285,14 @@ class FullSpace(ParameterSpace):
         rows = (batch.grouped(batch.obs).flatten(1, 2), batch.grouped(batch.actions).flatten(1, 2))
         return per_user_gradients(self.policy, rows, batch.grouped(weights).flatten(1, 2) / G).double()
 
+    def clipped_user_sum(self, batch, weights: torch.Tensor, scale, *, kl_coef: float = 0.0):
+        _no_kl(kl_coef, self)
+        if self.projection is not None:
+            return None
+        G = batch.group_size
+        rows = (batch.grouped(batch.obs).flatten(1, 2), batch.grouped(batch.actions).flatten(1, 2))
+        return clipped_gradient_sum(self.policy, rows, batch.grouped(weights).flatten(1, 2) / G, scale)
+
     def fisher(self, batch, max_rows: int) -> Fisher:
         """F = E_{a ~ pi(.|s)} phi phi^T at the batch's states: exact over a Discrete action set, else by Monte
         Carlo (4 samples per state from a fixed public generator)."""
@@ -304,6 +323,21 @@ class AdapterSpace(ParameterSpace):
     def user_gradients(self, batch, weights: torch.Tensor, *, kl_coef: float = 0.0) -> torch.Tensor:
         """Row i = (1/G) sum_g [w_ig log pi(y_ig | x_i) - kl_coef sum_t k3_t], k3 the KL estimate
         exp(d) - d - 1, d = log pi_0 - log pi per token, pi_0 the initial public model (adapter off)."""
+        rows, objective = self._user_rows(batch, weights, kl_coef)
+        g = per_user_gradients(self.policy, rows, torch.ones(batch.users, 1), objective=objective, min_rows=1,
+                               chunk=self._users_per_pass(batch.group_size))
+        return self._project(g.double())
+
+    def clipped_user_sum(self, batch, weights: torch.Tensor, scale, *, kl_coef: float = 0.0):
+        """The clipped sum of ``user_gradients``' rows and their norms (``ParameterSpace.clipped_user_sum``)."""
+        if self.projection is not None:
+            return None
+        rows, objective = self._user_rows(batch, weights, kl_coef)
+        return clipped_gradient_sum(self.policy, rows, torch.ones(batch.users, 1), scale, objective=objective,
+                                    min_rows=1, chunk=self._users_per_pass(batch.group_size))
+
+    def _user_rows(self, batch, weights: torch.Tensor, kl_coef: float) -> tuple[tuple, object]:
+        """The engine's rows (one per user: its prompt, its G completions, their coefficients) and objective."""
         U, G = batch.users, batch.group_size
         coef = weights.reshape(U, G) / G
         policy = self.policy
@@ -328,10 +362,7 @@ class AdapterSpace(ParameterSpace):
                 value = value - kl_coef / G * (torch.exp(d) - d - 1).sum(1).reshape(n, G).sum(1)
             return value
 
-        rows = tuple(t[:, None] for t in inputs)  # one row per user
-        g = per_user_gradients(policy, rows, torch.ones(U, 1), objective=objective, min_rows=1,
-                               chunk=self._users_per_pass(G))
-        return self._project(g.double())
+        return tuple(t[:, None] for t in inputs), objective  # one row per user
 
     def features(self, batch) -> torch.Tensor:
         """(completions, dim): row b = grad log pi(y_b | x_b), each completion with its own copy of its prompt."""

@@ -7,6 +7,16 @@ import torch
 
 from dppo.privacy.calibration import analytic_gaussian_sigma
 
+# relative margin of the clipping factor when the clipped sum is formed by another product than the one the
+# norm was measured on (``dppo.policies.clipped_sum``: a float32 weighted product per layer): it covers the
+# float32 rounding between the two (about 1e-7 per row summed), so each user's summed contribution stays <= C
+FUSED_MARGIN = 1e-5
+
+
+def clip_scale(norms: torch.Tensor, max_norm: float, margin: float = 1e-9) -> torch.Tensor:
+    """The clipping factors min(1, C (1 - margin) / ||g_u||) of per-user norms (float64; 1 for a zero norm)."""
+    return (max_norm * (1 - margin) / norms.double().clamp_min(1e-300)).clamp(max=1.0)
+
 
 def clip_per_user(per_user: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Scale each row (one user's flattened gradient) to l2 norm <= max_norm.
@@ -21,7 +31,7 @@ def clip_per_user(per_user: torch.Tensor, max_norm: float) -> tuple[torch.Tensor
     if not bool(torch.isfinite(norms).all()):  # a non-finite entry makes its row's norm non-finite
         per_user, owned = torch.nan_to_num(per_user, nan=0.0, posinf=0.0, neginf=0.0), True
         norms = torch.linalg.vector_norm(per_user, dim=1)
-    scale = (max_norm * (1 - 1e-9) / norms.clamp_min(1e-300)).clamp(max=1.0)
+    scale = clip_scale(norms, max_norm)
     return (per_user.mul_(scale[:, None]) if owned else per_user * scale[:, None]), norms
 
 
@@ -57,19 +67,32 @@ class GaussianSumPrivatizer:
             return self.shards.release(clipped, norms, lambda c, n: self._release(c, n, round_idx, sigma, extra))
         return self._release(clipped, norms, round_idx, sigma, extra)
 
+    def clip_scale(self, norms: torch.Tensor) -> torch.Tensor:
+        """Clipping factors for a clipped sum formed elsewhere (``release_clipped_sum``; ``FUSED_MARGIN``)."""
+        return clip_scale(norms, self.max_grad_norm, FUSED_MARGIN)
+
+    def release_clipped_sum(self, clipped_sum: torch.Tensor, norms: torch.Tensor, round_idx: int
+                            ) -> tuple[torch.Tensor, dict]:
+        """As ``release_mean``, from the sum of the m users' vectors already scaled by ``clip_scale`` of their
+        norms ``norms`` (m,) (``dppo.policies.clipped_sum``): the same sensitivity 2C, noise and record."""
+        if self.shards is not None:
+            raise ValueError("a sharded release gathers the clipped rows: use release_mean")
+        return self._release_sum(clipped_sum.double(), norms, int(norms.shape[0]), round_idx, None, None)
+
     def _release(self, clipped, norms, round_idx, sigma, extra) -> tuple[torch.Tensor, dict]:
-        m = clipped.shape[0]
+        return self._release_sum(clipped.sum(0), norms, clipped.shape[0], round_idx, sigma, extra)
+
+    def _release_sum(self, total, norms, m, round_idx, sigma, extra) -> tuple[torch.Tensor, dict]:
         sigma = self.sigma() if sigma is None else sigma
-        noise = self.privacy.noise.gaussian(clipped.shape[1:], sigma)
-        sens = self.sensitivity()
+        noise = self.privacy.noise.gaussian(total.shape, sigma)
         self.privacy.release(self.mechanism, round=round_idx, users=m, eps=self.privacy.eps,
                              delta=self.privacy.delta, sigma=sigma, sensitivity=self.sensitivity(),
                              noise_multiplier=sigma / self.sensitivity(), adjacency="replace_one",
-                             dim=int(clipped.shape[1]), clip=self.max_grad_norm, **(extra or {}))
+                             dim=int(total.shape[0]), clip=self.max_grad_norm, **(extra or {}))
         stats = {"privacy/noise_multiplier": sigma / self.sensitivity(),
                  "diag/clip_fraction": float((norms > self.max_grad_norm).double().mean()) if m else 0.0,
                  "privacy/noise_std": sigma / max(m, 1)}
-        return (clipped.sum(0) + noise) / max(m, 1), stats
+        return (total + noise) / max(m, 1), stats
 
 
 class PoissonGaussianSumPrivatizer:
@@ -101,16 +124,30 @@ class PoissonGaussianSumPrivatizer:
             return self.shards.release(clipped, norms, lambda c, n: self._release(c, n, round_idx))
         return self._release(clipped, norms, round_idx)
 
+    def clip_scale(self, norms: torch.Tensor) -> torch.Tensor:
+        """As ``GaussianSumPrivatizer.clip_scale``."""
+        return clip_scale(norms, self.max_grad_norm, FUSED_MARGIN)
+
+    def release_clipped_sum(self, clipped_sum: torch.Tensor, norms: torch.Tensor, round_idx: int
+                            ) -> tuple[torch.Tensor, dict]:
+        """As ``release_mean``, from the sum of the users' vectors scaled by ``clip_scale`` of their ``norms``."""
+        if self.shards is not None:
+            raise ValueError("a sharded release gathers the clipped rows: use release_mean")
+        return self._release_sum(clipped_sum.double(), norms, round_idx)
+
     def _release(self, clipped, norms, round_idx) -> tuple[torch.Tensor, dict]:
+        return self._release_sum(clipped.sum(0), norms, round_idx)
+
+    def _release_sum(self, total, norms, round_idx) -> tuple[torch.Tensor, dict]:
         C = self.max_grad_norm
         sigma = self.noise_multiplier * C
-        noise = self.privacy.noise.gaussian(clipped.shape[1:], sigma)
-        self.privacy.release(self.mechanism, round=round_idx, users=clipped.shape[0], eps=None, delta=None,
+        noise = self.privacy.noise.gaussian(total.shape, sigma)
+        self.privacy.release(self.mechanism, round=round_idx, users=int(norms.shape[0]), eps=None, delta=None,
                              sigma=sigma, noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate,
-                             sensitivity=C, adjacency="add_remove", dim=int(clipped.shape[1]), clip=C)
+                             sensitivity=C, adjacency="add_remove", dim=int(total.shape[0]), clip=C)
         stats = {"privacy/noise_multiplier": self.noise_multiplier,
                  "diag/clip_fraction": float((norms > C).double().mean()) if len(norms) else 0.0}
-        return (clipped.sum(0) + noise) / self.expected_users, stats
+        return (total + noise) / self.expected_users, stats
 
 
 class MeanRelease:
@@ -129,9 +166,23 @@ class MeanRelease:
             return self.shards.release(clipped, norms, self._mean)
         return self._mean(clipped, norms)
 
+    def clip_scale(self, norms: torch.Tensor) -> torch.Tensor:
+        """As ``GaussianSumPrivatizer.clip_scale`` (the twins clip alike)."""
+        return clip_scale(norms, self.max_grad_norm, FUSED_MARGIN)
+
+    def release_clipped_sum(self, clipped_sum: torch.Tensor, norms: torch.Tensor, round_idx: int
+                            ) -> tuple[torch.Tensor, dict]:
+        """The mean from the sum of the users' vectors scaled by ``clip_scale`` of their ``norms``."""
+        if self.shards is not None:
+            raise ValueError("a sharded release gathers the clipped rows: use release_mean")
+        return self._mean_of(clipped_sum.double(), norms)
+
     def _mean(self, clipped, norms) -> tuple[torch.Tensor, dict]:
+        return self._mean_of(clipped.sum(0), norms)
+
+    def _mean_of(self, total, norms) -> tuple[torch.Tensor, dict]:
         frac = float((norms > self.max_grad_norm).double().mean()) if len(norms) else 0.0
-        return clipped.sum(0) / max(clipped.shape[0], 1), {"diag/clip_fraction": frac}
+        return total / max(int(norms.shape[0]), 1), {"diag/clip_fraction": frac}
 
 
 def sum_mechanism(privacy, max_grad_norm: float, sampler=None, rounds: int = 1):

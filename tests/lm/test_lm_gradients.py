@@ -58,6 +58,34 @@ def test_per_user_adapter_gradients_equal_a_brute_force_loop(small_prompts):
                                atol=1e-9)
 
 
+def test_fused_clipped_sum_equals_clipping_the_per_user_rows(small_prompts):
+    """``clipped_user_sum`` (norms and the clipped sum without the (m, dim) rows; DP-PG's path) equals clipping
+    ``user_gradients``' rows and summing them, to 1e-9 in float64: LoRA with the KL anchor (the layers called on
+    the prompt and then on its completions), and every linear layer (embeddings and norms frozen)."""
+    from dppo.privacy.clipping import clip_scale
+
+    env = PromptsEnv(small_prompts, REWARD)
+    G = 3
+    for lora, kl in ((LORA, 0.05), (None, 0.0)):
+        torch.manual_seed(0)
+        pol = LMPolicy(MODEL, lora=lora, max_new_tokens=5, dtype="float64")
+        if lora is None:
+            for name, p in pol.model.named_parameters():
+                p.requires_grad_("proj" in name or "lm_head" in name)
+        else:
+            for _, p in pol.trainable():
+                p.data.normal_(0, 0.1)
+        batch = _batch(pol, env, list(range(5)), G)
+        A = group_advantages(batch.grouped(batch.returns))[0].reshape(-1, 1)
+        space = make_space(pol, dim=None)
+        rows = space.user_gradients(batch, A, kl_coef=kl)
+        C = 0.7 * float(rows.norm(dim=1).median())
+        n = rows.norm(dim=1)
+        total, norms = space.clipped_user_sum(batch, A, lambda v: clip_scale(v, C), kl_coef=kl)
+        torch.testing.assert_close(norms, n, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(total, (rows * clip_scale(n, C)[:, None]).sum(0), rtol=1e-9, atol=1e-12)
+
+
 def test_completion_features_are_each_completions_own_gradient(small_prompts):
     """``features`` (NPG's rows) = grad log pi(y_b | x_b) of every completion (its prompt repeated); their
     per-user mean under the advantages is ``user_gradients`` (shared KV cache: the same up to rounding)."""

@@ -1,0 +1,121 @@
+"""The fused clipped sum (``dppo.policies.clipped_sum``) equals clipping the materialised per-user gradients
+and summing them: norms and sum, for every norm method, users of unequal lengths (one without rows), padded
+and flat layouts, Linear / Embedding / norm / fallback / root-parameter mixes and a layer called twice."""
+import gymnasium as gym
+import pytest
+import torch
+from torch import nn
+
+from dppo.policies.clipped_sum import NORM_METHODS, clipped_gradient_sum
+from dppo.policies.mlp import MLPPolicy
+from dppo.policies.per_user_grads import per_user_gradients
+from dppo.privacy.clipping import clip_scale
+from tests.policies.test_per_user_grads import CASES
+
+REL = {torch.float64: 1e-10, torch.float32: 1e-5}  # stated tolerance: float rounding, relative to the sum's norm
+
+
+def reference(per_user: torch.Tensor, scale):
+    """The definition: each materialised row scaled by its factor, summed (float64)."""
+    g = per_user.double()
+    n = g.norm(dim=1)
+    return (g * scale(n)[:, None]).sum(0), n
+
+
+def assert_equal_to_reference(got, expect, dtype):
+    (s, n), (s_ref, n_ref) = got, expect
+    assert s.dtype == n.dtype == torch.float64 and s.shape == s_ref.shape and n.shape == n_ref.shape
+    assert float((s - s_ref).norm()) <= REL[dtype] * float(s_ref.norm()), float((s - s_ref).norm() / s_ref.norm())
+    assert bool(((n - n_ref).abs() <= REL[dtype] * n_ref.clamp_min(1e-12)).all())
+
+
+class Mixed(nn.Module):
+    """Embedding -> Linear -> LayerNorm -> a Linear without bias -> one Linear applied twice -> a root gain."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(7, 5)
+        self.l1 = nn.Linear(5, 48)
+        self.ln = nn.LayerNorm(48)
+        self.l2 = nn.Linear(48, 3, bias=False)
+        self.shared = nn.Linear(3, 3)
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, 3))
+
+    def forward(self, tok, a):
+        h = self.ln(torch.tanh(self.l1(self.emb(tok)))).mean(1)
+        z = self.shared(torch.tanh(self.shared(self.l2(h)))) * self.gain
+        return torch.log_softmax(z, -1).gather(-1, a[:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("norms", NORM_METHODS)
+def test_fused_sum_and_norms_equal_clipping_the_materialised_rows_flat_users_of_unequal_lengths(norms):
+    torch.manual_seed(0)
+    net = Mixed().double()
+    N, m = 60, 7
+    g = torch.Generator().manual_seed(1)
+    user = torch.randint(0, m, (N,), generator=g)
+    user[user == 3] = 4  # user 3 has no rows
+    tok, a = torch.randint(0, 7, (N, 4), generator=g), torch.randint(0, 3, (N,), generator=g)
+    w = torch.randn(N, generator=g, dtype=torch.float64)
+    rows = per_user_gradients(net, (tok, a), w, user, num_users=m)
+    C = 0.5 * float(rows.norm(dim=1).median())  # about half the users clipped
+
+    def scale(n):
+        return clip_scale(n, C)
+
+    got = clipped_gradient_sum(net, (tok, a), w, scale, user, num_users=m, norms=norms)
+    assert_equal_to_reference(got, reference(rows, scale), torch.float64)
+    assert float(got[1][3]) == 0.0
+
+
+@pytest.mark.parametrize("norms", NORM_METHODS)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_fused_sum_equals_the_materialised_rows_on_padded_users(name, norms):
+    """The engine's cases (MLP, log-linear root parameters, Gaussian, tokens with the torch.func fallback)."""
+    policy, (obs, actions, weights) = CASES[name]
+    rows = per_user_gradients(policy, (obs, actions), weights)
+
+    def scale(n):
+        return clip_scale(n, 0.7 * float(rows.norm(dim=1).median()))
+
+    got = clipped_gradient_sum(policy, (obs, actions), weights, scale, norms=norms)
+    assert_equal_to_reference(got, reference(rows, scale), torch.float64)
+
+
+def test_float32_mlp_space_and_the_pg_round_use_the_fused_sum(monkeypatch):
+    """FullSpace of a float32 MLP: ``clipped_user_sum`` = the clipped rows of ``user_gradients`` to 1e-5, and
+    DP-PG's released direction = the materialised release with the same (seeded) noise."""
+    from dppo.algos.pg import PolicyGradient
+    from dppo.data.sampler import OnePassUserSampler
+    from dppo.envs.gym_env import GymEnvFactory
+    from dppo.policies.spaces import make_space
+    from dppo.privacy import NoiseSource, PrivacyContext
+    from dppo.privacy.accountants import make_accountant
+
+    torch.manual_seed(0)
+    env = GymEnvFactory("CartPole-v1", horizon=30)
+    policy = MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(32, 32))
+    space = make_space(policy, subspace="full", dim=None)
+
+    def learner():
+        privacy = PrivacyContext(4.0, 1e-5, accountant=make_accountant("parallel"), noise=NoiseSource(5, secure=False))
+        return PolicyGradient(policy, env, privacy, OnePassUserSampler(8, seed=0), space=space, seed=0, rounds=1,
+                              reward_bound=1.0, max_grad_norm=0.3, group_size=3, advantage="to_go")
+
+    fused, plain = learner(), learner()
+    batch = fused.collect(list(range(8)), 0)
+    A, _ = fused.step_advantages(batch)
+    rows = space.user_gradients(batch, A)
+
+    def no_rows(*args, **kwargs):
+        raise AssertionError("the fused path materialised the per-user gradients")
+
+    monkeypatch.setattr("dppo.policies.clipped_sum.per_user_gradients", no_rows)
+    got = space.clipped_user_sum(batch, A, fused.release.clip_scale)
+    assert_equal_to_reference(got, reference(rows, fused.release.clip_scale), torch.float32)
+    direction, stats = fused.update_direction(batch, A, 0)
+    clipped = rows * fused.release.clip_scale(rows.norm(dim=1))[:, None]
+    expect, _ = plain.release._release(clipped, rows.norm(dim=1), 0, None, None)  # same noise draw
+    assert float((direction - expect).norm()) <= 1e-5 * float(expect.norm())
+    assert fused.privacy.ledger.entries[-1]["dim"] == space.dim and 0 < stats["diag/clip_fraction"] <= 1
+    assert make_space(policy, subspace="full", dim=4).clipped_user_sum(batch, A, fused.release.clip_scale) is None
