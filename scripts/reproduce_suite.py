@@ -16,7 +16,7 @@ hyper-parameters and budget for each env, and SAC (zoo) on Pendulum; the SB3 lea
 
 Every learner is evaluated the same way within an env: ``EVAL_EPISODES`` held-out episodes of the final
 policy (sampled actions, deterministic on Pendulum, as SB3 reports it), and a curve of the evaluation
-return (10 episodes) against the learner's env steps; "env steps to target" (CartPole: 475) is the first
+return (10 episodes) against the learner's env steps; "env steps to target" (CartPole: 475, Pendulum: -200) is the first
 point of that curve at or above the target. Each run lives in ``--out/<env>/<row>_s<seed>/`` and is skipped
 when its ``summary.json`` is complete, so a rerun only runs what is missing. Seeds 0-9 by default (the
 configs were tuned on seeds 100-102); SB3's 1e6-step runs (Acrobot, MountainCar) take ~10-15 min each here,
@@ -46,7 +46,7 @@ CURVE_EPISODES = EVAL_EPISODES   # the dppo runs evaluate with eval_episodes too
 ENVS = {
     "cartpole": {"id": "CartPole-v1", "target": 475.0, "greedy": False, "random": 22.0},
     "acrobot": {"id": "Acrobot-v1", "target": None, "greedy": False, "random": -500.0},
-    "pendulum": {"id": "Pendulum-v1", "target": None, "greedy": True, "random": -1200.0},
+    "pendulum": {"id": "Pendulum-v1", "target": -200.0, "greedy": True, "random": -1200.0},
     "mountaincar": {"id": "MountainCar-v0", "target": None, "greedy": False, "random": -200.0},
 }
 # (label, algo, eps values, experiment files that exist, eval_every): every private learner at eps 5 and 1
