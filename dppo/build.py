@@ -9,7 +9,7 @@ import json
 import os
 
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class, get_object, instantiate
 from omegaconf import OmegaConf, open_dict
 
 from dppo.config import to_container, validate
@@ -550,6 +550,7 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         if "policy" in sig:
             if env_given:
                 check_env(env)
+            cls.check_env(env)
             if policy is None:
                 check_policy_fits_env(cfg, env)
             objects["policy"] = policy if policy is not None else build_policy(cfg, env, init_state)
@@ -590,7 +591,7 @@ def check_policy_fits_env(cfg, env) -> None:
     if getattr(env, "kind", None) == "prompts":
         target = OmegaConf.select(cfg, "policy._target_", default=None)
         try:
-            pcls = get_class(target) if target else None
+            pcls = get_object(target) if target else None  # a class, or a factory such as policy=auto's
         except Exception:  # noqa: BLE001 - reported by build_policy with the real reason
             return
         missing = [m for m in ("encode", "sample", "token_log_probs") if not callable(getattr(pcls, m, None))]

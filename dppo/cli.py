@@ -34,12 +34,23 @@ def run(overrides: list[str]) -> None:
     also resolves Hydra's ``hydra.run.dir``), then ``dppo.api.start`` validates and builds every object once,
     in order, before the run directory is created, and writes the run layout; then the loop. A bad config is
     one line and exit 2, with no run directory made."""
-    from dppo.api import finish, start
     from dppo.config import compose_run
 
-    try:
+    def prepare():
         cfg, run_dir = compose_run(overrides)
-        trainer, dist = start(cfg, run_dir, overrides=overrides)
+        return cfg, run_dir, dict(overrides=overrides)
+
+    _start_and_finish(prepare)
+
+
+def _start_and_finish(prepare) -> None:
+    """``prepare() -> (cfg, run_dir, start's keyword arguments)``; any failure before the loop, and a
+    DPPOError inside it, is one line and exit 2."""
+    from dppo.api import finish, start
+
+    try:
+        cfg, run_dir, kwargs = prepare()
+        trainer, dist = start(cfg, run_dir, **kwargs)
     except Exception as err:  # noqa: BLE001 - every user-facing failure before the run is one line
         fail(err)
     try:
@@ -67,18 +78,9 @@ def run_from_hydra(cfg, run_dir: str, multirun: bool = False) -> None:
 
 def resume_run(run_dir: str, overrides: list[str]) -> None:
     """``resume=<dir>``: the run's saved config with the overrides a resume may change, built once."""
-    from dppo.api import finish, load_run_config, start
+    from dppo.api import load_run_config
 
-    try:
-        cfg = load_run_config(run_dir, overrides)
-        trainer, dist = start(cfg, run_dir, resume=True)
-    except Exception as err:  # noqa: BLE001
-        fail(err)
-    try:
-        summary = finish(trainer, dist)
-    except DPPOError as err:
-        fail(err)
-    _report(summary, run_dir)
+    _start_and_finish(lambda: (load_run_config(run_dir, overrides), run_dir, dict(resume=True)))
 
 
 def _report(summary: dict, run_dir: str) -> None:

@@ -52,6 +52,11 @@ class Learner:
                 raise ConfigError(f"algo.{key} applies with algo.{option}={'|'.join(allowed)}, not "
                                   f"algo.{option}={values.get(option)}: remove it")
 
+    @classmethod
+    def check_env(cls, env) -> None:
+        """Refuse, before the policy is built, an env this learner cannot learn from (one line naming the
+        learners that can); every env with a policy goes by default."""
+
     def train_round(self, round_idx: int) -> dict[str, float]:
         """Run round ``round_idx``: collect from this round's users, make the (private) update,
         release through ``privacy.release``; return metrics: released ones (``privacy/*``, ``rollout/users``) and raw ones under ``diag/``."""

@@ -18,6 +18,12 @@ Advantages (``advantage``):
   equal has A = 0 (``diag/zero_spread_fraction``). Needs G >= 2.
 * ``to_go``: discounted returns-to-go (``gamma``) standardized over the user's own steps (all G
   rollouts); works with G = 1 (the paper protocol: one episode per user).
+``explore_bonus`` c > 0 adds c * b(tau) to every rollout's return before the group advantages, with b(tau)
+in [0, 1] the mean over the observation's bounded coordinates of the range the rollout's states cover,
+(max_t s_k - min_t s_k) / (high_k - low_k) (``range_bonus``; the bounds are the env's public observation
+space): on MountainCar every rollout of a random policy returns -200 and only the bonus tells them apart
+(the car that swings wider), until the goal is reached and the return takes over. A function of the
+rollout alone, so the privacy unit and the sensitivity are unchanged.
 No option mixes users (no batch baselines or normalizers): the same code is private and non-private.
 """
 from __future__ import annotations
@@ -52,6 +58,22 @@ def group_advantages(returns: torch.Tensor, *, std: bool = True, leave_one_out: 
     return torch.where(zero[:, None], torch.zeros_like(A), A), zero
 
 
+def range_bonus(batch, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """(N,) float64 in [0, 1]: per episode, the mean over the coordinates k with finite bounds of
+    (max_t s_tk - min_t s_tk) / (high_k - low_k) over its real steps (0 if no coordinate is bounded)."""
+    low = torch.as_tensor(low, dtype=torch.float64).reshape(-1)
+    high = torch.as_tensor(high, dtype=torch.float64).reshape(-1)
+    keep = torch.isfinite(low) & torch.isfinite(high) & (high > low)
+    if not bool(keep.any()):
+        return torch.zeros(batch.mask.shape[0], dtype=torch.float64)
+    obs = batch.obs.double().flatten(2)[:, :, keep]
+    m = batch.mask[:, :, None]
+    inf = torch.tensor(float("inf"), dtype=torch.float64)
+    top = torch.where(m, obs, -inf).max(1).values
+    bottom = torch.where(m, obs, inf).min(1).values
+    return ((top - bottom).clamp_min(0) / (high - low)[keep]).clamp(0, 1).mean(1)
+
+
 def to_go_advantages(batch, gamma: float) -> torch.Tensor:
     """Returns-to-go standardized over each user's own steps (its G rollouts pooled): (N, T) float64."""
     G_t = returns_to_go(batch.rewards, batch.mask, gamma)
@@ -84,11 +106,13 @@ class GroupPolicyOptimizer(Learner):
     public_per_round = 0  # public rollouts (stream "fisher") collected alongside each round's users
     reads = ("users_per_round",)  # the sampler's round size
     APPLIES = {"gamma": ("advantage", ("to_go",)), "group_std": ("advantage", ("group",)),
-               "leave_one_out": ("advantage", ("group",))}
+               "leave_one_out": ("advantage", ("group",)), "explore_bonus": ("advantage", ("group",))}
 
     def __init__(self, policy, env, privacy, sampler, *, space=None, logger=None, seed: int, rounds: int,
                  group_size: int, reward_bound: float | None, advantage: str = "group", group_std: bool = True,
-                 leave_one_out: bool = False, gamma: float = 0.99):
+                 leave_one_out: bool = False, gamma: float = 0.99, explore_bonus: float = 0.0):
+        if explore_bonus < 0:
+            raise ConfigError(f"algo.explore_bonus must be >= 0, got {explore_bonus}")
         if advantage not in ADVANTAGES:
             raise ConfigError(f"algo.advantage must be one of {ADVANTAGES}, got '{advantage}'")
         if advantage == "group" and int(group_size) < 2:
@@ -98,6 +122,7 @@ class GroupPolicyOptimizer(Learner):
         self.seed, self.num_rounds, self.reward_bound = int(seed), int(rounds), reward_bound
         self.group_size, self.advantage = int(group_size), advantage
         self.group_std, self.leave_one_out, self.gamma = bool(group_std), bool(leave_one_out), float(gamma)
+        self.explore_bonus = float(explore_bonus)
         self.space = space if space is not None else make_space(policy, seed=seed)
         self.collector = collector_for(env, seed)
         self.collector.check(policy, self.num_rounds, sampler)
@@ -131,8 +156,19 @@ class GroupPolicyOptimizer(Learner):
             zero = (R.max(1).values - R.min(1).values) <= 1e-12 if self.group_size > 1 else \
                 torch.zeros(batch.users, dtype=torch.bool)
             return to_go_advantages(batch, self.gamma), float(zero.double().mean())
-        A, zero = group_advantages(batch.grouped(batch.returns), std=self.group_std, leave_one_out=self.leave_one_out)
+        A, zero = group_advantages(batch.grouped(self.returns(batch)), std=self.group_std,
+                                   leave_one_out=self.leave_one_out)
         return A.reshape(-1, 1) * batch.mask.double(), float(zero.double().mean())
+
+    def returns(self, batch) -> torch.Tensor:
+        """(N,) each rollout's return, plus ``explore_bonus`` times its state-range bonus (a function of the rollout
+        and of the env's public observation bounds only)."""
+        if self.explore_bonus == 0:
+            return batch.returns
+        space = getattr(self.env, "observation_space", None)
+        if getattr(space, "low", None) is None or getattr(batch, "obs", None) is None:
+            raise ConfigError("algo.explore_bonus needs an env with a bounded Box observation space (e.g. MountainCar)")
+        return batch.returns.double() + self.explore_bonus * range_bonus(batch, space.low, space.high)
 
     # ---- evaluation, state, artifacts ---------------------------------------------------------
     def evaluate(self, episodes: int, greedy: bool = False) -> float:

@@ -83,8 +83,11 @@ from typing import NamedTuple
 import numpy as np
 
 from dppo.algos.ucb import _UNVISITED_BONUS, TabularUCB
-from dppo.privacy.gaussian_counter import GRID, chi_union_quantile, gaussian_union_quantile
-from dppo.privacy.tabular_counters import record_counter_releases, resolve_counter
+from dppo.errors import ConfigError
+from dppo.privacy.accountants.zcdp import rho_for_target
+from dppo.privacy.gaussian_counter import (GRID, chi_union_quantile, gaussian_union_quantile, sigma_for_rho,
+                                           sqrt_factorization)
+from dppo.privacy.tabular_counters import counter_kappa, record_counter_releases, resolve_counter
 from dppo.privacy.tree_counter import TreeCounter
 
 
@@ -121,6 +124,11 @@ class DPUBEV(TabularUCB):
             100-102, among (1,1,1), (2,1,1), (2,2,1), (2,4,1), (4,1.5,1)); ignored by ``laplace_tree``.
         max_block: the longest block in episodes (null: no limit): a plan that explores a poor action
             costs at most that many episodes before the next release.
+        counter_focus: ``gaussian_opt`` (the default ``gaussian`` with block releases): its factorization is
+            optimized for the mean release std over the releases after ``counter_focus x E_j`` episodes
+            (``E_j`` the gate of release j under the square-root factorization; a pooled count after t
+            episodes is at most ``cap t``, so earlier releases open few gates); the earlier ones get weight
+            1e-3 (``_counter_row_weights``). null: all releases equally.
     """
 
     name = "dp_ubev"
@@ -129,8 +137,12 @@ class DPUBEV(TabularUCB):
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
                  reward_bound: float = 1.0, counter: str = "gaussian", pool_steps: bool = True,
                  pool_cap: int | None = 1, block_growth: float | None = 1.05, max_block: int | None = None,
-                 set_noise: tuple | None = (2.0, 2.0, 1.0), max_memory_gb: float = 4.0):
+                 set_noise: tuple | None = (2.0, 2.0, 1.0), counter_focus: float | None = 5.0,
+                 max_memory_gb: float = 4.0):
         eps = privacy.eps if privacy is not None and privacy.private else None
+        if counter_focus is not None and not counter_focus >= 0:
+            raise ConfigError(f"counter_focus must be >= 0 (or null), got {counter_focus}")
+        self.counter_focus = None if counter_focus is None else float(counter_focus)
         super().__init__(env, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
                          failure_prob=failure_prob, reward_bound=reward_bound, max_memory_gb=max_memory_gb,
@@ -181,6 +193,25 @@ class DPUBEV(TabularUCB):
             return []
         return [dict(e) for e in self.privacy.ledger.entries
                 if e["mechanism"].endswith("counter") and not e.get("replay") and not e.get("lost")]
+
+    def _counter_row_weights(self, capacity: int, privacy) -> tuple | None:
+        """Weights of the optimized factorization's releases (``counter_focus``): 1 for release j whose block
+        ends after ``counter_focus E_j`` episodes, 1e-3 before, with ``E_j = z s sigma_sqrt std_sqrt(j)`` the
+        gate of the visits estimate under the square-root factorization (the same z, s as ``widths``). Public:
+        a function of T, the schedule, the layout, eps, delta and failure_prob only."""
+        if self.counter_focus is None:
+            return None
+        lay = self.layout
+        Hc = 1 if lay.pooled else self.H
+        z = gaussian_union_quantile(self.failure_prob / 2 / 3, Hc * self.S * self.A * capacity)
+        _, c_n, c_m = lay.set_noise
+        b = c_n ** 2 / (c_n ** 2 + self.S * c_m ** 2)
+        s = math.sqrt((1 - b) ** 2 * c_n ** 2 + b * b * self.S * c_m ** 2)
+        sigma = sigma_for_rho(rho_for_target(privacy.eps, privacy.delta), lay.weighted_l2_sensitivity,
+                              counter_kappa("gaussian_sqrt", capacity))
+        E = z * s * sigma * np.sqrt(sqrt_factorization(capacity)["var_factor"])
+        ends = np.arange(1, capacity + 1) if self.release_ends is None else np.asarray(self.release_ends)
+        return tuple(np.where(ends > self.counter_focus * E, 1.0, 1e-3).tolist())
 
     def _log_term(self) -> float:
         return math.log(18 * self.S * self.A * self.H / self.delta_ubev)

@@ -41,12 +41,18 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         lr: the step of ``norm`` / ``fixed``.
         max_kl: the KL radius of ``kl``.
         max_step_norm: cap on ||eta d|| (None: no cap).
-        momentum: beta of the step direction d_t = beta d_{t-1} + w_t (a running sum of released w's).
+        momentum: beta of the step direction d_t = beta d_{t-1} + w_t (a running sum of released w's; with
+            ``redraw_subspace`` d_{t-1} is carried into the new subspace's coordinates, P_t^T P_{t-1} d_{t-1}).
         step_decay: the step (and its cap) is divided by 1 + step_decay * round (a public schedule).
         fisher_episodes: public rollouts per round whose states give the Fisher matrix (read by ``step=kl``
             and by an oracle taking a public Gram matrix, ``ssp``).
         fisher_states: at most this many of their states are used (evenly spaced).
-        seed, rounds, group_size, reward_bound, advantage, group_std, leave_one_out, gamma: ``dppo.algos.core``.
+        redraw_subspace: with a random subspace (``policy.dim``), draw round t's from the run seed and t
+            (``ParameterSpace.redraw``: a public schedule): each release stays ``dim``-dimensional while the
+            updates span the whole space over rounds (a fixed 8-dim subspace of CartPole's 65-dim head left
+            some seeds' policies stalled below 300, twin included; docs/npg_defaults.md).
+        seed, rounds, group_size, reward_bound, advantage, group_std, leave_one_out, gamma, explore_bonus:
+            ``dppo.algos.core``.
     """
 
     names = ("npg", "dp_npg")
@@ -74,12 +80,13 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
 
     def __init__(self, policy, env, privacy, sampler, oracle, *, space=None, logger=None, seed: int, rounds: int,
                  group_size: int, reward_bound: float | None, advantage: str = "group", group_std: bool = True,
-                 leave_one_out: bool = False, gamma: float = 0.99, step: str = "kl", lr: float = 0.05,
-                 max_kl: float = 0.05, max_step_norm: float | None = 1.0, momentum: float = 0.8,
-                 step_decay: float = 0.0, fisher_episodes: int = 4, fisher_states: int = 500):
+                 leave_one_out: bool = False, gamma: float = 0.99, explore_bonus: float = 0.0, step: str = "kl",
+                 lr: float = 0.05, max_kl: float = 0.05, max_step_norm: float | None = 1.0, momentum: float = 0.0,
+                 step_decay: float = 0.0, fisher_episodes: int = 4, fisher_states: int = 500,
+                 redraw_subspace: bool = True):
         super().__init__(policy, env, privacy, sampler, space=space, logger=logger, seed=seed, rounds=rounds,
                          group_size=group_size, reward_bound=reward_bound, advantage=advantage,
-                         group_std=group_std, leave_one_out=leave_one_out, gamma=gamma)
+                         group_std=group_std, leave_one_out=leave_one_out, gamma=gamma, explore_bonus=explore_bonus)
         if step not in STEPS:
             raise ConfigError(f"algo.step must be one of {STEPS}, got '{step}'")
         if step == "kl" and fisher_episodes < 1:
@@ -105,6 +112,7 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         self.uses_fisher = self.fisher_episodes > 0 and (step == "kl" or getattr(oracle, "uses_public_gram", False))
         self.public_per_round = self.fisher_episodes if self.uses_fisher else 0
         self.direction = torch.zeros(self.space.dim, dtype=torch.float64)
+        self.redraw_subspace = bool(redraw_subspace)
 
     @classmethod
     def default_oracle(cls, private: bool, dim: int) -> str:
@@ -139,7 +147,11 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
             if not getattr(self.oracle, "sharded", False):
                 raise DataError("NPG/REBEL rounds need at least one user")
             rows, stats = [], {}
-        else:
+        if self.redraw_subspace:  # round t's public subspace; d carried over in the new coordinates
+            change = self.space.redraw(round_idx)
+            if change is not None:
+                self.direction = change @ self.direction
+        if batch is not None:
             rows, stats = self.regression_rows(batch)
         F = self.public_fisher(round_idx)
         gram = F.matrix if F is not None and getattr(self.oracle, "uses_public_gram", False) else None
@@ -173,9 +185,14 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
 
     # ---- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "direction": self.direction.clone(), "oracle": self.oracle.state_dict()}
+        state = {**super().state_dict(), "direction": self.direction.clone(), "oracle": self.oracle.state_dict()}
+        if self.redraw_subspace and self.space.projection is not None:  # the current round's public subspace
+            state["projection"] = self.space.projection.clone()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.direction = state["direction"].clone()
         self.oracle.load_state_dict(state["oracle"])
+        if "projection" in state and self.space.projection is not None:
+            self.space.projection = state["projection"].clone()

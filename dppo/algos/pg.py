@@ -10,6 +10,14 @@ the users' gradients clipped to C (the twins differ by the noise only); DP-PG al
 clipped sum (``dppo.privacy.clipping.sum_mechanism``). The G rollouts of a user are one clipped
 contribution, so G changes neither the sensitivity nor eps. Only trainable parameters
 (``requires_grad``) get gradients and noise; the noise has the space's dimension.
+
+``shrink`` (post-processing of the release, on by default): the step follows the positive-part James-Stein
+estimate of the mean, g~ (1 - d s^2 / ||g~||^2)_+, with s the released mean's per-coordinate noise std
+(public: from the calibration; 0 without noise, so the twin steps along the plain mean) and d the space's
+dimension. When the noise dominates (a LoRA adapter's ~10^4 coordinates and a few users a round:
+||g~||^2 ~ d s^2) the step shrinks towards 0 instead of moving the policy by the noise (the default DP-PG on
+env=prompts fell from 0.65 to 0.05 in 3 rounds without it); with a clear signal it is nearly the plain
+mean (docs/npg_defaults.md).
 """
 from __future__ import annotations
 
@@ -23,6 +31,15 @@ from dppo.privacy.clipping import sum_mechanism
 OPTIMIZERS = ("sgd", "adam")
 
 
+def shrinkage(mean: torch.Tensor, noise_std: float) -> float:
+    """(1 - d s^2 / ||g~||^2)_+ for a released mean g~ (d coordinates) carrying N(0, s^2 I) noise: the positive-part
+    James-Stein factor (a function of released and public quantities only)."""
+    if noise_std <= 0:
+        return 1.0
+    energy = float(mean.double().pow(2).sum())
+    return max(0.0, 1.0 - mean.numel() * float(noise_std) ** 2 / max(energy, 1e-300))
+
+
 class PolicyGradient(GroupPolicyOptimizer):
     """REINFORCE over users' groups; private (DP-PG, each round (eps, delta)-DP) iff ``eps`` is set.
 
@@ -33,6 +50,7 @@ class PolicyGradient(GroupPolicyOptimizer):
         optimizer: ``sgd`` (with ``momentum``) or ``adam`` (its per-coordinate scaling amplifies noise coordinates).
         momentum: SGD momentum.
         kl_coef: weight of the k3 KL estimate to the initial public model, per completion token (policy=lm).
+        shrink: step along the James-Stein shrinkage of the released mean (module docstring).
         seed, rounds, group_size, reward_bound, advantage, group_std, leave_one_out, gamma: ``dppo.algos.core``.
     """
 
@@ -42,7 +60,7 @@ class PolicyGradient(GroupPolicyOptimizer):
     def __init__(self, policy, env, privacy, sampler, *, space=None, logger=None, seed: int, rounds: int,
                  group_size: int, reward_bound: float | None, max_grad_norm: float, advantage: str = "group",
                  group_std: bool = True, leave_one_out: bool = False, gamma: float = 0.99, lr: float = 1.0,
-                 optimizer: str = "sgd", momentum: float = 0.9, kl_coef: float = 0.0):
+                 optimizer: str = "sgd", momentum: float = 0.9, kl_coef: float = 0.0, shrink: bool = True):
         super().__init__(policy, env, privacy, sampler, space=space, logger=logger, seed=seed, rounds=rounds,
                          group_size=group_size, reward_bound=reward_bound, advantage=advantage,
                          group_std=group_std, leave_one_out=leave_one_out, gamma=gamma)
@@ -50,7 +68,7 @@ class PolicyGradient(GroupPolicyOptimizer):
             raise ConfigError(f"max_grad_norm must be > 0, got {max_grad_norm}")
         if kl_coef < 0:
             raise ConfigError(f"algo.kl_coef must be >= 0, got {kl_coef}")
-        self.kl_coef = float(kl_coef)
+        self.kl_coef, self.shrink = float(kl_coef), bool(shrink)
         if self.kl_coef > 0:
             reference = getattr(policy, "reference", None)
             if reference is None:
@@ -75,6 +93,9 @@ class PolicyGradient(GroupPolicyOptimizer):
             A, zero_frac = self.step_advantages(batch)
             direction, stats = self.update_direction(batch, A, round_idx)
             stats["diag/zero_spread_fraction"] = zero_frac
+        if self.shrink:
+            factor = shrinkage(direction, stats.get("privacy/noise_std", 0.0))
+            direction, stats["losses/shrinkage"] = direction * factor, factor
         self.space.ascend(direction, self.optimizer)
         return {"losses/grad_norm": float(direction.norm()), **stats}
 

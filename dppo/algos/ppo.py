@@ -128,6 +128,12 @@ class PPO(GroupPolicyOptimizer):
     space_defaults = {"subspace": "full", "dim": None}   # the builder's space for PPO unless policy.* says otherwise
     APPLIES = {"momentum": ("optimizer", ("sgd",)), "adam_eps": ("optimizer", ("adam",))}
 
+    @classmethod
+    def check_env(cls, env) -> None:
+        if getattr(env, "kind", None) == "prompts" or not hasattr(env, "observation_space"):
+            raise ConfigError("algo=ppo|dp_ppo learns from episodes of a gymnasium env (env=cartpole, env=pendulum, "
+                              "env.id=...); use algo=pg|dp_pg for prompts and algo=ubev|dp_ubev for tabular MDPs")
+
     def __init__(self, policy, env, privacy, sampler, *, space=None, logger=None, seed: int, rounds: int,
                  group_size: int, reward_bound: float | None, max_grad_norm: float, gamma: float = 0.99,
                  gae_lambda: float = 0.95, epochs: int = 4, minibatches: int = 1, clip_range: float = 0.2,
@@ -136,9 +142,7 @@ class PPO(GroupPolicyOptimizer):
                  critic_activation: str = "tanh", value_scale="auto", adv_norm: str = "scale",
                  action_noise_corr: float = 0.0, user_horizon: int | None = None, optimizer: str = "adam",
                  momentum: float = 0.9, composition: str = "gdp"):
-        if getattr(env, "kind", None) == "prompts" or not hasattr(env, "observation_space"):
-            raise ConfigError("algo=ppo|dp_ppo learns from episodes of a gymnasium env (env=cartpole, env=pendulum, "
-                              "env.id=...); use algo=pg|dp_pg for prompts and algo=ubev|dp_ubev for tabular MDPs")
+        self.check_env(env)
         if space is None:
             space = make_space(policy, **self.space_defaults, seed=seed)
         if space.kind == "head":

@@ -34,29 +34,36 @@ class REBEL(NaturalPolicyGradient):
     Args:
         eta: REBEL's eta (the targets are eta (R - mean R)).
         normalize_rows: divide each row (x_ig, y_ig) by max(||x_ig||, 1) (keeps w . x = y; reweights rows).
+        explore_bonus: c of the state-range bonus added to each rollout's return (``dppo.algos.core``; 0: off).
+        redraw_subspace: as NPG's (off by default: REBEL's defaults and its CartPole tuning are the fixed subspace's).
         (others as in ``NaturalPolicyGradient``, without ``advantage``, ``group_std``, ``leave_one_out`` and
         ``gamma``: the centered reward is REBEL's target)
     """
 
     names = ("rebel", "dp_rebel")
     private_oracle = "dp_gd"
+    APPLIES = {k: v for k, v in NaturalPolicyGradient.APPLIES.items() if k != "explore_bonus"}  # always group-form
 
     def __init__(self, policy, env, privacy, sampler, oracle, *, space=None, logger=None, seed: int, rounds: int,
                  group_size: int, reward_bound: float | None, eta: float = 0.01, normalize_rows: bool = True,
+                 explore_bonus: float = 0.0,
                  step: str = "kl", lr: float = 0.05, max_kl: float = 0.05, max_step_norm: float | None = 1.0,
-                 momentum: float = 0.8, step_decay: float = 0.0, fisher_episodes: int = 4, fisher_states: int = 500):
+                 momentum: float = 0.8, step_decay: float = 0.0, fisher_episodes: int = 4, fisher_states: int = 500,
+                 redraw_subspace: bool = False):
         if group_size is None or int(group_size) < 2:
             raise ConfigError(f"REBEL compares a user's responses and needs group_size >= 2, got {group_size}")
         super().__init__(policy, env, privacy, sampler, oracle, space=space, logger=logger, seed=seed, rounds=rounds,
-                         group_size=group_size, reward_bound=reward_bound, advantage="group", step=step, lr=lr,
+                         group_size=group_size, reward_bound=reward_bound, advantage="group",
+                         explore_bonus=explore_bonus, step=step, lr=lr,
                          max_kl=max_kl, max_step_norm=max_step_norm, momentum=momentum, step_decay=step_decay,
-                         fisher_episodes=fisher_episodes, fisher_states=fisher_states)
+                         fisher_episodes=fisher_episodes, fisher_states=fisher_states,
+                         redraw_subspace=redraw_subspace)
         self.eta, self.normalize_rows = float(eta), bool(normalize_rows)
 
     def regression_rows(self, batch) -> tuple[list, dict]:
         """Per-user (X_i (G, dim), y_i (G,)): the group-centered trajectory features and rewards."""
         x = batch.grouped(self.space.episode_features(batch))
-        R = batch.grouped(batch.returns).double()
+        R = batch.grouped(self.returns(batch)).double()
         x = x - x.mean(1, keepdim=True)
         y = self.eta * (R - R.mean(1, keepdim=True))
         if self.normalize_rows:

@@ -98,13 +98,13 @@ class TabularUCB(torch.nn.Module, Learner):
         S, A, H = self.S, self.A, self.H
         self.hsa = H * S * A
         self.layout = TabularLayout(S, A, H, pooled=pool_steps, pool_cap=pool_cap, set_noise=set_noise)
-        self.counter_kind = resolve_counter(counter)
         streams = self.layout.num_streams
         private = privacy is not None and privacy.private
         # release times (1-based episode counts); None: after every episode
         self.release_ends = None if block_growth is None else release_schedule(self.T, block_growth, max_block)
         capacity = self.T if self.release_ends is None else len(self.release_ends)
-        levels = tree_levels(capacity) if self.counter_kind != "gaussian_sqrt" else 64   # noise state rows
+        self.counter_kind = resolve_counter(counter, capacity)
+        levels = {"gaussian_sqrt": 64, "gaussian_opt": capacity}.get(self.counter_kind, tree_levels(capacity))  # noise rows
         arrays = 3 + (0 if not private else 3 + levels)   # buffers + planning temporaries
         need_gb = streams * arrays * 8 / 2 ** 30
         if need_gb > max_memory_gb:
@@ -112,7 +112,8 @@ class TabularUCB(torch.nn.Module, Learner):
                               f"~{need_gb:.1f} GB for its S^2 A H statistics; lower env.horizon (or raise "
                               f"algo.max_memory_gb={max_memory_gb})")
         self.stats = build_counter(self.counter_kind, self.layout, capacity, privacy if private else None,
-                                   users=self.T)
+                                   users=self.T, row_weights=self._counter_row_weights(capacity, privacy)
+                                   if private and self.counter_kind == "gaussian_opt" else None)
         self._next_release = 0              # index into release_ends of the open block
         self._fed = 0                       # episodes fed to the counters
         self._releases = 0                  # releases so far in this process (plan cache key)
@@ -132,6 +133,11 @@ class TabularUCB(torch.nn.Module, Learner):
             self.optimal = self.mdp.optimal_value()
 
     # ---- statistics ----------------------------------------------------------------------
+    def _counter_row_weights(self, capacity: int, privacy) -> tuple | None:
+        """Which counter releases an optimized factorization (``counter=gaussian_opt``) is tuned for; None:
+        all equally (a learner that reads some releases more overrides this; public quantities only)."""
+        return None
+
     def _xp(self):
         return np if self.stats.counts.device.type == "cpu" else torch
 

@@ -21,18 +21,19 @@ BOX_ONLY = ("log_std", "log_std_init", "log_std_min", "log_std_max", "squash")
 
 
 def auto_policy(observation_space: gym.Space, action_space: gym.Space, hidden_sizes=(64, 64),
-                activation: str = "tanh", **box_options):
+                activation: str = "tanh", normalize_obs: bool = False, **box_options):
     """The MLP policy for ``action_space`` (module docstring).
 
     Args:
         observation_space, action_space: the env's spaces (passed by the builder).
         hidden_sizes, activation: the MLP body of either policy.
+        normalize_obs: the softmax MLP's observation scaling onto [-1, 1] from the observation bounds.
         box_options: options of the Gaussian policy (``log_std``, ``log_std_init``, ``log_std_min``,
             ``log_std_max``, ``squash``), for Box actions only.
     """
     unknown = sorted(set(box_options) - set(BOX_ONLY))
     if unknown:
-        valid = sorted(("hidden_sizes", "activation") + BOX_ONLY)
+        valid = sorted(("hidden_sizes", "activation", "normalize_obs") + BOX_ONLY)
         close = difflib.get_close_matches(unknown[0], valid, n=1)
         hint = f" (did you mean 'policy.{close[0]}'?)" if close else ""
         raise ConfigError(f"unknown key 'policy.{unknown[0]}'{hint}: policy=auto takes {valid}")
@@ -40,8 +41,11 @@ def auto_policy(observation_space: gym.Space, action_space: gym.Space, hidden_si
         if box_options:
             raise ConfigError(f"policy.{sorted(box_options)[0]} applies to Box (continuous) actions; the env's "
                               f"actions are {action_space}: remove it (policy=auto is a softmax MLP here)")
-        return MLPPolicy(observation_space, action_space, hidden_sizes=hidden_sizes, activation=activation)
+        return MLPPolicy(observation_space, action_space, hidden_sizes=hidden_sizes, activation=activation,
+                         normalize_obs=normalize_obs)
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+        if normalize_obs:
+            raise ConfigError("policy.normalize_obs applies to the softmax MLP (Discrete actions): remove it")
         return GaussianMLPPolicy(observation_space, action_space, hidden_sizes=hidden_sizes, activation=activation,
                                  **box_options)
     raise ConfigError(f"policy=auto has no policy for the action space {action_space}: it builds a softmax MLP for "

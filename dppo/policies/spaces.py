@@ -68,6 +68,14 @@ def make_space(policy, subspace: str = "auto", dim: int | None = 8, seed: int = 
     return AdapterSpace(policy, dim, seed) if lm else FullSpace(policy, dim, seed)
 
 
+def random_basis(native: int, dim: int, seed: int, round_idx: int | None = None) -> torch.Tensor:
+    """(native, dim) orthonormal columns (||P^T v|| <= ||v||) from a public seed: the run seed, and the round for a
+    re-drawn subspace (``ParameterSpace.redraw``)."""
+    gen = torch.Generator().manual_seed(seed + 31337 if round_idx is None else (seed + 31337) * 100003 + round_idx + 1)
+    q, _ = torch.linalg.qr(torch.randn(native, dim, generator=gen, dtype=torch.float64))
+    return q
+
+
 class Fisher:
     """F at a batch as a dense ``matrix`` (dim x dim); ``quadratic(d)`` = d^T F d."""
 
@@ -107,16 +115,23 @@ class ParameterSpace:
         self.params = [p for p in policy.parameters() if p.requires_grad]
         if not self.params:
             raise ConfigError("the policy has no trainable parameters (requires_grad=False everywhere)")
-        native = self._native_dim()
+        self.native_dim, self.seed = self._native_dim(), int(seed)
         self.projection = None
-        if dim is not None and int(dim) < native:
-            gen = torch.Generator().manual_seed(int(seed) + 31337)
-            q, _ = torch.linalg.qr(torch.randn(native, int(dim), generator=gen, dtype=torch.float64))
-            self.projection = q  # orthonormal columns: ||P^T v|| <= ||v||
-        self.dim = native if self.projection is None else int(dim)
+        if dim is not None and int(dim) < self.native_dim:
+            self.projection = random_basis(self.native_dim, int(dim), self.seed)
+        self.dim = self.native_dim if self.projection is None else int(dim)
 
     def _native_dim(self) -> int:
         return sum(p.numel() for p in self.params)
+
+    def redraw(self, round_idx: int) -> torch.Tensor | None:
+        """Replace the random subspace by round ``round_idx``'s (a public schedule: drawn from the run seed and the
+        round index only, never from data); returns the map old -> new coordinates, P_new^T P_old (None: no
+        subspace). Over rounds the updates then span the whole space while each release stays ``dim``-dim."""
+        if self.projection is None:
+            return None
+        old, self.projection = self.projection, random_basis(self.native_dim, self.dim, self.seed, round_idx)
+        return self.projection.T @ old
 
     def _project(self, g: torch.Tensor) -> torch.Tensor:
         return g if self.projection is None else g @ self.projection

@@ -30,6 +30,12 @@ sets in zCDP and converts with ``dppo.privacy.accountants.zcdp``.
   ``kappa = ||C[:, 1]||_2`` (the first column is the longest; Toeplitz) and
   ``Var e(t) = sigma^2 sum_{k < t} b_k^2``, both exact for the factorization we run.
 
+* ``OptimizedFactorizationCounter``: for few steps (a learner's block releases, T <= ``DENSE_MAX_STEPS``), a
+  dense lower-triangular ``C`` (unit column norms: ``kappa = 1``) optimized for a weighted mean of the release
+  stds ``||B[t, :]||`` (``optimized_factorization``), ``B = A C^{-1}``; noise ``e(t) = B[t, :t] z[:t]`` from the
+  stored past ``z``. Sensitivity for the learner's participation (one episode = one user, in exactly one
+  block) and the exact covariance ``sigma^2 B B^T``: the class docstring.
+
 Error. ``e(t)`` is exactly ``N(0, var(t))``; ``gaussian_union_quantile`` gives the quantile that holds
 uniformly over N releases w.p. ``1 - beta`` (union bound), so ``|e(t)| <= z_N sqrt(var(t))``.
 
@@ -139,6 +145,78 @@ def sqrt_factorization(T: int) -> dict:
     c = np.cumsum(_power_series_inverse(b))          # B^{-1} applied to the all-ones column of A
     return {"theta": theta, "w": w, "b": b, "var_factor": np.cumsum(b * b), "c": c,
             "kappa": float(math.sqrt(float(np.dot(c, c))))}
+
+
+# ---- an optimized lower-triangular factorization for few steps (block releases) -------------------
+DENSE_MAX_STEPS = 320       # the optimized factorization is dense: O(T^2) state, O(T^3) work per optimizer step (~3 s at 234)
+
+
+@functools.lru_cache(maxsize=16)
+def optimized_factorization(T: int, row_weights: tuple | None = None, iters: int = 400) -> dict:
+    """A lower-triangular factorization ``A = B C`` of the T x T prefix-sum matrix that minimizes the weighted
+    mean release std ``sum_t w_t ||B[t, :]||_2 / sum_t w_t`` at sensitivity multiplier ``kappa = 1``
+    (``row_weights``: None = uniform). Derivation and the privacy argument: ``OptimizedFactorizationCounter``.
+
+    Optimized with L-BFGS over a lower-triangular ``C`` whose columns are normalized to unit norm (every
+    column at the largest norm is optimal: enlarging a shorter column only shrinks ``B = A C^{-1}``), from
+    the exact square-root factorization. The result is *defined by* the decoder ``B`` it returns: the
+    encoder ``C = B^{-1} A``, its largest column norm ``kappa`` and the release variances
+    ``var_factor[t-1] = ||B[t-1, :]||^2`` are recomputed from that ``B`` (float64 triangular solve;
+    ``kappa`` rounded up by a relative 1e-9 to cover the solve's rounding), so they are those of the
+    factorization that runs, whatever the optimizer reached.
+    """
+    T = int(T)
+    if T < 1 or T > DENSE_MAX_STEPS:
+        raise ConfigError(f"the optimized factorization is for 1..{DENSE_MAX_STEPS} counter steps, got {T}; "
+                          f"use block releases (algo.block_growth) or algo.counter=gaussian_sqrt")
+    w = np.ones(T) if row_weights is None else np.asarray(row_weights, np.float64)
+    if w.shape != (T,) or not (w >= 0).all() or not w.sum() > 0:
+        raise ConfigError(f"row_weights must be {T} nonnegative weights, not all 0")
+    A = np.tril(np.ones((T, T)))
+    if T > 1:
+        dt = torch.float64
+        At = torch.tensor(A, dtype=dt)
+        mask = torch.tril(torch.ones(T, T, dtype=dt))
+        s = sqrt_coefficients(T)
+        C0 = np.zeros((T, T))
+        for k in range(T):
+            C0[np.arange(k, T), np.arange(0, T - k)] = s[k]
+        M = torch.tensor(C0, dtype=dt, requires_grad=True)
+        wt = torch.tensor(w / w.sum(), dtype=dt)
+
+        def loss():
+            C = M * mask
+            C = C / C.norm(dim=0, keepdim=True)
+            Bm = torch.linalg.solve_triangular(C, At, upper=False, left=False)     # B C = A
+            return (wt * Bm.norm(dim=1)).sum()
+
+        opt = torch.optim.LBFGS([M], lr=1.0, max_iter=int(iters), history_size=50, line_search_fn="strong_wolfe",
+                                tolerance_grad=1e-10, tolerance_change=1e-12)
+
+        def closure():
+            opt.zero_grad()
+            v = loss()
+            v.backward()
+            return v
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            opt.step(closure)
+        finally:
+            torch.set_num_threads(threads)
+        with torch.no_grad():
+            C = M * mask
+            C = C / C.norm(dim=0, keepdim=True)
+            B = torch.linalg.solve_triangular(C, At, upper=False, left=False).numpy()
+        B = np.tril(B)
+    else:
+        B = np.ones((1, 1))
+    from scipy.linalg import solve_triangular
+
+    C = solve_triangular(B, A, lower=True)           # the encoder of the decoder that runs
+    kappa = float(np.linalg.norm(C, axis=0).max()) * (1 + 1e-9)
+    return {"B": B, "C": C, "kappa": kappa, "var_factor": (B * B).sum(1)}
 
 
 def tree_var_factor(t: int) -> float:
@@ -435,5 +513,54 @@ class SqrtFactorizationCounter(_GaussianCounter):
         zp[:] = z
 
 
-COUNTERS = {"gaussian_tree": GaussianTreeCounter, "gaussian_sqrt": SqrtFactorizationCounter}
+class OptimizedFactorizationCounter(_GaussianCounter):
+    """A dense lower-triangular factorization optimized for the counter's few steps (``optimized_factorization``).
+
+    Derivation. The counter releases ``y = A x + B z`` with ``A = B C`` lower triangular and ``z ~ N(0,
+    sigma^2 I)`` per stream, i.e. a post-processing of ``C x + z``. Participation: one user = one episode, and
+    the learner's block releases put every episode in exactly one counter step j (one-pass sampler; the
+    schedule is public). Replacing the user of step j changes the increment matrix ``X`` [T, streams] in row j
+    only, by ``Delta_j`` with ``||Delta_j||_2 <= Delta`` (the layout's joint L2 sensitivity), so ``C X``
+    changes by the outer product ``C[:, j] Delta_j^T`` with Frobenius norm ``||C[:, j]||_2 ||Delta_j||_2 <=
+    kappa Delta``, ``kappa = max_j ||C[:, j]||_2`` (1 up to rounding here: the optimizer normalizes every
+    column). ``C X + Z`` is the Gaussian mechanism with L2 sensitivity ``Delta kappa``: ``rho = (Delta
+    kappa)^2 / (2 sigma^2)`` zCDP; adaptively chosen increments keep it (lower-triangular ``C``, Denisov et al.
+    2022, Thm 2.1). Error: ``e(t) = B[t, :t] z[:t]`` is exactly ``N(0, sigma^2 ||B[t, :]||^2)`` per stream
+    (``var_factor``), independent across streams; its covariance over t is ``sigma^2 B B^T``.
+
+    The weights say which releases matter: ``row_weights`` (None: uniform) concentrates the accuracy on
+    them at the expense of the others (a learner can set 0 on releases whose counts cannot be read). State:
+    the drawn ``z`` of every past step (``capacity x streams``), so it is for few steps (block releases).
+    """
+
+    kind = "gaussian_opt"
+
+    def __init__(self, num_streams: int, capacity: int, sigma: float | None = None, *, row_weights=None, **kw):
+        super().__init__(num_streams, capacity, sigma, **kw)
+        self.row_weights = None if row_weights is None else tuple(float(x) for x in row_weights)
+        if self.private:
+            f = optimized_factorization(self.capacity, self.row_weights)
+            self._B, self._kappa, self._var = f["B"], f["kappa"], f["var_factor"]
+            self.register_buffer("z_hist", torch.zeros(self.capacity, self.num_streams, dtype=torch.float64))
+        else:
+            self._B, self._kappa, self._var = None, 1.0, None
+
+    @property
+    def kappa(self) -> float:
+        return self._kappa
+
+    def var_factor(self, t: int) -> float:
+        return float(self._var[int(t) - 1]) if t > 0 and self._var is not None else 0.0
+
+    def max_release_std(self) -> float:
+        return 0.0 if not self.private else self.sigma * math.sqrt(float(self._var.max()))
+
+    def _advance_noise(self, v, t, z):
+        hist = v["z_hist"]
+        hist[t - 1] = z
+        np.dot(self._B[t - 1, :t], hist[:t], out=v["noise_now"])
+
+
+COUNTERS = {"gaussian_tree": GaussianTreeCounter, "gaussian_sqrt": SqrtFactorizationCounter,
+            "gaussian_opt": OptimizedFactorizationCounter}
 GAUSSIAN_ALIASES = {"gaussian": "gaussian_sqrt"}     # the best Gaussian counter we have (smaller error than the tree)

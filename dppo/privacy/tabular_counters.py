@@ -33,7 +33,8 @@ Counters (``algo.counter``):
 * ``laplace_tree``: PUCB's binary tree with Laplace noise (``dppo.privacy.tree_counter``), pure eps-DP:
   Laplace scale ``b = L * (L1 sensitivity 6H) / eps`` over all streams and levels, i.e. each stream is
   an ``eps Delta / (6H)``-DP tree counter with per-stream clip ``Delta`` (1 per step, H pooled);
-* ``gaussian_tree`` / ``gaussian_sqrt`` (``gaussian`` = ``gaussian_sqrt``): one Gaussian continual
+* ``gaussian_tree`` / ``gaussian_sqrt`` / ``gaussian_opt`` (``gaussian`` = ``gaussian_opt`` for at most
+  ``DENSE_MAX_STEPS`` counter steps, ``gaussian_sqrt`` beyond; ``resolve_counter``): one Gaussian continual
   counter over all streams with ``rho`` from the target (eps, delta) (``rho_for_target``) and
   ``sigma = Delta_2 kappa / sqrt(2 rho)`` (``dppo.privacy.gaussian_counter``). The ledger gets one entry
   per set with that set's share ``rho_set = (Delta_set kappa)^2 / (2 sigma^2)``
@@ -55,8 +56,8 @@ import numpy as np
 
 from dppo.errors import ConfigError
 from dppo.privacy.accountants.zcdp import rho_for_target
-from dppo.privacy.gaussian_counter import (COUNTERS, GAUSSIAN_ALIASES, GaussianTreeCounter, sigma_for_rho,
-                                           sqrt_factorization)
+from dppo.privacy.gaussian_counter import (COUNTERS, DENSE_MAX_STEPS, GAUSSIAN_ALIASES, GaussianTreeCounter,
+                                           optimized_factorization, sigma_for_rho, sqrt_factorization)
 from dppo.privacy.tree_counter import TreeCounter
 
 COUNTER_CHOICES = ("laplace_tree", "gaussian", *COUNTERS)
@@ -174,23 +175,32 @@ def release_schedule(episodes: int, growth: float, max_block: int | None = None)
     return ends
 
 
-def counter_kappa(kind: str, capacity: int) -> float:
+def counter_kappa(kind: str, capacity: int, row_weights: tuple | None = None) -> float:
     """Largest encoder column norm of a Gaussian counter for T = capacity (module docstring)."""
     if kind == "gaussian_tree":
         return math.sqrt(int(capacity).bit_length())
+    if kind == "gaussian_opt":
+        return optimized_factorization(int(capacity), row_weights)["kappa"]
     return sqrt_factorization(int(capacity))["kappa"]
 
 
-def resolve_counter(kind: str) -> str:
+def resolve_counter(kind: str, capacity: int | None = None) -> str:
+    """The counter kind ``kind`` names. ``gaussian`` is the best Gaussian counter for the number of counter
+    steps: the optimized factorization (``gaussian_opt``) for at most ``DENSE_MAX_STEPS`` steps (block
+    releases), the square-root factorization beyond (or when ``capacity`` is not given)."""
     if kind not in COUNTER_CHOICES:
         raise ConfigError(f"algo.counter must be one of {list(COUNTER_CHOICES)}, got '{kind}'")
+    if kind == "gaussian" and capacity is not None and int(capacity) <= DENSE_MAX_STEPS:
+        return "gaussian_opt"
     return GAUSSIAN_ALIASES.get(kind, kind)
 
 
-def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy, users: int | None = None):
+def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy, users: int | None = None,
+                  row_weights: tuple | None = None):
     """The counter over all streams of ``layout`` for ``capacity`` time steps holding ``users`` users in all
-    (default: one per step); exact counts when ``privacy`` is off."""
-    kind = resolve_counter(kind)
+    (default: one per step); exact counts when ``privacy`` is off. ``row_weights``: ``gaussian_opt`` only, the
+    releases its factorization is optimized for (``OptimizedFactorizationCounter``)."""
+    kind = resolve_counter(kind, capacity)
     eps = privacy.eps if privacy is not None and privacy.private else None
     n = layout.num_streams
     if not layout.equal_noise and kind not in COUNTERS:
@@ -201,13 +211,15 @@ def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy, user
         return TreeCounter(n, capacity, eps_stream, sensitivity=delta_stream,
                            noise=privacy.noise if eps is not None else None, users=users)
     cls = COUNTERS[kind]
+    extra = {"row_weights": row_weights} if kind == "gaussian_opt" else {}
     if eps is None:
         return cls(n, capacity, None, groups=layout.groups, group_mass=layout.group_mass,
-                   stream_max=layout.stream_max)
+                   stream_max=layout.stream_max, **extra)
     rho = rho_for_target(eps, privacy.delta)
-    sigma = sigma_for_rho(rho, layout.weighted_l2_sensitivity, counter_kappa(kind, capacity))
+    sigma = sigma_for_rho(rho, layout.weighted_l2_sensitivity, counter_kappa(kind, capacity, row_weights))
     counter = cls(n, capacity, sigma, noise=privacy.noise, groups=layout.groups, group_mass=layout.group_mass,
-                  stream_max=layout.stream_max, stream_noise=None if layout.equal_noise else layout.stream_noise())
+                  stream_max=layout.stream_max, stream_noise=None if layout.equal_noise else layout.stream_noise(),
+                  **extra)
     counter.rho = rho
     return counter
 

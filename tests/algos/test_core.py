@@ -144,3 +144,55 @@ def test_eps_is_the_one_non_private_switch(cli, tmp_path):
     assert not twin.privacy.private and twin.meta["algo"] == "pg" and type(twin.learner) is type(private.learner)
     res = cli(["algo=ubev", "env=riverswim", "group_size=4", f"hydra.run.dir={tmp_path}"])
     assert res.returncode == 2 and "group_size=4 does not apply to algo=ubev" in res.stderr
+
+
+def test_range_bonus_matches_a_loop_over_each_episodes_bounded_coordinates():
+    """b(tau) = mean over finitely bounded coordinates of (max - min) / (high - low) over the real steps."""
+    from dppo.algos.core import range_bonus
+
+    class Batch:
+        pass
+    gen = torch.Generator().manual_seed(0)
+    batch = Batch()
+    batch.obs = torch.rand(5, 7, 3, generator=gen) * 2 - 1
+    lengths = [7, 3, 1, 5, 2]
+    batch.mask = torch.arange(7)[None, :] < torch.tensor(lengths)[:, None]
+    low, high = np.array([-1.0, -np.inf, -2.0]), np.array([1.0, np.inf, 2.0])
+    got = range_bonus(batch, low, high)
+    for i, n in enumerate(lengths):
+        o = batch.obs[i, :n].double()
+        want = ((o[:, 0].max() - o[:, 0].min()) / 2 + (o[:, 2].max() - o[:, 2].min()) / 4) / 2
+        assert abs(float(got[i]) - float(want)) < 1e-6
+    assert float(got[2]) == 0.0  # one step covers no range
+    assert torch.equal(range_bonus(batch, np.full(3, -np.inf), np.full(3, np.inf)), torch.zeros(5, dtype=torch.float64))
+
+
+def test_explore_bonus_gives_mountain_car_groups_a_spread_and_reads_only_each_rollout():
+    """On MountainCar every random rollout returns -200 (zero spread); with the bonus a user's advantages
+    differ, and a user's advantages do not change when another user is replaced."""
+    env = GymEnvFactory("MountainCar-v0", horizon=200)
+    torch.manual_seed(0)
+    policy = MLPPolicy(env.observation_space, env.action_space, normalize_obs=True)
+    learners = [NaturalPolicyGradient(policy, env, PrivacyContext(), OnePassUserSampler(3),
+                                      make_oracle("exact"), seed=7, rounds=1, group_size=4, reward_bound=1.0,
+                                      explore_bonus=c) for c in (0.0, 10.0)]
+    batch = learners[0].collect([0, 1, 2], round_idx=0)
+    assert float(batch.returns.max()) == -200.0
+    assert learners[0].step_advantages(batch)[1] == 1.0
+    A, zero = learners[1].step_advantages(batch)
+    assert zero == 0.0 and float(A.abs().max()) > 0
+    other = learners[1].collect([0, 9, 2], round_idx=0)
+    A2, _ = learners[1].step_advantages(other)
+    G = 4
+    torch.testing.assert_close(A[:G], A2[:G], rtol=0, atol=0)
+
+
+def test_bounds_scaling_maps_the_observation_box_onto_minus_one_one():
+    from dppo.policies.mlp import BoundsScaling
+    space = gym.spaces.Box(np.array([-1.2, -0.07, -np.inf], dtype=np.float32),
+                           np.array([0.6, 0.07, np.inf], dtype=np.float32))
+    scale = BoundsScaling(space)
+    out = scale(torch.tensor([[-1.2, -0.07, 5.0], [0.6, 0.07, -3.0], [-0.3, 0.0, 0.0]]))
+    torch.testing.assert_close(out, torch.tensor([[-1.0, -1.0, 5.0], [1.0, 1.0, -3.0], [0.0, 0.0, 0.0]]))
+    policy = MLPPolicy(space, gym.spaces.Discrete(3), normalize_obs=True)
+    assert all(p.requires_grad for p in policy.parameters())  # the scaling adds buffers, no parameters

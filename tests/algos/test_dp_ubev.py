@@ -82,6 +82,25 @@ def test_error_bound_uses_the_exact_release_std_and_the_union_over_used_releases
     assert (wd.r_round, wd.t_round) == (GRID / 2, GRID / 2 * (2 * S + 1))
 
 
+def test_optimized_counter_is_tuned_for_the_releases_past_their_gate():
+    """counter=gaussian with block releases runs the optimized factorization, weighted 1 on the releases whose
+    block ends after counter_focus x E_j (E_j: the gate under the square-root factorization, read off a
+    learner that runs it) and 1e-3 before; on those releases its error is lower at the same budget."""
+    kw = dict(privacy=_ctx(1.0), seed=0, episodes=5000, episodes_per_round=1000)
+    ref = DPUBEV(riverswim(5), counter="gaussian_sqrt", **kw)
+    L = DPUBEV(riverswim(5), counter="gaussian", counter_focus=5.0, **kw)
+    assert L.counter_kind == "gaussian_opt" and L.stats.capacity == ref.stats.capacity
+    s, _ = ref._visit_std_factor()
+    B = ref.stats.capacity
+    E = np.array([ref.z * s * ref.stats.release_std(j) for j in range(1, B + 1)])
+    focus = np.asarray(ref.release_ends) > 5.0 * E
+    assert 0 < focus.sum() < B
+    assert L.stats.row_weights == tuple(np.where(focus, 1.0, 1e-3).tolist())
+    std = lambda c: np.array([c.release_std(j) for j in range(1, B + 1)])
+    assert std(L.stats)[focus].mean() < 0.95 * std(ref.stats)[focus].mean()
+    assert DPUBEV(riverswim(5), counter_focus=None, **kw).stats.row_weights is None
+
+
 def test_unequal_set_noise_widths_use_each_sets_std_and_inverse_variance_visits():
     from dppo.privacy.gaussian_counter import GRID, chi_union_quantile, gaussian_union_quantile
 

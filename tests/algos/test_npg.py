@@ -218,3 +218,47 @@ def test_public_fisher_states_come_from_public_seeds_only():
     seeds = learner.collector.public_seeds("fisher", 5, 50)
     users = learner.collector.user_reset_seeds(range(1000), 1)
     assert min(seeds) >= 2**31 and max(users) < 2**31
+
+
+def test_redrawn_subspace_is_a_public_function_of_seed_and_round_and_spans_the_head():
+    """Round t's basis is orthonormal, the same for the same (seed, t) on any space instance, new every round,
+    and the bases of a few rounds together span the whole native space (a fixed one spans only dim of it)."""
+    a, b = make_space(mlp(0), "head", dim=8, seed=3), make_space(mlp(1), "head", dim=8, seed=3)
+    bases = []
+    for t in range(9):
+        old = a.projection.clone()
+        change = a.redraw(t)
+        b.redraw(t)
+        P = a.projection
+        torch.testing.assert_close(P.T @ P, torch.eye(8, dtype=torch.float64))
+        assert torch.equal(P, b.projection)  # a function of (seed, round) only: no policy, no data
+        torch.testing.assert_close(change, P.T @ old)  # d in the new coordinates: P_t^T P_{t-1} d
+        bases.append(P)
+    assert not torch.allclose(bases[0], bases[1])
+    assert torch.linalg.matrix_rank(torch.cat(bases, 1)) == a.native_dim  # 9 x 8 = 72 >= 65 columns
+    assert make_space(mlp(0), "head", dim=None, seed=3).redraw(1) is None  # the whole space: nothing to redraw
+
+
+def test_redrawn_subspace_carries_the_direction_and_resumes_from_a_checkpoint():
+    """A learner restored from state_dict() continues with the same subspace, direction and policy as the
+    uninterrupted one (the subspace of the round it stopped at travels with the checkpoint)."""
+    def learner():
+        env = GymEnvFactory("CartPole-v1", horizon=40)
+        policy = mlp(0)
+        return NaturalPolicyGradient(policy, env, PrivacyContext(), OnePassUserSampler(3), make_oracle("exact"),
+                                     seed=5, rounds=4, group_size=4, reward_bound=1.0, momentum=0.5,
+                                     space=make_space(policy, "head", dim=8, seed=5))
+    a, b = learner(), learner()
+    for r in range(2):
+        a.train_round(r), b.train_round(r)
+    old_P, old_d = a.space.projection.clone(), a.direction.clone()
+    c = learner()
+    c.load_state_dict(a.state_dict())
+    c.sampler.load_state_dict(a.sampler.state_dict())
+    assert torch.equal(c.space.projection, old_P)
+    b.train_round(2), c.train_round(2)
+    new_P = b.space.projection
+    assert not torch.allclose(new_P, old_P)
+    torch.testing.assert_close(c.space.projection, new_P)
+    torch.testing.assert_close(b.policy.head.weight, c.policy.head.weight)
+    torch.testing.assert_close(b.direction, c.direction)

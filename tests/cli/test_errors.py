@@ -64,6 +64,8 @@ CASES = [
     # issue 20: each of these misbehaved (an internal error text, a failure after releases, a wrong hint)
     (["algo=dp_pg", "env=riverswim"], "is a tabular MDP: use algo=ubev"),
     (["policy=mlp", "env=prompts"], "text prompts as observations"),
+    (["algo=dp_pg", "env=prompts"], "use policy=lm"),  # the default policy=auto names the fix too
+    (["algo=dp_ppo", "env=prompts", "policy=lm"], "use algo=pg|dp_pg for prompts"),
     (["delta=1e-300"], "delta=1e-300 is below 1e-100"),
     (["algo=pucb", "env=riverswim", "privacy.multi_pass=true", "privacy.population_size=100"],
      "makes pure-DP releases; use one-pass training"),

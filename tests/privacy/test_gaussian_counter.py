@@ -9,8 +9,9 @@ from scipy.linalg import solve_triangular
 
 from dppo.errors import ConfigError, PrivacyError
 from dppo.privacy.accountants.zcdp import rho_for_target, zcdp_to_dp
-from dppo.privacy.gaussian_counter import (GRID, GaussianTreeCounter, SqrtFactorizationCounter, chi_union_quantile,
-                                           gaussian_union_quantile, sqrt_coefficients, sqrt_factorization)
+from dppo.privacy.gaussian_counter import (GRID, GaussianTreeCounter, OptimizedFactorizationCounter,
+                                           SqrtFactorizationCounter, chi_union_quantile, gaussian_union_quantile,
+                                           optimized_factorization, sqrt_coefficients, sqrt_factorization)
 from dppo.privacy.noise import NoiseSource
 
 
@@ -45,7 +46,7 @@ def test_sqrt_decoder_approximates_the_square_root_of_the_prefix_sum_matrix():
     assert exact < 0.3 * T.bit_length()
 
 
-@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter, OptimizedFactorizationCounter])
 def test_release_noise_is_the_decoder_applied_to_the_drawn_noise(cls):
     """Replays the NoiseSource: releases minus counts equal round_grid(B z) with the factorization's B."""
     n, T, sigma = 5, 37, 3.0
@@ -59,6 +60,8 @@ def test_release_noise_is_the_decoder_applied_to_the_drawn_noise(cls):
     z = NoiseSource(4).gaussian((T, n), sigma).numpy()
     if cls is SqrtFactorizationCounter:
         expect = _toeplitz(sqrt_factorization(T)["b"]) @ z
+    elif cls is OptimizedFactorizationCounter:
+        expect = optimized_factorization(T)["B"] @ z
     else:   # tree: the node closing at e holds z_e; the release at t sums the nodes of t's dyadic decomposition
         expect = np.zeros((T, n))
         for t in range(1, T + 1):
@@ -70,7 +73,7 @@ def test_release_noise_is_the_decoder_applied_to_the_drawn_noise(cls):
     assert np.allclose(np.array(got), np.round(expect / GRID) * GRID, atol=1e-9)
 
 
-@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter, OptimizedFactorizationCounter])
 def test_release_error_has_the_exact_variance(cls):
     n, T, sigma = 100000, 13, 2.0
     c = cls(n, T, sigma, noise=NoiseSource(1), groups=np.zeros(n, np.int64), group_mass=np.array([float(n)]))
@@ -85,7 +88,7 @@ def test_release_error_has_the_exact_variance(cls):
         assert [c.var_factor(t) for t in (1, 3, 7, 8, 13)] == [1, 2, 3, 1, 3]
 
 
-@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter, OptimizedFactorizationCounter])
 def test_per_stream_noise_multiplier_scales_the_release_error_std(cls):
     """``stream_noise = c``: every stream's release error is exactly ``N(0, (c_i release_std)^2)``."""
     n, T, sigma = 60000, 9, 1.5
@@ -155,7 +158,7 @@ def test_capacity_and_repeated_streams_are_privacy_errors():
         c.step([1])
 
 
-@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter, OptimizedFactorizationCounter])
 def test_state_dict_round_trip_continues_identically(cls):
     def make():
         return cls(6, 20, 1.5, noise=NoiseSource(3), groups=np.zeros(6, np.int64), group_mass=np.array([6.0]))
@@ -181,7 +184,7 @@ def test_chi_union_quantile_is_the_chi_square_tail_and_the_normal_one_for_one_co
     assert chi_union_quantile(0.05, 1000, 2) > gaussian_union_quantile(0.05, 1000)
 
 
-@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter, OptimizedFactorizationCounter])
 def test_norm_of_a_pairs_release_noise_exceeds_its_quantile_with_the_stated_probability(cls):
     """The per-pair widths of DP-UBEV bound the norm of the noise vector of one pair's release (its visit,
     reward and S transition entries): simulated on the counter's own noise, the fraction of releases whose
@@ -205,7 +208,7 @@ def test_norm_of_a_pairs_release_noise_exceeds_its_quantile_with_the_stated_prob
     assert outside_all == 0
 
 
-@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter])
+@pytest.mark.parametrize("cls", [GaussianTreeCounter, SqrtFactorizationCounter, OptimizedFactorizationCounter])
 def test_a_step_of_several_users_releases_their_summed_clipped_increments(cls):
     """add / close_step: each user is clipped on its own (group mass 1 per user, not per step), the step's
     increment is the sum, the noise is one step of the counter (same as step() with the summed increment)."""
@@ -235,3 +238,102 @@ def test_a_step_of_several_users_releases_their_summed_clipped_increments(cls):
     a.close_step()
     c.close_step()
     assert torch.equal(a.released, c.released) and c.counts.tolist() == [0.75, 0.5, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("T,weights", [(1, None), (9, None), (40, None), (40, "late")])
+def test_optimized_factorization_is_exact_and_lowers_the_weighted_error_at_equal_sensitivity(T, weights):
+    """The decoder B that runs and the encoder C = B^{-1} A factor the prefix sums; kappa is C's largest column
+    norm (recomputed independently, rounded up); the weighted mean release std at that kappa is below the
+    exact square-root factorization's (A^(1/2) with its own kappa) - the objective it optimizes."""
+    w = None if weights is None else tuple([1e-3] * (T // 2) + [1.0] * (T - T // 2))
+    f = optimized_factorization(T, w)
+    A = np.tril(np.ones((T, T)))
+    B = f["B"]
+    assert np.array_equal(B, np.tril(B))                                  # streaming: e(t) uses z_1..z_t only
+    C = solve_triangular(B, A, lower=True)
+    assert np.allclose(B @ C, A, atol=1e-10) and np.allclose(C, np.tril(C), atol=1e-12)
+    kappa = np.linalg.norm(C, axis=0).max()
+    assert kappa <= f["kappa"] <= kappa * (1 + 1e-8)
+    assert np.allclose(f["var_factor"], (B * B).sum(1))
+    ww = np.ones(T) if w is None else np.array(w)
+    s = _toeplitz(sqrt_coefficients(T))
+    sqrt_obj = np.linalg.norm(s, axis=0).max() * (ww * np.linalg.norm(s, axis=1)).sum() / ww.sum()
+    opt_obj = f["kappa"] * (ww * np.sqrt(f["var_factor"])).sum() / ww.sum()
+    assert opt_obj <= sqrt_obj * (1 + 1e-9)
+    if T >= 40:
+        assert opt_obj < 0.97 * sqrt_obj
+
+
+def test_optimized_counter_sensitivity_by_brute_force_over_users_blocks_and_episodes():
+    """Participation of the learner: users = episodes, each in one block (counter step), several per block.
+    For every pair of episodes of a small pooled MDP (first visit per pair kept, unequal set noise), every
+    block j and either user of a two-user block, the change of the encoded data C (X / c) in Frobenius norm
+    is at most kappa times the layout's weighted sensitivity, with equality for some replacement."""
+    import itertools
+
+    from dppo.privacy.tabular_counters import TabularLayout
+
+    S, A, H, T = 2, 2, 2, 4
+    lay = TabularLayout(S, A, H, pooled=True, pool_cap=1, set_noise=(2.0, 2.0, 1.0))
+    f = optimized_factorization(T, (1e-3, 1e-3, 1.0, 1.0))
+    C = solve_triangular(f["B"], np.tril(np.ones((T, T))), lower=True)
+    scale = 1.0 / lay.stream_noise()
+    ctr = OptimizedFactorizationCounter(lay.num_streams, T, None, groups=lay.groups, group_mass=lay.group_mass,
+                                        stream_max=lay.stream_max)
+
+    def vec(ep):
+        idx, vals = lay.increments(*ep)
+        x = np.zeros(lay.num_streams)
+        x[idx] = ctr.clip_increment(idx, vals)
+        return x * scale
+
+    episodes = []
+    for states in itertools.product(range(S), repeat=H + 1):
+        for actions in itertools.product(range(A), repeat=H):
+            for rewards in itertools.product((0.0, 1.0), repeat=H):
+                episodes.append((list(states), list(actions), list(rewards)))
+    X = np.array([vec(e) for e in episodes])
+    g = np.random.default_rng(0)
+    others = X[g.integers(len(X), size=(T, 2))]                          # two users per block
+    base = C @ others.sum(1)
+    worst = 0.0
+    for j in range(T):
+        for who in range(2):
+            # replacing user `who` of block j by each episode: only row j of the data changes
+            for x in X[:: max(1, len(X) // 300)]:
+                data = others.copy()
+                data[j, who] = x
+                worst = max(worst, float(np.linalg.norm(C @ data.sum(1) - base)))
+    d2 = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1).max()             # the largest change of one user
+    bound = f["kappa"] * lay.weighted_l2_sensitivity
+    assert math.sqrt(d2) == pytest.approx(lay.weighted_l2_sensitivity, rel=1e-12)
+    j_star = int(np.argmax(np.linalg.norm(C, axis=0)))
+    i, k = np.unravel_index(np.argmax(((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)), (len(X), len(X)))
+    data = others.copy()
+    data[j_star, 0] = X[i]
+    data2 = others.copy()
+    data2[j_star, 0] = X[k]
+    attained = float(np.linalg.norm(C @ (data.sum(1) - data2.sum(1))))
+    assert worst <= bound and attained == pytest.approx(bound, rel=1e-8)
+
+
+def test_optimized_counter_error_matches_its_covariance_in_simulation():
+    """The noise the counter adds has covariance sigma^2 B B^T over its releases (the widths read the diagonal):
+    the empirical covariance over many streams matches it entrywise."""
+    n, T, sigma = 40000, 12, 1.5
+    w = tuple([1e-3] * 4 + [1.0] * 8)
+    c = OptimizedFactorizationCounter(n, T, sigma, noise=NoiseSource(5), groups=np.zeros(n, np.int64),
+                                      group_mass=np.array([float(n)]), row_weights=w)
+    c.reserve(T)
+    errs = []
+    for t in range(1, T + 1):
+        c.step([])
+        errs.append((c.released - c.counts).numpy().copy())
+        assert c.release_std() == pytest.approx(sigma * math.sqrt(c.var_factor(t)), rel=1e-12)
+    E = np.array(errs)
+    B = optimized_factorization(T, w)["B"]
+    cov = sigma ** 2 * B @ B.T
+    emp = E @ E.T / n
+    sd = np.sqrt(np.outer(np.diag(cov), np.diag(cov)) + cov ** 2) / math.sqrt(n)   # std of each entry's estimate
+    assert np.all(np.abs(emp - cov) < 5 * sd + 1e-9)
+    assert np.allclose(np.diag(cov), [c.release_std(t) ** 2 for t in range(1, T + 1)])

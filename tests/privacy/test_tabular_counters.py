@@ -9,7 +9,8 @@ import pytest
 from dppo.errors import ConfigError
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
-from dppo.privacy.gaussian_counter import GaussianTreeCounter, SqrtFactorizationCounter
+from dppo.privacy.gaussian_counter import (DENSE_MAX_STEPS, GaussianTreeCounter, OptimizedFactorizationCounter,
+                                           SqrtFactorizationCounter)
 from dppo.privacy.tabular_counters import (TabularLayout, build_counter, laplace_stream_eps, record_counter_releases,
                                            release_schedule)
 from dppo.privacy.tree_counter import TreeCounter
@@ -89,19 +90,25 @@ def test_counter_choice_and_calibration():
     ctx = PrivacyContext(1.0, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(0))
     assert isinstance(build_counter("laplace_tree", layout, 100, ctx), TreeCounter)
     assert isinstance(build_counter("gaussian_tree", layout, 100, ctx), GaussianTreeCounter)
-    g = build_counter("gaussian", layout, 100, ctx)
+    g = build_counter("gaussian", layout, 100, ctx)              # few steps: the optimized factorization
+    assert isinstance(g, OptimizedFactorizationCounter)
+    assert g.sigma == pytest.approx(layout.l2_sensitivity * g.kappa / math.sqrt(2 * g.rho))
+    g = build_counter("gaussian", layout, DENSE_MAX_STEPS + 1, ctx)      # many: the square-root factorization
     assert isinstance(g, SqrtFactorizationCounter)
     assert g.sigma == pytest.approx(layout.l2_sensitivity * g.kappa / math.sqrt(2 * g.rho))
+    with pytest.raises(ConfigError):
+        build_counter("gaussian_opt", layout, DENSE_MAX_STEPS + 1, ctx)
     with pytest.raises(ConfigError):
         build_counter("gaussian_fancy", layout, 100, ctx)
 
 
-@pytest.mark.parametrize("kind", ["gaussian_tree", "gaussian_sqrt"])
+@pytest.mark.parametrize("kind", ["gaussian_tree", "gaussian_sqrt", "gaussian_opt"])
 @pytest.mark.parametrize("pooled", [False, True])
 def test_ledger_entries_compose_to_the_target_eps_in_zcdp(kind, pooled):
     layout = TabularLayout(3, 2, 4, pooled=pooled, pool_cap=None)
     ctx = PrivacyContext(2.0, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(0))
-    c = build_counter(kind, layout, 1000, ctx)
+    steps = 200 if kind == "gaussian_opt" else 1000           # the optimized factorization is for block releases
+    c = build_counter(kind, layout, steps, ctx)
     record_counter_releases(ctx, c, layout, users=1000)
     entries = ctx.ledger.entries if hasattr(ctx.ledger, "entries") else ctx.ledger.state_dict()["entries"]
     assert len(entries) == 3

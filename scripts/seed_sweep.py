@@ -1,0 +1,48 @@
+"""Final return of one configuration over several seeds, with the default secure noise (what the plain command gives).
+
+    python scripts/seed_sweep.py --seeds 0-9                                  # python train.py, seeds 0-9
+    python scripts/seed_sweep.py --seeds 100-102 +experiment=mountaincar_dp_npg algo.explore_bonus=5
+
+Each seed runs as ``python train.py OVERRIDES seed=S`` would, through the Python API in this one process (no run
+directory is written); one line per seed (final return, best round's mean return, wall seconds), then the mean,
+min and max. The numbers of docs/npg_defaults.md are this script's output.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import dppo
+
+
+def seed_list(text: str) -> list[int]:
+    """``0-9`` or ``100,101,102`` (or a mix: ``0-2,5``)."""
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0-2", help="seeds: 0-9, or 100,101,102")
+    parser.add_argument("overrides", nargs="*", help="train.py overrides (key=value)")
+    args = parser.parse_args(argv)
+    finals = []
+    for seed in seed_list(args.seeds):
+        start = time.time()
+        summary = dppo.train(list(args.overrides) + [f"seed={seed}", "progress=false"])
+        finals.append(summary["final_return"])
+        best = summary.get("diag", {}).get("best_round_return")
+        best = "" if best is None else f" best_round={best:.1f}"
+        print(f"seed={seed} final={finals[-1]:.1f}{best} eps={summary['epsilon_spent']} "
+              f"t={time.time() - start:.1f}s", flush=True)
+    spread = f" std {statistics.pstdev(finals):.1f}" if len(finals) > 1 else ""
+    print(f"{' '.join(args.overrides) or '(defaults)'}: mean {statistics.mean(finals):.1f}{spread} "
+          f"min {min(finals):.1f} max {max(finals):.1f} over {len(finals)} seeds", flush=True)
+
+
+if __name__ == "__main__":
+    main()
