@@ -3,7 +3,8 @@ MountainCar-v0, in one script.
 
     python scripts/reproduce_suite.py --jobs 2          # run what is missing (cached per run), then report
     python scripts/reproduce_suite.py --report          # table + plots from the runs on disk
-    python scripts/reproduce_suite.py --only cartpole   # one env (or rows: --rows PPO DP-PPO SB3-PPO)
+    python scripts/reproduce_suite.py --only cartpole   # run one env (or rows: --rows PPO DP-PPO SB3-PPO); the
+                                                        # report always shows every run cached on disk
 
 dppo rows: ``python train.py +experiment=<env>_<algo> eps=<eps> seed=<seed>`` where the env has a tuned
 ``conf/experiment`` file (``<env>_ppo`` / ``<env>_dp_ppo`` for the PPO family; the NPG/PG families' existing
@@ -15,7 +16,7 @@ hyper-parameters and budget for each env, and SAC (zoo) on Pendulum; the SB3 lea
 
 Every learner is evaluated the same way within an env: ``EVAL_EPISODES`` held-out episodes of the final
 policy (sampled actions, deterministic on Pendulum, as SB3 reports it), and a curve of the evaluation
-return (10 episodes) against the learner's env steps; "env steps to target" (CartPole: 475) is the first
+return (10 episodes) against the learner's env steps; "env steps to target" (CartPole: 475, Pendulum: -200) is the first
 point of that curve at or above the target. Each run lives in ``--out/<env>/<row>_s<seed>/`` and is skipped
 when its ``summary.json`` is complete, so a rerun only runs what is missing. Seeds 0-9 by default (the
 configs were tuned on seeds 100-102); SB3's 1e6-step runs (Acrobot, MountainCar) take ~10-15 min each here,
@@ -45,7 +46,7 @@ CURVE_EPISODES = EVAL_EPISODES   # the dppo runs evaluate with eval_episodes too
 ENVS = {
     "cartpole": {"id": "CartPole-v1", "target": 475.0, "greedy": False, "random": 22.0},
     "acrobot": {"id": "Acrobot-v1", "target": None, "greedy": False, "random": -500.0},
-    "pendulum": {"id": "Pendulum-v1", "target": None, "greedy": True, "random": -1200.0},
+    "pendulum": {"id": "Pendulum-v1", "target": -200.0, "greedy": True, "random": -1200.0},
     "mountaincar": {"id": "MountainCar-v0", "target": None, "greedy": False, "random": -200.0},
 }
 # (label, algo, eps values, experiment files that exist, eval_every): every private learner at eps 5 and 1
@@ -271,6 +272,23 @@ def load(path: str) -> dict:
     return s
 
 
+def cached_seeds(out: str, env: str, name: str) -> list[int]:
+    """The seeds of ``name`` on ``env`` whose run is complete on disk (the report shows every one of them)."""
+    stem = os.path.basename(run_dir(out, env, name, 0))[:-len("_s0")]
+    folder = os.path.join(out, env)
+    seeds = [int(d[len(stem) + 2:]) for d in (os.listdir(folder) if os.path.isdir(folder) else [])
+             if d.startswith(stem + "_s") and d[len(stem) + 2:].isdigit()]
+    return sorted(s for s in seeds if complete(run_dir(out, env, name, s)))
+
+
+def _seed_list(seeds: list[int]) -> str:
+    """'10 (0-9)', '3 (0-2)', '2 (0, 5)'."""
+    seeds = sorted(int(s) for s in seeds)
+    span = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) and len(seeds) > 2 else \
+        ", ".join(map(str, seeds))
+    return f"{len(seeds)} ({span})"
+
+
 def steps_to(curve, target: float):
     return next((x for x, y in curve if y >= target), None)
 
@@ -289,17 +307,16 @@ def report(args, wall: float | None) -> None:
               f"`conf/experiment/<env>_<algo>.yaml` where one exists, else the algorithm's defaults; SB3: "
               f"rl-baselines3-zoo's hyper-parameters and budgets. Command: `python scripts/reproduce_suite.py "
               f"--jobs 2`.", ""]
-    for env in args.envs:
+    for env in ENVS:   # every env and row cached on disk, whatever subset this invocation ran
         spec = ENVS[env]
         lines += [f"## {spec['id']}", "",
                   "| learner | seeds | users' env steps | final return (mean) | min | env steps to target | "
                   "eps spent | wall s/run |", "|---|---|---|---|---|---|---|---|"]
         names = [row_name(l, e) for l, _, eps_list, _, _ in DPPO_ROWS for e in eps_list] + \
                 [f"SB3-{a}" for (e, a) in SB3 if e == env]
-        names = [n for n in names if not args.rows or n in args.rows or n.split(" ")[0] in args.rows]
         for name in names:
-            runs = [load(run_dir(args.out, env, name, s)) for s in args.seeds
-                    if complete(run_dir(args.out, env, name, s))]
+            seeds = cached_seeds(args.out, env, name)
+            runs = [load(run_dir(args.out, env, name, s)) for s in seeds]
             if not runs:
                 lines.append(f"| {name} | 0 | (not run) | | | | | |")
                 continue
@@ -314,7 +331,7 @@ def report(args, wall: float | None) -> None:
                        else f"never (0/{len(runs)})")
             eps = max((r.get("epsilon_spent") or 0.0) for r in runs)
             wall_s = sum(r.get("wall_time_s", 0.0) for r in runs) / len(runs)
-            lines.append(f"| {name} | {len(runs)} | {_fmt(sum(steps) / len(steps) if steps else None, 0)} | "
+            lines.append(f"| {name} | {_seed_list(seeds)} | {_fmt(sum(steps) / len(steps) if steps else None, 0)} | "
                          f"{sum(finals) / len(finals):.1f} | {min(finals):.1f} | {hit} | "
                          f"{'-' if not eps else f'{eps:.3g}'} | {wall_s:.0f} |")
         lines.append("")
@@ -338,7 +355,7 @@ def plot(rows_by_env: dict, args) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    envs = [e for e in args.envs if e in rows_by_env]
+    envs = [e for e in ENVS if e in rows_by_env]
     if not envs:
         return
     fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 4.2), squeeze=False)

@@ -59,9 +59,22 @@ def test_the_report_gives_mean_and_min_final_return_and_the_first_curve_point_at
     text = (tmp_path / "suite.md").read_text()
     ppo = next(line for line in text.splitlines() if line.startswith("| PPO |"))
     cells = [c.strip() for c in ppo.strip("|").split("|")]
-    assert cells[1:5] == ["2", "150,000", "400.0", "300.0"]
+    assert cells[1:5] == ["2 (0, 1)", "150,000", "400.0", "300.0"]
     assert cells[5] == "50,000 (max 60,000; 2/2)"
-    assert "| SB3-PPO | 1 |" in text and (tmp_path / "suite.png").is_file()
+    assert "| SB3-PPO | 1 (0) |" in text and (tmp_path / "suite.png").is_file()
     # cached runs are not scheduled again
     todo = [j for j in mod.jobs(args) if not mod.complete(mod.run_dir(args.out, j[1], j[2], j[3]))]
     assert {(j[2], j[3]) for j in todo} == {("SB3-PPO", 1)}
+
+
+def test_the_report_shows_every_cached_run_whatever_rows_envs_and_seeds_the_invocation_ran(tmp_path):
+    """--rows / --only / --seeds choose what runs; the table holds every complete run on disk, with its seeds."""
+    mod = _module()
+    args = _args(tmp_path, envs=["cartpole"], seeds=[0], rows=["PPO"])
+    for s in (0, 1, 2):
+        _fake_run(mod, args, "cartpole", "PPO", s, 500.0, 10_000, [(5_000, 480.0)])
+    _fake_run(mod, args, "acrobot", "DP-PPO eps=5", 7, -80.0, 50_000, [(50_000, -80.0)])
+    mod.report(args, None)
+    text = (tmp_path / "suite.md").read_text()
+    assert "| PPO | 3 (0-2) |" in text and "| DP-PPO eps=5 | 1 (7) |" in text
+    assert "## Acrobot-v1" in text and "| NPG | 0 | (not run) |" in text
