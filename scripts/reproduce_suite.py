@@ -53,8 +53,8 @@ ENVS = {
 DPPO_ROWS = [
     ("PPO", "ppo", [None], ("cartpole", "acrobot", "pendulum", "mountaincar"), 1),
     ("DP-PPO", "dp_ppo", [5.0, 1.0], ("cartpole", "acrobot", "pendulum", "mountaincar"), 1),
-    ("NPG", "npg", [None], ("cartpole", "acrobot", "pendulum"), 10),
-    ("DP-NPG", "dp_npg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum"), 10),
+    ("NPG", "npg", [None], ("cartpole", "acrobot", "pendulum", "mountaincar"), 10),
+    ("DP-NPG", "dp_npg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum", "mountaincar"), 10),
     ("PG", "pg", [None], ("cartpole", "acrobot", "pendulum"), 10),
     ("DP-PG", "dp_pg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum"), 10),
 ]
