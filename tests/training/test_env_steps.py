@@ -33,6 +33,7 @@ def test_users_env_steps_are_absent_without_diagnostics(tiny, tmp_path):
     assert set(s["env_steps"]) == {"public"} and s["env_steps"]["public"] > 0 and "diag" not in s
 
 
+@pytest.mark.slow  # ~15 s: a killed run and its resume (the crash paths themselves: tests/training/test_crash_recovery.py)
 def test_public_env_steps_continue_across_a_crash_and_resume(tmp_path, monkeypatch):
     """Killed after round 2's logs (its checkpoint not written) and resumed: the same counts as a run that
     never stopped (seeded noise: the replay is identical)."""
