@@ -35,7 +35,24 @@ def clip_per_user(per_user: torch.Tensor, max_norm: float) -> tuple[torch.Tensor
     return (per_user.mul_(scale[:, None]) if owned else per_user * scale[:, None]), norms
 
 
-class GaussianSumPrivatizer:
+class ClippedSumRelease:
+    """What the three releases share for a clipped sum formed elsewhere (``dppo.policies.clipped_sum``): the
+    clipping factors (``FUSED_MARGIN``) and the release from the sum of the m users' vectors already scaled by
+    them, with the same sensitivity, noise and record as ``release_mean`` (``_from_clipped_sum``)."""
+
+    shards = None  # set by multi-process training (dppo.training.distributed)
+
+    def clip_scale(self, norms: torch.Tensor) -> torch.Tensor:
+        return clip_scale(norms, self.max_grad_norm, FUSED_MARGIN)
+
+    def release_clipped_sum(self, clipped_sum: torch.Tensor, norms: torch.Tensor, round_idx: int
+                            ) -> tuple[torch.Tensor, dict]:
+        if self.shards is not None:
+            raise ValueError("a sharded release gathers the clipped rows: use release_mean")
+        return self._from_clipped_sum(clipped_sum.double(), norms, round_idx)
+
+
+class GaussianSumPrivatizer(ClippedSumRelease):
     """Releases the mean of m clipped per-user vectors with Gaussian noise: (eps, delta)-DP per call.
 
     Replace-one sensitivity of the *sum*: two users' clipped vectors u, u' differ by at most
@@ -67,17 +84,8 @@ class GaussianSumPrivatizer:
             return self.shards.release(clipped, norms, lambda c, n: self._release(c, n, round_idx, sigma, extra))
         return self._release(clipped, norms, round_idx, sigma, extra)
 
-    def clip_scale(self, norms: torch.Tensor) -> torch.Tensor:
-        """Clipping factors for a clipped sum formed elsewhere (``release_clipped_sum``; ``FUSED_MARGIN``)."""
-        return clip_scale(norms, self.max_grad_norm, FUSED_MARGIN)
-
-    def release_clipped_sum(self, clipped_sum: torch.Tensor, norms: torch.Tensor, round_idx: int
-                            ) -> tuple[torch.Tensor, dict]:
-        """As ``release_mean``, from the sum of the m users' vectors already scaled by ``clip_scale`` of their
-        norms ``norms`` (m,) (``dppo.policies.clipped_sum``): the same sensitivity 2C, noise and record."""
-        if self.shards is not None:
-            raise ValueError("a sharded release gathers the clipped rows: use release_mean")
-        return self._release_sum(clipped_sum.double(), norms, int(norms.shape[0]), round_idx, None, None)
+    def _from_clipped_sum(self, total, norms, round_idx) -> tuple[torch.Tensor, dict]:
+        return self._release_sum(total, norms, int(norms.shape[0]), round_idx, None, None)  # sensitivity 2C
 
     def _release(self, clipped, norms, round_idx, sigma, extra) -> tuple[torch.Tensor, dict]:
         return self._release_sum(clipped.sum(0), norms, clipped.shape[0], round_idx, sigma, extra)
@@ -95,7 +103,7 @@ class GaussianSumPrivatizer:
         return (total + noise) / max(m, 1), stats
 
 
-class PoissonGaussianSumPrivatizer:
+class PoissonGaussianSumPrivatizer(ClippedSumRelease):
     """Multi-pass (opt-in) release: users Poisson-sampled at rate q from a finite population, clipped
     sum + N(0, (z C)^2 I) divided by the expected batch q N (Opacus' DP-SGD step).
 
@@ -124,16 +132,8 @@ class PoissonGaussianSumPrivatizer:
             return self.shards.release(clipped, norms, lambda c, n: self._release(c, n, round_idx))
         return self._release(clipped, norms, round_idx)
 
-    def clip_scale(self, norms: torch.Tensor) -> torch.Tensor:
-        """As ``GaussianSumPrivatizer.clip_scale``."""
-        return clip_scale(norms, self.max_grad_norm, FUSED_MARGIN)
-
-    def release_clipped_sum(self, clipped_sum: torch.Tensor, norms: torch.Tensor, round_idx: int
-                            ) -> tuple[torch.Tensor, dict]:
-        """As ``release_mean``, from the sum of the users' vectors scaled by ``clip_scale`` of their ``norms``."""
-        if self.shards is not None:
-            raise ValueError("a sharded release gathers the clipped rows: use release_mean")
-        return self._release_sum(clipped_sum.double(), norms, round_idx)
+    def _from_clipped_sum(self, total, norms, round_idx) -> tuple[torch.Tensor, dict]:
+        return self._release_sum(total, norms, round_idx)
 
     def _release(self, clipped, norms, round_idx) -> tuple[torch.Tensor, dict]:
         return self._release_sum(clipped.sum(0), norms, round_idx)
@@ -150,7 +150,7 @@ class PoissonGaussianSumPrivatizer:
         return (total + noise) / self.expected_users, stats
 
 
-class MeanRelease:
+class MeanRelease(ClippedSumRelease):
     """The non-private twin's "release": the mean of the per-user vectors clipped to the same C as the
     private release (the twins differ by the noise only); no noise, nothing recorded."""
 
@@ -166,16 +166,8 @@ class MeanRelease:
             return self.shards.release(clipped, norms, self._mean)
         return self._mean(clipped, norms)
 
-    def clip_scale(self, norms: torch.Tensor) -> torch.Tensor:
-        """As ``GaussianSumPrivatizer.clip_scale`` (the twins clip alike)."""
-        return clip_scale(norms, self.max_grad_norm, FUSED_MARGIN)
-
-    def release_clipped_sum(self, clipped_sum: torch.Tensor, norms: torch.Tensor, round_idx: int
-                            ) -> tuple[torch.Tensor, dict]:
-        """The mean from the sum of the users' vectors scaled by ``clip_scale`` of their ``norms``."""
-        if self.shards is not None:
-            raise ValueError("a sharded release gathers the clipped rows: use release_mean")
-        return self._mean_of(clipped_sum.double(), norms)
+    def _from_clipped_sum(self, total, norms, round_idx) -> tuple[torch.Tensor, dict]:
+        return self._mean_of(total, norms)
 
     def _mean(self, clipped, norms) -> tuple[torch.Tensor, dict]:
         return self._mean_of(clipped.sum(0), norms)
