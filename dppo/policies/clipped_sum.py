@@ -83,7 +83,7 @@ def clipped_gradient_sum(module, inputs: tuple, weights, scale, user_index: torc
     if padded:  # as per_user_gradients lays rows out
         user_index = None if pad_multiple == 1 else torch.arange(m).repeat_interleave(T)
     groups = Groups(user_index, m, pad_multiple, keep, sorted_users=padded, rows_per_user=T, min_rows=min_rows)
-    if groups.buckets:
+    if groups.buckets and not _has_shared_parameter(module, plan):
         try:
             return _fused(module, objective, plan, tuple(groups.layout(t) for t in flat_inputs),
                           groups.layout_weights(flat_w.to(plan.dtype)), groups, scale, norms)
@@ -93,6 +93,20 @@ def clipped_gradient_sum(module, inputs: tuple, weights, scale, user_index: torc
                            num_users=num_users, pad_multiple=pad_multiple, min_rows=min_rows).double()
     n = torch.linalg.vector_norm(g, dim=1)
     return g.T @ scale(n).double(), n
+
+
+def _has_shared_parameter(module, plan) -> bool:
+    """Whether a trainable parameter belongs to two modules (tied weights, e.g. an LM head tied to the
+    embeddings): its part of g_u is then the sum of the modules' parts, whose norms do not add (the cross term),
+    so the per-layer norms above would not be ||g_u||: such a policy takes the materialised path."""
+    seen = set()
+    for mod, (_, names) in plan.owner.items():
+        for n in names:
+            pid = id(getattr(mod, n))
+            if pid in seen:
+                return True
+            seen.add(pid)
+    return False
 
 
 def _capture(module, objective, plan, inputs: tuple, weights, groups: Groups):

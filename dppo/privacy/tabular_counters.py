@@ -50,6 +50,7 @@ dominated by one set (DP-UBEV: the transitions) spends more of the budget on it.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -82,14 +83,18 @@ class TabularLayout:
         # pooled: keep the first `cap` visits of each (s, a) per episode (entries <= cap, mass <= min(H, cap S A))
         self.cap = (H if pool_cap is None else max(1, min(int(pool_cap), H))) if pooled else 1
         self.mass = float(min(H, self.cap * S * A) if pooled else 1)    # L1 mass of one group's increment
-        if pooled:
+        self.group_mass = np.full(3 if pooled else 3 * H, self.mass)   # one group per set (per set and h)
+        self.stream_max = float(self.cap)
+
+    @functools.cached_property
+    def groups(self) -> np.ndarray:
+        """The group of every stream (built on first use: a too-large layout is refused before it is built)."""
+        if self.pooled:
             groups = [np.full(k, i) for i, k in enumerate(self.set_sizes)]
         else:
             h_of = lambda k, per: np.arange(k) // per         # streams are h-major
-            groups = [i * H + h_of(k, k // H) for i, k in enumerate(self.set_sizes)]
-        self.groups = np.concatenate(groups).astype(np.int64)
-        self.group_mass = np.full(int(self.groups.max()) + 1, self.mass)
-        self.stream_max = float(self.cap)
+            groups = [i * self.H + h_of(k, k // self.H) for i, k in enumerate(self.set_sizes)]
+        return np.concatenate(groups).astype(np.int64)
 
     @property
     def group_sq_norm(self) -> float:

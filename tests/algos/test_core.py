@@ -123,12 +123,14 @@ ENVS = {"cartpole": ["env.id=CartPole-v1", "env.horizon=100"], "acrobot": ["env.
 
 @pytest.mark.parametrize("env", list(ENVS))
 @pytest.mark.parametrize("algo", ["pg", "dp_pg", "npg", "dp_npg", "rebel", "dp_rebel"])
-def test_every_group_learner_runs_with_default_settings(cli, tmp_path, algo, env):
+def test_every_group_learner_runs_with_default_settings(tmp_path, algo, env):
+    """In process, through the API's one configuration path (the CLI's subprocess path: tests/cli)."""
+    from dppo.api import train
+
     args = [f"algo={algo}", *ENVS[env], "rounds=2", "users_per_round=4", "eval_episodes=2", "progress=false",
-            "privacy.secure_rng=false", f"hydra.run.dir={tmp_path}"]
-    res = cli(args)
-    assert res.returncode == 0, res.stderr[-2000:]
-    summary = json.loads((tmp_path / "summary.json").read_text())
+            "privacy.secure_rng=false"]
+    train(args, run_dir=str(tmp_path / "run"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["rounds_done"] == 2
     assert len(summary["ledger"]) == (2 if algo.startswith("dp_") else 0)
 

@@ -119,3 +119,29 @@ def test_float32_mlp_space_and_the_pg_round_use_the_fused_sum(monkeypatch):
     assert float((direction - expect).norm()) <= 1e-5 * float(expect.norm())
     assert fused.privacy.ledger.entries[-1]["dim"] == space.dim and 0 < stats["diag/clip_fraction"] <= 1
     assert make_space(policy, subspace="full", dim=4).clipped_user_sum(batch, A, fused.release.clip_scale) is None
+
+
+class _TiedHead(nn.Module):
+    """An embedding and an output layer sharing one weight (an LM head tied to its embeddings)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.head = nn.Embedding(7, 5), nn.Linear(5, 7, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, x):
+        return torch.log_softmax(self.head(torch.tanh(self.emb(x))), -1)[..., 0]
+
+
+@pytest.mark.parametrize("norms", NORM_METHODS)
+def test_a_tied_weights_norm_includes_the_cross_term_of_its_two_uses(norms):
+    """A parameter used by two modules: ||g_u|| is the norm of the summed parts (per-layer norms would miss
+    the cross term and clip too little), so the sum and norms equal clipping the materialised rows."""
+    torch.manual_seed(0)
+    model = _TiedHead().double()
+    x, w = torch.randint(0, 7, (5, 3)), torch.randn(5, 3, dtype=torch.float64)
+    rows = per_user_gradients(model, (x,), w)
+    scale = lambda n: clip_scale(n, 0.5)
+    total, n = clipped_gradient_sum(model, (x,), w, scale, norms=norms)
+    torch.testing.assert_close(n, torch.linalg.vector_norm(rows, dim=1), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(total, rows.T @ scale(n), rtol=1e-10, atol=1e-12)

@@ -52,6 +52,19 @@ def test_l2_sensitivity_is_the_largest_change_over_all_pairs_of_episodes(pooled,
     assert l1 <= layout.l1_sensitivity + 1e-9
 
 
+@pytest.mark.parametrize("pooled,H", [(False, 3), (True, 3), (False, 1)])
+def test_one_mass_per_stream_group_and_streams_are_grouped_by_set_and_step(pooled, H):
+    """``group_mass`` is stated without building the per-stream groups (a layout too large for memory is refused
+    before it is built): one entry per group the streams fall in, sets in order l, n, m, h-major."""
+    S, A = 3, 2
+    layout = TabularLayout(S, A, H, pooled=pooled)
+    sizes = [H * S * A, H * S * A, H * S * A * S] if not pooled else [S * A, S * A, S * A * S]
+    expect = np.concatenate([i * (1 if pooled else H) + np.arange(k) // (k // (1 if pooled else H))
+                             for i, k in enumerate(sizes)])
+    np.testing.assert_array_equal(layout.groups, expect)
+    assert len(layout.group_mass) == int(expect.max()) + 1
+
+
 @pytest.mark.parametrize("pooled,cap,H", [(False, None, 2), (True, 1, 2), (True, 2, 3)])
 def test_weighted_sensitivity_is_the_largest_change_of_the_noise_scaled_data(pooled, cap, H):
     """Unequal noise per set is the Gaussian mechanism on the data divided by each set's multiplier: the
