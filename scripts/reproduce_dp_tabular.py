@@ -95,7 +95,7 @@ def twin_tag(r: dict) -> str | None:
 
 def run_one(env: str, H: int, algo: str, eps, seed: int, T: int, kw: dict) -> dict:
     mdp = ENVS[env][0](H)
-    accountant = "zcdp" if algo == "dp_ubev" else "basic"
+    accountant = DPUBEV.accountant_name(None, kw) if algo == "dp_ubev" else "basic"   # gdp for Gaussian counters
     privacy = PrivacyContext(eps, 1e-5, accountant=make_accountant(accountant), noise=NoiseSource(seed, secure=False))
     sampler = OnePassUserSampler(1000, seed=seed)
     common = dict(privacy=privacy, sampler=sampler, seed=seed, episodes=T, episodes_per_round=min(1000, T))
@@ -170,7 +170,7 @@ def run_gym(env_id: str, H: int, algo: str, eps, seed: int, T: int) -> dict:
     from dppo.envs.tabular import from_gym
 
     mdp = from_gym(gym.make(env_id), H)
-    privacy = PrivacyContext(eps, 1e-5, accountant=make_accountant("basic" if algo == "ubev" else "zcdp"),
+    privacy = PrivacyContext(eps, 1e-5, accountant=make_accountant("basic" if algo == "ubev" else DPUBEV.accountant_name(None)),
                              noise=NoiseSource(seed, secure=False))
     common = dict(privacy=privacy, sampler=OnePassUserSampler(1000, seed=seed), seed=seed, episodes=T,
                   episodes_per_round=min(1000, T))
@@ -219,7 +219,8 @@ def bound_check(H: int, T: int, eps: float, seed: int = 0) -> list[str]:
     from dppo.privacy.gaussian_counter import GRID
 
     mdp = riverswim(horizon=H)
-    ctx = lambda: PrivacyContext(eps, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(seed, secure=False))
+    ctx = lambda: PrivacyContext(eps, 1e-5, accountant=make_accountant(DPUBEV.accountant_name(None)),
+                                 noise=NoiseSource(seed, secure=False))
     pucb = PUCB(mdp, privacy=PrivacyContext(eps, accountant=make_accountant("basic"), noise=NoiseSource(seed)),
                 episodes=T)
     rows = ["| learner | counter | statistics | releases | E at T | releases checked | fraction outside |",
@@ -317,7 +318,8 @@ def _anytime_note(env: str, H: int, T: int, runs: list) -> list[str]:
             if t >= T or t not in r0["rounds"]:
                 continue
             inside = r0["E"][r0["rounds"].index(t)]
-            ctx = PrivacyContext(r0["eps"], 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(0, secure=False))
+            ctx = PrivacyContext(r0["eps"], 1e-5, accountant=make_accountant(DPUBEV.accountant_name(None, r0["kw"])),
+                                 noise=NoiseSource(0, secure=False))
             alone = DPUBEV(mdp, privacy=ctx, seed=0, episodes=t, **r0["kw"]).final_count_error_bound()
             rows.append(f"| {tg} | {t:,} | {inside:.4g} | {alone:.4g} | {inside / alone:.3f} |")
     return rows
