@@ -337,9 +337,11 @@ def report(args) -> None:
              "= private regret / the best non-private learner of the table (UBEV, the twins, and DP-UBEV's twin "
              "re-planned after every episode, `dp_ubev_exact_every_episode`, and with up to 3 visits per pair and episode, `..._pool_cap3`, the best twin on the tuning seeds 100-102). `E` = the count-error bound at the "
              "last release, `releases` = counter time steps (DP-UBEV releases after blocks of episodes growing 5%). "
-             "DP-UBEV's default puts 2/3 of the zCDP budget on the transitions (`set_noise: [2, 2, 1]`, picked on seeds "
-             "100-102); `..._equal_noise` is the same learner with equal noise on the three statistic sets (its E is "
-             "smaller, its transition noise larger). Tuning seeds are never reported: every row uses seeds 0-4.",
+             "DP-UBEV's Gaussian counters are one Gaussian mechanism, calibrated and accounted exactly (analytic "
+             "Gaussian, `gdp` accountant); its default puts 2/3 of the budget (of mu^2) on the transitions "
+             "(`set_noise: [2, 2, 1]`, picked on seeds 100-102); `..._equal_noise` (where run) is the same learner "
+             "with equal noise on the three statistic sets (its E is smaller, its transition noise larger). Tuning "
+             "seeds are never reported: every row uses seeds 0-4.",
              ""]
     bounds = os.path.join(args.out, "bounds.md")
     if os.path.exists(bounds):
