@@ -374,6 +374,10 @@ def check_accountant(cfg, cls, name: str) -> None:
         raise ConfigError(f"privacy.accountant={name} composes pure-DP (delta=0) releases only, and "
                           f"{cls.__name__} makes (eps, delta) Gaussian releases; use privacy.accountant=parallel "
                           f"(one-pass default) or basic")
+    if name == "gdp" and (pure or not carries_rho):
+        raise ConfigError(f"privacy.accountant=gdp composes the Gaussian continual counters' releases only, and "
+                          f"{cls.__name__} (with this config) makes other releases; use privacy.accountant=null "
+                          f"(the learner's default)")
     uses_composition = getattr(cls, "uses_composition", False)
     if uses_composition and p.accountant is not None and p.composition != "advanced" and p.accountant != p.composition:
         raise ConfigError(f"privacy.accountant={p.accountant} contradicts privacy.composition={p.composition}; "

@@ -95,7 +95,7 @@ def twin_tag(r: dict) -> str | None:
 
 def run_one(env: str, H: int, algo: str, eps, seed: int, T: int, kw: dict) -> dict:
     mdp = ENVS[env][0](H)
-    accountant = "zcdp" if algo == "dp_ubev" else "basic"
+    accountant = DPUBEV.accountant_name(None, kw) if algo == "dp_ubev" else "basic"   # gdp for Gaussian counters
     privacy = PrivacyContext(eps, 1e-5, accountant=make_accountant(accountant), noise=NoiseSource(seed, secure=False))
     sampler = OnePassUserSampler(1000, seed=seed)
     common = dict(privacy=privacy, sampler=sampler, seed=seed, episodes=T, episodes_per_round=min(1000, T))
@@ -170,7 +170,7 @@ def run_gym(env_id: str, H: int, algo: str, eps, seed: int, T: int) -> dict:
     from dppo.envs.tabular import from_gym
 
     mdp = from_gym(gym.make(env_id), H)
-    privacy = PrivacyContext(eps, 1e-5, accountant=make_accountant("basic" if algo == "ubev" else "zcdp"),
+    privacy = PrivacyContext(eps, 1e-5, accountant=make_accountant("basic" if algo == "ubev" else DPUBEV.accountant_name(None)),
                              noise=NoiseSource(seed, secure=False))
     common = dict(privacy=privacy, sampler=OnePassUserSampler(1000, seed=seed), seed=seed, episodes=T,
                   episodes_per_round=min(1000, T))
@@ -219,7 +219,8 @@ def bound_check(H: int, T: int, eps: float, seed: int = 0) -> list[str]:
     from dppo.privacy.gaussian_counter import GRID
 
     mdp = riverswim(horizon=H)
-    ctx = lambda: PrivacyContext(eps, 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(seed, secure=False))
+    ctx = lambda: PrivacyContext(eps, 1e-5, accountant=make_accountant(DPUBEV.accountant_name(None)),
+                                 noise=NoiseSource(seed, secure=False))
     pucb = PUCB(mdp, privacy=PrivacyContext(eps, accountant=make_accountant("basic"), noise=NoiseSource(seed)),
                 episodes=T)
     rows = ["| learner | counter | statistics | releases | E at T | releases checked | fraction outside |",
@@ -317,7 +318,8 @@ def _anytime_note(env: str, H: int, T: int, runs: list) -> list[str]:
             if t >= T or t not in r0["rounds"]:
                 continue
             inside = r0["E"][r0["rounds"].index(t)]
-            ctx = PrivacyContext(r0["eps"], 1e-5, accountant=make_accountant("zcdp"), noise=NoiseSource(0, secure=False))
+            ctx = PrivacyContext(r0["eps"], 1e-5, accountant=make_accountant(DPUBEV.accountant_name(None, r0["kw"])),
+                                 noise=NoiseSource(0, secure=False))
             alone = DPUBEV(mdp, privacy=ctx, seed=0, episodes=t, **r0["kw"]).final_count_error_bound()
             rows.append(f"| {tg} | {t:,} | {inside:.4g} | {alone:.4g} | {inside / alone:.3f} |")
     return rows
@@ -335,9 +337,11 @@ def report(args) -> None:
              "= private regret / the best non-private learner of the table (UBEV, the twins, and DP-UBEV's twin "
              "re-planned after every episode, `dp_ubev_exact_every_episode`, and with up to 3 visits per pair and episode, `..._pool_cap3`, the best twin on the tuning seeds 100-102). `E` = the count-error bound at the "
              "last release, `releases` = counter time steps (DP-UBEV releases after blocks of episodes growing 5%). "
-             "DP-UBEV's default puts 2/3 of the zCDP budget on the transitions (`set_noise: [2, 2, 1]`, picked on seeds "
-             "100-102); `..._equal_noise` is the same learner with equal noise on the three statistic sets (its E is "
-             "smaller, its transition noise larger). Tuning seeds are never reported: every row uses seeds 0-4.",
+             "DP-UBEV's Gaussian counters are one Gaussian mechanism, calibrated and accounted exactly (analytic "
+             "Gaussian, `gdp` accountant); its default puts 2/3 of the budget (of mu^2) on the transitions "
+             "(`set_noise: [2, 2, 1]`, picked on seeds 100-102); `..._equal_noise` (where run) is the same learner "
+             "with equal noise on the three statistic sets (its E is smaller, its transition noise larger). Tuning "
+             "seeds are never reported: every row uses seeds 0-4.",
              ""]
     bounds = os.path.join(args.out, "bounds.md")
     if os.path.exists(bounds):

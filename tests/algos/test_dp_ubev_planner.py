@@ -20,14 +20,19 @@ from dppo.privacy.accountants import make_accountant
 UNVISITED = 1e30
 
 
-def reference_plan(l, n, m, H, log_term, wd, private):
-    """Q [H, S, A] of DP-UBEV from released (l~, n~, m~) [Hc, S, A(, S)] (Hc = 1: pooled)."""
+def reference_plan(l, n, m, H, log_term, wd, private, floor=None):
+    """Q [H, S, A] of DP-UBEV from released (l~, n~, m~) [Hc, S, A(, S)] (Hc = 1: pooled); ``floor``: the running
+    lower counts of the earlier releases (updated in place to ``max(floor, n^ - E)``)."""
     Hc, S, A = n.shape
     n, l, m = n.reshape(Hc, S * A), l.reshape(Hc, S * A), m.reshape(Hc, S * A, S)
     if wd.mix:
         n = (1 - wd.mix) * n + wd.mix * m.sum(-1)
     n_lo = n - wd.E
     open_ = n_lo > 0
+    if floor is not None:
+        n_lo = np.maximum(n_lo, floor.reshape(Hc, S * A))
+        floor[...] = n_lo.reshape(floor.shape)
+        open_ = (n_lo > 0) & (n > 0)
     lo = np.where(open_, n_lo, 1.0)
     phi = np.where(open_, np.sqrt((2 * np.log(np.log(np.maximum(lo, math.e))) + log_term) / lo), UNVISITED)
     inv = np.where(open_, 1.0 / np.where(open_, n, 1.0), 0.0)
@@ -86,6 +91,12 @@ def test_planner_matches_reference_bit_for_bit_on_random_counts(small):
         want = reference_plan(l, n, m, H, *args)
         for _ in range(2):                       # twice: the work arrays are reused
             assert planner.plan(*args).tobytes() == want.tobytes()
+        if private:                              # with the running lower count of earlier releases
+            floor = n.reshape(Hc, S, A) + rng.normal(0, scale, (Hc, S, A))
+            floor_ref = floor.copy()
+            want = reference_plan(l, n, m, H, *args, floor_ref)
+            assert planner.plan(*args, floor).tobytes() == want.tobytes()
+            assert floor.tobytes() == floor_ref.tobytes()
 
 
 def _ctx(eps):

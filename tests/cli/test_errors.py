@@ -46,6 +46,8 @@ CASES = [
     # refused before round 0 (they used to fail mid-run, or run silently wrong)
     (["algo=dp_pg", "privacy.accountant=advanced"], "pure-DP (delta=0) releases only"),
     (["algo=dp_npg", "privacy.accountant=zcdp"], "pure-DP (delta=0) releases only"),
+    (["algo=dp_ubev", "env=riverswim", "algo.counter=laplace_tree", "privacy.accountant=gdp"],
+     "privacy.accountant=gdp composes the Gaussian continual counters' releases only"),
     (["algo=dp_pg", "privacy.accountant=rdp"], "needs privacy.multi_pass=true"),
     (["algo=dp_pg", "privacy.composition=zcdp"], "applies to the GFA learners only"),
     (["algo=gfa", "env=riverswim", "privacy.accountant=parallel"], "accounts its releases by composition"),
