@@ -112,7 +112,7 @@ TASKS = {
                  "best_dppo": ("full", 1e-3, ()), "best_trl": ("full", 1e-3, ("--scheduler", "constant")),
                  "private": ("full_linear", 2e-3, ())},
     "exact": {"experiment": "lm_exact", "title": "exact answers (unpadded addition, the answer then the end)",
-              "best_dppo": ("full", 1e-3, ()), "best_trl": ("lora_r8_all", 0.01, ()),
+              "best_dppo": ("full", 1e-3, ("max_grad_norm=1e9",)), "best_trl": ("lora_r8_all", 0.01, ()),
               "private": ("lora_r8_all", 0.01, ("++algo.kl_coef=0.02",))},
 }
 # --tune: group -> grid points (adapter, lr, extra overrides, trl flags); each group keeps its best --keep
@@ -157,7 +157,12 @@ GRID = {
         ("dppo", 8.0, "kl"): [("lora_r8_all", 0.01, (f"++algo.kl_coef={k}",), ()) for k in (0.02, 0.1)],
     },
 }
-KEEP = {("dppo", 8.0, "adapter"): 2}   # groups that keep more than --keep grid points for the other seeds
+# Our twin clips each user's gradient to the private rows' C = 1 (the twins differ by the noise only); a
+# non-private user need not clip: the best non-private config of ours, clipped and unclipped (C = 1e9: no
+# user's norm reaches it), on every tuning seed (``--tune --groups clip``).
+for _task in GRID:
+    GRID[_task][("dppo", None, "clip")] = [("full", 1e-3, (), ()), ("full", 1e-3, ("max_grad_norm=1e9",), ())]
+KEEP = {("dppo", 8.0, "adapter"): 2, ("dppo", None, "clip"): 2}   # groups that keep more than --keep grid points for the other seeds
 
 
 def run_job(job: Job, work: str) -> tuple[str, int, float]:
@@ -392,7 +397,8 @@ def tune(args) -> None:
     t0 = time.perf_counter()
     with_trl = trl_available() and not args.no_trl
     first, rest = args.seeds[0], args.seeds[1:]
-    groups = {(task, *g): pts for task in args.tasks for g, pts in GRID[task].items() if with_trl or g[0] != "trl"}
+    groups = {(task, *g): pts for task in args.tasks for g, pts in GRID[task].items()
+              if (with_trl or g[0] != "trl") and (args.groups is None or g[2] in args.groups)}
 
     def jobs_of(group, pt, seeds):
         task, impl, eps, _ = group
@@ -409,7 +415,8 @@ def tune(args) -> None:
     run_all(stage2, args.work, args.jobs, f"tune, seeds {rest}")
     lines = [f"# LM tuning (seeds {', '.join(map(str, args.seeds))}): every grid point on seed {first}, the best "
              f"{args.keep} of each group (2 of the private adapters) on the others", "",
-             f"`python scripts/reproduce_lm.py --tune`: {len(set(stage1 + stage2))} runs, "
+             f"`python scripts/reproduce_lm.py --tune{' --groups ' + ' '.join(args.groups) if args.groups else ''}`: "
+             f"{len(set(stage1 + stage2))} runs, "
              f"{sum(result(j, args.work)['wall_time_s'] for j in set(stage1 + stage2)) / 60:.0f} min of run time "
              f"(each run's own, one thread; this invocation {(time.perf_counter() - t0) / 60:.1f} min, finished runs "
              f"reused). Eval reward: 16 samples on each of 512 public prompts; non-private unless eps is given. "
@@ -451,6 +458,7 @@ def main() -> None:
     ap.add_argument("--no-trl", action="store_true", help="skip the TRL rows even when trl is installed")
     ap.add_argument("--twins", action="store_true", help="also the non-private twin of each private config")
     ap.add_argument("--tune", action="store_true", help="run the selection grid (GRID) instead of the reference")
+    ap.add_argument("--groups", nargs="+", help="--tune: only these grid groups (e.g. clip, full, adapter)")
     ap.add_argument("--keep", type=int, default=1, help="--tune: grid points per group kept for the other seeds")
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "reference"))
     ap.add_argument("--work", default=os.path.join(ROOT, "runs", "lm_reproduce"))
