@@ -23,7 +23,9 @@ in [0, 1] the mean over the observation's bounded coordinates of the range the r
 (max_t s_k - min_t s_k) / (high_k - low_k) (``range_bonus``; the bounds are the env's public observation
 space): on MountainCar every rollout of a random policy returns -200 and only the bonus tells them apart
 (the car that swings wider), until the goal is reached and the return takes over. A function of the
-rollout alone, so the privacy unit and the sensitivity are unchanged.
+rollout alone, so the privacy unit and the sensitivity are unchanged. Learners with per-step rewards (DP-PPO)
+take the same bonus spread over the steps (``range_bonus_steps``, ``step_rewards``: step t earns the growth of the
+range when s_{t+1} is seen; the steps sum to c * b(tau)).
 No option mixes users (no batch baselines or normalizers): the same code is private and non-private.
 """
 from __future__ import annotations
@@ -72,6 +74,29 @@ def range_bonus(batch, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
     top = torch.where(m, obs, -inf).max(1).values
     bottom = torch.where(m, obs, inf).min(1).values
     return ((top - bottom).clamp_min(0) / (high - low)[keep]).clamp(0, 1).mean(1)
+
+
+def range_bonus_steps(batch, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+    """(N, T) float64: the state-range bonus spread over the steps. Step t gets the growth of the range its
+    rollout covers when s_{t+1} is seen, b(s_0..s_{t+1}) - b(s_0..s_t) (b as in ``range_bonus``, over the states so
+    far); 0 on the last real step and on padding, so each row sums to ``range_bonus(batch, low, high)``. A
+    function of the rollout's own states (and the public bounds) only: a per-step reward for learners that
+    bootstrap (DP-PPO's GAE), where a bonus on the last step alone would reach the early actions discounted."""
+    low = torch.as_tensor(low, dtype=torch.float64).reshape(-1)
+    high = torch.as_tensor(high, dtype=torch.float64).reshape(-1)
+    keep = torch.isfinite(low) & torch.isfinite(high) & (high > low)
+    N, T = batch.mask.shape
+    if not bool(keep.any()):
+        return torch.zeros(N, T, dtype=torch.float64)
+    obs = batch.obs.double().flatten(2)[:, :, keep]
+    m = batch.mask[:, :, None]
+    inf = torch.tensor(float("inf"), dtype=torch.float64)
+    top = torch.where(m, obs, -inf).cummax(1).values      # padding follows the real steps: the prefix extremes
+    bottom = torch.where(m, obs, inf).cummin(1).values    # stay those of the whole rollout there
+    covered = ((top - bottom).clamp_min(0) / (high - low)[keep]).clamp(0, 1).mean(2)  # (N, T) b(s_0..s_t)
+    out = torch.zeros(N, T, dtype=torch.float64)
+    out[:, :-1] = covered[:, 1:] - covered[:, :-1]
+    return out * batch.mask
 
 
 def to_go_advantages(batch, gamma: float) -> torch.Tensor:
@@ -169,6 +194,16 @@ class GroupPolicyOptimizer(Learner):
         if getattr(space, "low", None) is None or getattr(batch, "obs", None) is None:
             raise ConfigError("algo.explore_bonus needs an env with a bounded Box observation space (e.g. MountainCar)")
         return batch.returns.double() + self.explore_bonus * range_bonus(batch, space.low, space.high)
+
+    def step_rewards(self, batch) -> torch.Tensor:
+        """(N, T) each step's clipped reward plus ``explore_bonus`` times its share of the rollout's state-range
+        bonus (``range_bonus_steps``: the rows sum to ``returns(batch)``); the rewards alone if the bonus is off."""
+        if self.explore_bonus == 0:
+            return batch.rewards
+        space = getattr(self.env, "observation_space", None)
+        if getattr(space, "low", None) is None or getattr(batch, "obs", None) is None:
+            raise ConfigError("algo.explore_bonus needs an env with a bounded Box observation space (e.g. MountainCar)")
+        return batch.rewards.double() + self.explore_bonus * range_bonus_steps(batch, space.low, space.high)
 
     # ---- evaluation, state, artifacts ---------------------------------------------------------
     def evaluate(self, episodes: int, greedy: bool = False) -> float:

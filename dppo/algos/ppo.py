@@ -6,7 +6,7 @@ One round, read top to bottom in ``update`` (CleanRL's ``ppo.py`` with the user 
    of the released policy from its own start state with actions from its own stream (optionally cut at
    ``user_horizon``, with AR(1)-correlated sampling uniforms).
 2. Advantages, per episode: GAE(gamma, lambda) from the released critic's values and the episode's own
-   clipped rewards, delta_t = r_t + gamma V(s_{t+1}) - V(s_t), with V(s_T) = V(final observation) when the
+   clipped rewards (plus, with ``explore_bonus``, its per-step state-range bonus: ``dppo.algos.core``), delta_t = r_t + gamma V(s_{t+1}) - V(s_t), with V(s_T) = V(final observation) when the
    episode was truncated at the horizon and 0 when it terminated. ``adv_norm`` rescales A over the user's
    own steps only (``scale``: A / rms_u(A); ``standardize``: (A - mean_u) / std_u; ``none``). Value targets
    R_t = A_t + V(s_t) (before the rescaling). No statistic mixes users.
@@ -122,6 +122,11 @@ class PPO(GroupPolicyOptimizer):
         optimizer, momentum: ``adam`` or ``sgd`` (with ``momentum``) on the released means.
         composition: ``gdp`` (exact) or ``rdp``: how the round's releases are composed
             (``dppo.privacy.composed``).
+        explore_bonus: c of the state-range bonus, spread over the steps as rewards (``dppo.algos.core``:
+            ``range_bonus_steps``, a function of the episode's own states and the public observation bounds;
+            0: off). Value targets and GAE see it; evaluation returns do not.
+        critic_normalize_obs: the critic sees observations scaled onto [-1, 1] by the public bounds (as
+            ``policy.normalize_obs`` does for the actor).
     """
 
     names = ("ppo", "dp_ppo")
@@ -141,7 +146,8 @@ class PPO(GroupPolicyOptimizer):
                  adam_eps: float = 1e-5, critic_max_grad_norm: float | None = None, critic_hidden_sizes=(16,),
                  critic_activation: str = "tanh", value_scale="auto", adv_norm: str = "scale",
                  action_noise_corr: float = 0.0, user_horizon: int | None = None, optimizer: str = "adam",
-                 momentum: float = 0.9, composition: str = "gdp"):
+                 momentum: float = 0.9, composition: str = "gdp", explore_bonus: float = 0.0,
+                 critic_normalize_obs: bool = False):
         self.check_env(env)
         if space is None:
             space = make_space(policy, **self.space_defaults, seed=seed)
@@ -149,7 +155,8 @@ class PPO(GroupPolicyOptimizer):
             raise ConfigError("algo=ppo differentiates a clipped surrogate, which policy.subspace=head (closed-form "
                               "scores only) cannot; use policy.subspace=full")
         super().__init__(policy, env, privacy, sampler, space=space, logger=logger, seed=seed, rounds=rounds,
-                         reward_bound=reward_bound, group_size=group_size, advantage="to_go", gamma=gamma)
+                         reward_bound=reward_bound, group_size=group_size, advantage="to_go", gamma=gamma,
+                         explore_bonus=explore_bonus)
         if adv_norm not in ADV_NORMS:
             raise ConfigError(f"algo.adv_norm must be one of {ADV_NORMS}, got '{adv_norm}'")
         if int(epochs) < 1 or int(minibatches) < 1:
@@ -186,7 +193,8 @@ class PPO(GroupPolicyOptimizer):
         self.value_scale = float(value_scale)
         if not self.value_scale > 0:
             raise ConfigError(f"algo.value_scale must be > 0 or auto, got {value_scale}")
-        self.critic = ValueMLP(env.observation_space, critic_hidden_sizes, critic_activation)
+        self.critic = ValueMLP(env.observation_space, critic_hidden_sizes, critic_activation,
+                               normalize_obs=critic_normalize_obs)
         self.critic_params = list(self.critic.parameters())
         self.lr, self.critic_lr, self.anneal_lr = float(lr), float(critic_lr or lr), bool(anneal_lr)
         # Adam (or SGD) per parameter: one optimizer for the actor's space, one for the critic
@@ -240,7 +248,7 @@ class PPO(GroupPolicyOptimizer):
         values = self.value_scale * self.critic.value(obs.flatten(0, 1)).reshape(mask.shape).double()
         final_v = self.value_scale * self.critic.value(batch.final_obs).double()
         logp_old = self.policy.log_prob(obs.flatten(0, 1), actions.flatten(0, 1)).reshape(mask.shape).double()
-        A = gae(batch.rewards, values, mask, torch.where(batch.terminated, 0.0, final_v), self.gamma, self.gae_lambda)
+        A = gae(self.step_rewards(batch), values, mask, torch.where(batch.terminated, 0.0, final_v), self.gamma, self.gae_lambda)
         returns = (A + values) * mask
         return {"obs": obs, "actions": actions, "mask": mask, "values": values, "returns": returns,
                 "A": normalize_per_user(A, mask, batch.users, self.adv_norm), "logp_old": logp_old,

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from dppo.errors import ConfigError
+from dppo.policies.mlp import BoundsScaling
 
 _ACT = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -25,16 +26,19 @@ class ValueMLP(nn.Module):
         observation_space: a ``Box`` space (flattened).
         hidden_sizes: widths of the hidden layers ([] = linear in the observation).
         activation: ``tanh`` or ``relu``.
+        normalize_obs: scale the bounded observation coordinates onto [-1, 1] by the space's public bounds
+            first (``dppo.policies.mlp.BoundsScaling``).
     """
 
-    def __init__(self, observation_space: gym.Space, hidden_sizes=(64, 64), activation: str = "tanh"):
+    def __init__(self, observation_space: gym.Space, hidden_sizes=(64, 64), activation: str = "tanh",
+                 normalize_obs: bool = False):
         super().__init__()
         if not isinstance(observation_space, gym.spaces.Box):
             raise ConfigError(f"the critic needs a Box observation space, got {type(observation_space).__name__}")
         if activation not in _ACT:
             raise ConfigError(f"algo.critic_activation must be one of {sorted(_ACT)}, got '{activation}'")
         sizes = [int(np.prod(observation_space.shape))] + [int(h) for h in hidden_sizes]
-        layers: list[nn.Module] = []
+        layers: list[nn.Module] = [BoundsScaling(observation_space)] if normalize_obs else []
         for a, b in zip(sizes[:-1], sizes[1:]):
             layers += [nn.Linear(a, b), _ACT[activation]()]
         self.body = nn.Sequential(*layers)

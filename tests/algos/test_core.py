@@ -169,6 +169,31 @@ def test_range_bonus_matches_a_loop_over_each_episodes_bounded_coordinates():
     assert torch.equal(range_bonus(batch, np.full(3, -np.inf), np.full(3, np.inf)), torch.zeros(5, dtype=torch.float64))
 
 
+def test_range_bonus_steps_are_the_growth_of_each_prefix_range_and_sum_to_the_rollouts_bonus():
+    """Step t gets b(s_0..s_{t+1}) - b(s_0..s_t), recomputed here prefix by prefix; 0 on the last real step and
+    on padding; each row sums to range_bonus (the per-step form DP-PPO's GAE reads)."""
+    from dppo.algos.core import range_bonus, range_bonus_steps
+
+    class Batch:
+        pass
+    gen = torch.Generator().manual_seed(1)
+    batch = Batch()
+    batch.obs = torch.rand(4, 6, 3, generator=gen) * 2 - 1
+    lengths = [6, 3, 1, 4]
+    batch.mask = torch.arange(6)[None, :] < torch.tensor(lengths)[:, None]
+    low, high = np.array([-1.0, -np.inf, -2.0]), np.array([1.0, np.inf, 2.0])
+
+    def b(o):  # the bounded coordinates' covered range of a prefix, by hand
+        return float(((o[:, 0].max() - o[:, 0].min()) / 2 + (o[:, 2].max() - o[:, 2].min()) / 4) / 2)
+    got = range_bonus_steps(batch, low, high)
+    for i, n in enumerate(lengths):
+        o = batch.obs[i].double()
+        for t in range(6):
+            want = b(o[:t + 2]) - b(o[:t + 1]) if t < n - 1 else 0.0
+            assert abs(float(got[i, t]) - want) < 1e-6, (i, t)
+    torch.testing.assert_close(got.sum(1), range_bonus(batch, low, high), rtol=0, atol=1e-12)
+
+
 def test_explore_bonus_gives_mountain_car_groups_a_spread_and_reads_only_each_rollout():
     """On MountainCar every random rollout returns -200 (zero spread); with the bonus a user's advantages
     differ, and a user's advantages do not change when another user is replaced."""

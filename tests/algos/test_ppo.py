@@ -118,6 +118,27 @@ def test_gae_equals_a_naive_loop_with_bootstrap_only_for_truncated_episodes():
         assert float(got[i, n:].abs().sum()) == 0.0
 
 
+def test_the_explore_bonus_adds_exactly_its_discounted_per_step_range_growth_to_the_value_targets():
+    """MountainCar, zero-initialised critic, lambda 1: R_t(c) - R_t(0) = c * sum_k gamma^k inc_{t+k}, with inc the
+    per-step state-range bonus (dppo.algos.core.range_bonus_steps) recomputed here by a loop over the steps."""
+    from dppo.algos.core import range_bonus_steps
+    learners = [_learner("MountainCar-v0", users=3, horizon=40, gae_lambda=1.0, explore_bonus=c,
+                         critic_normalize_obs=True) for c in (0.0, 10.0)]
+    batch = learners[0].collect([0, 1, 2], 0)
+    R0, R1 = (lrn.round_targets(batch)["returns"] for lrn in learners)
+    space = learners[0].env.observation_space
+    inc = range_bonus_steps(batch, space.low, space.high)
+    assert float(inc.sum(1).min()) > 0          # every rollout covers some range
+    gamma = learners[0].gamma
+    for i in range(R0.shape[0]):
+        n = int(batch.mask[i].sum())
+        want, run = [0.0] * n, 0.0
+        for t in reversed(range(n)):
+            run = float(inc[i, t]) + gamma * run
+            want[t] = 10.0 * run
+        assert (R1[i, :n] - R0[i, :n]).tolist() == pytest.approx(want, rel=1e-9, abs=1e-9)
+
+
 def test_advantage_normalization_uses_each_users_own_steps_only():
     gen = torch.Generator().manual_seed(0)
     A = torch.randn(6, 5, generator=gen, dtype=torch.float64)
