@@ -173,7 +173,7 @@ def test_tail_average_is_the_mean_of_the_last_rounds_iterates_and_survives_a_res
     """average_last=k: the final policy is the mean of the parameters the last-iterate learner has after each of
     rounds T-k..T-1 (the iterates themselves are unchanged: rollouts use them); a learner restored inside the
     tail ends at the same average."""
-    plain, _, _ = bandit_learner(rounds=5)
+    plain, _, _ = bandit_learner(rounds=5, average_last=0)
     iterates = []
     for r in range(5):
         plain.train_round(r)
