@@ -4,8 +4,8 @@
     python scripts/seed_sweep.py --seeds 100-102 +experiment=mountaincar_dp_npg algo.explore_bonus=5
 
 Each seed runs as ``python train.py OVERRIDES seed=S`` would, through the Python API in this one process (no run
-directory is written); one line per seed (final return, best round's mean return, wall seconds), then the mean,
-min and max. The numbers of docs/npg_defaults.md are this script's output.
+directory is written); one line per seed (final return, best round's mean return, the users' env steps, wall
+seconds of the whole run and of its training loop), then the mean, min and max. The numbers of docs/npg_defaults.md are this script's output.
 """
 from __future__ import annotations
 
@@ -37,8 +37,10 @@ def main(argv=None) -> None:
         finals.append(summary["final_return"])
         best = summary.get("diag", {}).get("best_round_return")
         best = "" if best is None else f" best_round={best:.1f}"
-        print(f"seed={seed} final={finals[-1]:.1f}{best} eps={summary['epsilon_spent']} "
-              f"t={time.time() - start:.1f}s", flush=True)
+        steps = summary.get("env_steps", {}).get("users")
+        steps = "" if steps is None else f" users_env_steps={steps / 1e6:.2f}M"
+        print(f"seed={seed} final={finals[-1]:.1f}{best} eps={summary['epsilon_spent']}{steps} "
+              f"t={time.time() - start:.1f}s train={summary.get('wall_time_s', float('nan')):.1f}s", flush=True)
     spread = f" std {statistics.pstdev(finals):.1f}" if len(finals) > 1 else ""
     print(f"{' '.join(args.overrides) or '(defaults)'}: mean {statistics.mean(finals):.1f}{spread} "
           f"min {min(finals):.1f} max {max(finals):.1f} over {len(finals)} seeds", flush=True)

@@ -15,7 +15,9 @@ released policy; the oracle clips each user's block as one unit, so its guarante
 one-pass parallel composition gives the run's. Everything after the oracle is post-processing: the
 step eta_t = sqrt(2 max_kl / d^T F d) uses the policy's Fisher matrix F at *public* states (rollouts of
 the current released policy from public reset seeds, never a user's; ``fisher_episodes``), the same
-matrix the ssp oracle takes as its public Gram matrix (it then spends the whole budget on X^T y).
+matrix the ssp oracle takes as its public Gram matrix (it then spends the whole budget on X^T y); the
+final policy with ``average_last`` k is the mean of the last k rounds' released parameters theta_t
+(tail averaging, a public schedule of released quantities).
 Private and non-private runs run the same code; only the injected oracle differs.
 """
 from __future__ import annotations
@@ -47,6 +49,11 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         fisher_episodes: public rollouts per round whose states give the Fisher matrix (read by ``step=kl``
             and by an oracle taking a public Gram matrix, ``ssp``).
         fisher_states: at most this many of their states are used (evenly spaced).
+        average_last: the final policy is the average (1/k) sum_{t=T-k+1..T} theta_t of the parameters after the
+            last k rounds' steps (tail averaging of released iterates: post-processing; 0 or 1: the last
+            iterate). Applied after round T-1's step; rollouts always use the current iterate. On CartPole the
+            last iterate jitters by tens of return points from round to round; 10 of the default 200 rounds
+            raised the worst tuning seed's final return by ~20 (docs/npg_defaults.md).
         redraw_subspace: with a random subspace (``policy.dim``), draw round t's from the run seed and t
             (``ParameterSpace.redraw``: a public schedule): each release stays ``dim``-dimensional while the
             updates span the whole space over rounds (a fixed 8-dim subspace of CartPole's 65-dim head left
@@ -83,7 +90,7 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
                  leave_one_out: bool = False, gamma: float = 0.99, explore_bonus: float = 0.0, step: str = "kl",
                  lr: float = 0.05, max_kl: float = 0.05, max_step_norm: float | None = 1.0, momentum: float = 0.0,
                  step_decay: float = 0.0, fisher_episodes: int = 4, fisher_states: int = 500,
-                 redraw_subspace: bool = True):
+                 redraw_subspace: bool = True, average_last: int = 10):
         super().__init__(policy, env, privacy, sampler, space=space, logger=logger, seed=seed, rounds=rounds,
                          group_size=group_size, reward_bound=reward_bound, advantage=advantage,
                          group_std=group_std, leave_one_out=leave_one_out, gamma=gamma, explore_bonus=explore_bonus)
@@ -104,6 +111,8 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
             raise ConfigError(f"algo.momentum must lie in [0, 1), got {momentum}")
         if step_decay < 0:
             raise ConfigError(f"algo.step_decay must be >= 0, got {step_decay}")
+        if int(average_last) < 0:
+            raise ConfigError(f"algo.average_last must be >= 0 (0: the last iterate), got {average_last}")
         self.oracle = oracle
         self.step_rule, self.lr, self.max_kl, self.max_step_norm = step, float(lr), float(max_kl), max_step_norm
         self.momentum, self.step_decay = float(momentum), float(step_decay)
@@ -113,6 +122,8 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         self.public_per_round = self.fisher_episodes if self.uses_fisher else 0
         self.direction = torch.zeros(self.space.dim, dtype=torch.float64)
         self.redraw_subspace = bool(redraw_subspace)
+        self.average_last = int(average_last)
+        self.tail_sum: list[torch.Tensor] | None = None  # sum of the parameters of the tail's rounds so far
 
     @classmethod
     def default_oracle(cls, private: bool, dim: int) -> str:
@@ -165,10 +176,29 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         if cap is not None and update.norm() > cap:
             update = update * (cap / update.norm())
         self.space.step(update)
+        self.average_tail(round_idx)
         release = self.oracle.last_release or {}
         if "noise_multiplier" in release:
             stats["privacy/noise_multiplier"] = release["noise_multiplier"]
         return {**stats, "losses/w_norm": float(w.norm()), "losses/step_norm": float(update.norm())}
+
+    def average_tail(self, round_idx: int) -> None:
+        """Add theta_t to the tail's sum on the last ``average_last`` rounds; after the last round's step the
+        policy becomes their mean (released parameters only; the window depends on ``rounds`` alone)."""
+        start = max(self.num_rounds - self.average_last, 0)
+        if self.average_last <= 1 or round_idx < start:
+            return
+        theta = [p.detach().double().clone() for p in self.space.params]
+        if round_idx == start or self.tail_sum is None:
+            self.tail_sum = theta
+        else:
+            self.tail_sum = [s + t for s, t in zip(self.tail_sum, theta)]
+        if round_idx == self.num_rounds - 1:
+            count = self.num_rounds - start
+            with torch.no_grad():
+                for p, s in zip(self.space.params, self.tail_sum):
+                    p.copy_((s / count).to(p.dtype))
+            self.tail_sum = None
 
     def step_size(self, d: torch.Tensor, F) -> float:
         """eta_t from released quantities only: KL-normalized with the public Fisher, lr / ||d||, or lr."""
@@ -186,6 +216,8 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
     # ---- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         state = {**super().state_dict(), "direction": self.direction.clone(), "oracle": self.oracle.state_dict()}
+        if self.tail_sum is not None:  # inside the averaged tail: its running sum
+            state["tail_sum"] = [t.clone() for t in self.tail_sum]
         if self.redraw_subspace and self.space.projection is not None:  # the current round's public subspace
             state["projection"] = self.space.projection.clone()
         return state
@@ -194,5 +226,6 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         super().load_state_dict(state)
         self.direction = state["direction"].clone()
         self.oracle.load_state_dict(state["oracle"])
+        self.tail_sum = [t.clone() for t in state["tail_sum"]] if "tail_sum" in state else None
         if "projection" in state and self.space.projection is not None:
             self.space.projection = state["projection"].clone()

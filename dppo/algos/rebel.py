@@ -36,6 +36,7 @@ class REBEL(NaturalPolicyGradient):
         normalize_rows: divide each row (x_ig, y_ig) by max(||x_ig||, 1) (keeps w . x = y; reweights rows).
         explore_bonus: c of the state-range bonus added to each rollout's return (``dppo.algos.core``; 0: off).
         redraw_subspace: as NPG's (off by default: REBEL's defaults and its CartPole tuning are the fixed subspace's).
+        average_last: as NPG's (0 by default: the last iterate, as REBEL's defaults were measured).
         (others as in ``NaturalPolicyGradient``, without ``advantage``, ``group_std``, ``leave_one_out`` and
         ``gamma``: the centered reward is REBEL's target)
     """
@@ -49,7 +50,7 @@ class REBEL(NaturalPolicyGradient):
                  explore_bonus: float = 0.0,
                  step: str = "kl", lr: float = 0.05, max_kl: float = 0.05, max_step_norm: float | None = 1.0,
                  momentum: float = 0.8, step_decay: float = 0.0, fisher_episodes: int = 4, fisher_states: int = 500,
-                 redraw_subspace: bool = False):
+                 redraw_subspace: bool = False, average_last: int = 0):
         if group_size is None or int(group_size) < 2:
             raise ConfigError(f"REBEL compares a user's responses and needs group_size >= 2, got {group_size}")
         super().__init__(policy, env, privacy, sampler, oracle, space=space, logger=logger, seed=seed, rounds=rounds,
@@ -57,7 +58,7 @@ class REBEL(NaturalPolicyGradient):
                          explore_bonus=explore_bonus, step=step, lr=lr,
                          max_kl=max_kl, max_step_norm=max_step_norm, momentum=momentum, step_decay=step_decay,
                          fisher_episodes=fisher_episodes, fisher_states=fisher_states,
-                         redraw_subspace=redraw_subspace)
+                         redraw_subspace=redraw_subspace, average_last=average_last)
         self.eta, self.normalize_rows = float(eta), bool(normalize_rows)
 
     def regression_rows(self, batch) -> tuple[list, dict]:

@@ -40,7 +40,9 @@ def config_oracle(algo: str):
 
     from dppo.oracles import make_oracle
 
-    name = get_class(OmegaConf.load(CONF / f"{algo}.yaml")._target_).default_oracle(True, 8)
+    cfg = OmegaConf.load(CONF / f"{algo}.yaml")
+    cfg = cfg.algo if "algo" in cfg else cfg  # a global-package file (it also sets run keys) nests its learner
+    name = get_class(cfg._target_).default_oracle(True, 8)
     return make_oracle(name), name
 
 

@@ -169,6 +169,30 @@ def test_state_dict_round_trip_resumes_identically():
     torch.testing.assert_close(b.policy.theta, c.policy.theta)
 
 
+def test_tail_average_is_the_mean_of_the_last_rounds_iterates_and_survives_a_resume():
+    """average_last=k: the final policy is the mean of the parameters the last-iterate learner has after each of
+    rounds T-k..T-1 (the iterates themselves are unchanged: rollouts use them); a learner restored inside the
+    tail ends at the same average."""
+    plain, _, _ = bandit_learner(rounds=5, average_last=0)
+    iterates = []
+    for r in range(5):
+        plain.train_round(r)
+        iterates.append(plain.policy.theta.detach().clone())
+    averaged, _, _ = bandit_learner(rounds=5, average_last=3)
+    for r in range(3):
+        averaged.train_round(r)
+    torch.testing.assert_close(averaged.policy.theta, iterates[2])  # inside the tail: still the iterate
+    resumed, _, _ = bandit_learner(rounds=5, average_last=3)
+    resumed.load_state_dict(averaged.state_dict())
+    resumed.sampler.load_state_dict(averaged.sampler.state_dict())
+    for r in range(3, 5):
+        averaged.train_round(r), resumed.train_round(r)
+    expected = torch.stack(iterates[2:]).mean(0)
+    torch.testing.assert_close(averaged.policy.theta, expected)
+    torch.testing.assert_close(resumed.policy.theta, expected)
+    assert not torch.allclose(expected, iterates[-1])
+
+
 @pytest.mark.parametrize("algo", ["dp_npg", pytest.param("npg", marks=pytest.mark.slow)])
 def test_cli_dp_npg_and_npg_run_and_write_the_ledger(cli, tiny, tmp_path, algo):
     for algo, extra in ((algo, ["eps=3"] if algo == "dp_npg" else []),):

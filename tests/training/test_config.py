@@ -10,7 +10,10 @@ def test_default_config_composes_with_fixed_top_level_keys():
     for key in ("algo", "env", "policy", "privacy", "logger", "eps", "delta", "seed", "rounds", "users_per_round",
                 "max_grad_norm", "reward_bound", "resume"):
         assert key in cfg
-    assert cfg.env.id == "CartPole-v1" and cfg.delta == 1e-5 and cfg.users_per_round == 10 and cfg.rounds == 100
+    assert cfg.env.id == "CartPole-v1" and cfg.delta == 1e-5
+    # the default learner's run shape (conf/algo/dp_npg.yaml; the schema's defaults elsewhere: 100 x 10 x 8)
+    assert (cfg.rounds, cfg.users_per_round, cfg.group_size) == (200, 15, 4)
+    assert (compose(["algo=npg"]).users_per_round, compose(["algo=dp_pg"]).users_per_round) == (15, 10)
     validate(cfg)
 
 
