@@ -190,9 +190,7 @@ class GroupPolicyOptimizer(Learner):
         and of the env's public observation bounds only)."""
         if self.explore_bonus == 0:
             return batch.returns
-        space = getattr(self.env, "observation_space", None)
-        if getattr(space, "low", None) is None or getattr(batch, "obs", None) is None:
-            raise ConfigError("algo.explore_bonus needs an env with a bounded Box observation space (e.g. MountainCar)")
+        space = self._bonus_space(batch)
         return batch.returns.double() + self.explore_bonus * range_bonus(batch, space.low, space.high)
 
     def step_rewards(self, batch) -> torch.Tensor:
@@ -200,10 +198,15 @@ class GroupPolicyOptimizer(Learner):
         bonus (``range_bonus_steps``: the rows sum to ``returns(batch)``); the rewards alone if the bonus is off."""
         if self.explore_bonus == 0:
             return batch.rewards
+        space = self._bonus_space(batch)
+        return batch.rewards.double() + self.explore_bonus * range_bonus_steps(batch, space.low, space.high)
+
+    def _bonus_space(self, batch):
+        """The env's public observation bounds the state-range bonus is scaled by (a bounded Box space)."""
         space = getattr(self.env, "observation_space", None)
         if getattr(space, "low", None) is None or getattr(batch, "obs", None) is None:
             raise ConfigError("algo.explore_bonus needs an env with a bounded Box observation space (e.g. MountainCar)")
-        return batch.rewards.double() + self.explore_bonus * range_bonus_steps(batch, space.low, space.high)
+        return space
 
     # ---- evaluation, state, artifacts ---------------------------------------------------------
     def evaluate(self, episodes: int, greedy: bool = False) -> float:
