@@ -191,9 +191,12 @@ def start(cfg: DictConfig, run_dir: str | None, *, resume: bool = False, callbac
 def finish(trainer, dist) -> dict:
     """Run the loop of a run ``start`` built; returns the summary."""
     try:
-        return trainer.fit()
-    finally:
+        summary = trainer.fit()
+    except BaseException:
         distributed.shutdown(dist)
+        raise
+    distributed.shutdown(dist, clean=True)
+    return summary
 
 
 def load_run_config(run_dir: str, overrides: list[str] | None = None) -> DictConfig:

@@ -108,10 +108,18 @@ def init() -> DistInfo:
     return info
 
 
-def shutdown(info: DistInfo) -> None:
+def shutdown(info: DistInfo, clean: bool = False) -> None:
+    """Leave the process group. ``clean``: every rank got here on the normal path, so they meet at a barrier
+    first: no rank tears down its transport while a peer's last collective is still in flight (a gloo rank
+    that exits early can abort with SIGABRT when its pending send is destroyed under it)."""
     import torch.distributed as dist
 
     if info.enabled and dist.is_initialized():
+        if clean:
+            try:
+                dist.barrier()
+            except RuntimeError:  # a peer is gone: nothing left to wait for
+                pass
         dist.destroy_process_group()
 
 
