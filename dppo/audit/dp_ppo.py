@@ -68,8 +68,8 @@ class TranscriptScore:
         self.score, self._pending = 0.0, None
         return self.inner.open_round(round_idx, users, clips)
 
-    def release_sum(self, per_user, users, clip):
-        y, stats = self.inner.release_sum(per_user, users, clip)
+    def release_sum(self, per_user, users, clip, part=None):
+        y, stats = self.inner.release_sum(per_user, users, clip, part=part)
         users = list(users)
         if self.canary in users:
             i = users.index(self.canary)
@@ -79,7 +79,7 @@ class TranscriptScore:
                                  for j in (0, 1)]
             c_D, c_Dp = (clip_per_user(v[None], clip)[0][0] for v in self._pending.pop(0))
             others = clip_per_user(torch.cat([per_user[:i], per_user[i + 1:]]), clip)[0].sum(0)
-            self.score += float(_loss(y, others, c_D, c_Dp, self.inner.sigma(clip)))
+            self.score += float(_loss(y, others, c_D, c_Dp, self.inner.sigma(clip, part)))
             self.releases += 1
             if not self._pending:
                 self._pending = None
@@ -87,7 +87,7 @@ class TranscriptScore:
 
 
 def build_round(eps: float, delta: float, *, users: int = 2, group_size: int = 1, epochs: int = 2,
-                minibatches: int = 2, clip: float = 1e-3, seed: int = 0, noise=None):
+                minibatches: int = 2, clip: float = 1e-3, seed: int = 0, noise=None, actor_share: float = 0.5):
     """A DP-PPO learner, one collected CartPole round and its two neighbours (batches D, D')."""
     from dppo.algos.ppo import PPO
     from dppo.data.sampler import OnePassUserSampler
@@ -101,7 +101,8 @@ def build_round(eps: float, delta: float, *, users: int = 2, group_size: int = 1
     privacy = PrivacyContext(eps, delta, noise=noise if noise is not None else NoiseSource(seed))
     learner = PPO(policy, env, privacy, OnePassUserSampler(users, seed=seed), seed=seed, rounds=10 ** 9,
                   max_grad_norm=clip, critic_max_grad_norm=clip, group_size=group_size, epochs=epochs,
-                  minibatches=minibatches, ent_coef=0.01, lr=0.05, critic_hidden_sizes=(4,), reward_bound=1.0)
+                  minibatches=minibatches, ent_coef=0.01, lr=0.05, critic_hidden_sizes=(4,), reward_bound=1.0,
+                  actor_share=actor_share)
     batch = learner.collect(list(range(users)), 0)
     G = batch.group_size
     D, Dp = copy.copy(batch), copy.copy(batch)
@@ -113,18 +114,20 @@ def build_round(eps: float, delta: float, *, users: int = 2, group_size: int = 1
 
 
 def audit_dp_ppo(eps: float, delta: float = 1e-5, trials: int = 20_000, *, seed: int = 0, users: int = 2,
-                 epochs: int = 2, minibatches: int = 2, release=None) -> MechanismAudit:
+                 epochs: int = 2, minibatches: int = 2, release=None, actor_share: float = 0.5) -> MechanismAudit:
     """``trials`` rounds of the learner (half on D, half on D'), bounded from the transcript's privacy loss.
 
     Args:
         eps, delta: the learner's privacy target (its ``PrivacyContext``).
         trials: total rounds.
         users, epochs, minibatches: the round (the canary takes part in 2 x epochs releases).
+        actor_share: the learner's ``algo.actor_share`` (the two parts' split of the round's budget).
         release: optional ``f(learner) -> mechanism`` replacing the learner's release (only the audit's
             tests use it, to build broken variants).
     """
     started = time.perf_counter()
-    learner, D, Dp = build_round(eps, delta, users=users, epochs=epochs, minibatches=minibatches, seed=seed)
+    learner, D, Dp = build_round(eps, delta, users=users, epochs=epochs, minibatches=minibatches, seed=seed,
+                                 actor_share=actor_share)
     if release is not None:
         learner.release = release(learner)
     wrapper = TranscriptScore(learner.release, learner, learner.round_users[0], learner.round_targets(D),
@@ -143,16 +146,16 @@ def audit_dp_ppo(eps: float, delta: float = 1e-5, trials: int = 20_000, *, seed:
 
 def audit_dp_ppo_releases(eps: float, delta: float = 1e-5, trials: int = 1_000_000, *, seed: int = 0,
                           chunk: int = 50_000, users: int = 4, epochs: int = 2, minibatches: int = 2,
-                          mechanism=None) -> MechanismAudit:
+                          mechanism=None, actor_share: float = 0.5) -> MechanismAudit:
     """``trials`` transcripts of the round's releases (half on D, half on D'), ``chunk`` per pass (stacked noise).
 
-    ``mechanism``: optional ``f(privacy, releases_per_user) -> mechanism`` replacing the learner's (only the
+    ``mechanism``: optional ``f(privacy, parts) -> mechanism`` replacing the learner's (only the
     audit's tests use it)."""
     started = time.perf_counter()
     noise = StackedNoise(chunk, seed)
     learner, D, Dp = build_round(eps, delta, users=users, epochs=epochs, minibatches=minibatches, seed=seed,
-                                 noise=noise)
-    mech = learner.release if mechanism is None else mechanism(learner.privacy, learner.release.releases_per_user)
+                                 noise=noise, actor_share=actor_share)
+    mech = learner.release if mechanism is None else mechanism(learner.privacy, learner.release.parts)
     users_ids, canary = learner.round_users, learner.round_users[0]
     targets = (learner.round_targets(D), learner.round_targets(Dp))
     releases = []   # per release of the schedule: (ids, rows on D, canary's row on D' or None, its index, clip)
@@ -161,22 +164,24 @@ def audit_dp_ppo_releases(eps: float, delta: float = 1e-5, trials: int = 1_000_0
             g = [learner.minibatch_gradients(t, mb)[:2] for t in targets]
             ids = [users_ids[int(i)] for i in mb]
             at = ids.index(canary) if canary in ids else None
-            for part, clip in ((0, learner.clip), (1, learner.critic_clip)):
-                releases.append((ids, g[0][part], None if at is None else g[1][part][at], at, clip))
+            for j, part, clip in ((0, "actor", learner.clip), (1, "critic", learner.critic_clip)):
+                releases.append((ids, g[0][j], None if at is None else g[1][j][at], at, clip, part))
     claims, scores = [], ([], [])
     for r in range(max(1, trials // (2 * chunk))):
         for h in (0, 1):   # 0: the round on D, 1: on D'
             mech.open_round(2 * r + h, users_ids, (learner.clip, learner.critic_clip))
             score = torch.zeros(chunk, dtype=torch.float64)
-            for ids, rows, alt, at, clip in releases:
+            for ids, rows, alt, at, clip, part in releases:
                 y, _ = mech.release_sum(rows if at is None or h == 0 else torch.cat([rows[:at], alt[None],
-                                                                                     rows[at + 1:]]), ids, clip)
+                                                                                     rows[at + 1:]]), ids, clip,
+                                        part=part)
                 if at is None:
                     continue
                 c_D, c_Dp = (clip_per_user(v[None], clip)[0][0] for v in (rows[at], alt))
                 others = clip_per_user(torch.cat([rows[:at], rows[at + 1:]]), clip)[0].sum(0)
-                score += _loss(y, others, c_D, c_Dp, mech.sigma(clip))
+                score += _loss(y, others, c_D, c_Dp, mech.sigma(clip, part))
             scores[h].append(score)
             claims.append(learner.privacy.spent())
-    return conclude("dp_ppo_releases", ENTRY_RELEASES, same_claim(claims), torch.cat(scores[0]).numpy(),
+    name = "dp_ppo_releases" if actor_share == 0.5 else f"dp_ppo_releases_actor_share ({actor_share:g})"
+    return conclude(name, ENTRY_RELEASES, same_claim(claims), torch.cat(scores[0]).numpy(),
                     torch.cat(scores[1]).numpy(), started)

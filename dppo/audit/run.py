@@ -70,6 +70,8 @@ def suite() -> list[AuditSpec]:
                   kwargs={"kind": "gaussian_tree"}),
         AuditSpec("gaussian_sqrt_counter_float_bits", audit_gaussian_counter, 1_000_000, 100_000, eps_values=(1.0,),
                   kwargs={"kind": "gaussian_sqrt", "float_bits": True}),
+        AuditSpec("dp_ppo_releases_actor_share", audit_dp_ppo_releases, 2_000_000, 200_000, gaussian=True,
+                  kwargs={"actor_share": 0.85}),   # last: the rows above keep their seeds
     ]
     return specs
 

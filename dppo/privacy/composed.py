@@ -31,7 +31,17 @@ analytic Gaussian mechanism's curve at sensitivity 1 and std 1/mu (Balle & Wang 
 the smallest multiplier for which the round is (eps, delta)-DP. ``composition="rdp"`` calibrates with
 Opacus' RDP accountant instead (sample rate 1, k steps: without subsampling, the add/remove analysis of
 a sensitivity-1, std-z mechanism is the replace-one analysis of ours), an upper bound that needs more
-noise. Rounds take disjoint users (one-pass), so the run is (eps, delta)-DP by parallel composition: one
+noise.
+
+Unequal shares (``parts``). The releases may form named parts (PPO: the actor's and the critic's sums),
+part p with k_p releases per user and a share w_p of the round's budget (sum_p w_p = 1). Each release
+of part p is (1/z_p)-GDP for the user; the k releases compose to mu^2 = sum_p k_p / z_p^2, so
+
+    z_p = z sqrt(k_p / (k w_p))     gives   mu^2 = sum_p w_p k / z^2 = k / z^2,
+
+the same mu as k releases at the equal multiplier z: the same (eps, delta). Equal shares w_p = k_p / k
+give z_p = z. Under RDP each Gaussian release of multiplier z_p adds alpha / (2 z_p^2) at every order
+alpha, so the same z_p keep the RDP curve, hence Opacus' bound, unchanged too. Rounds take disjoint users (one-pass), so the run is (eps, delta)-DP by parallel composition: one
 ledger entry per round (``open_round``), recorded before the round's first noisy sum leaves.
 m and the sizes |S_j| are public (replace-one adjacency keeps them fixed).
 
@@ -73,66 +83,105 @@ class ComposedGaussianSums:
 
     Args:
         privacy: the run's ``PrivacyContext`` (eps, delta, noise source, ledger).
-        releases_per_user: k, the most releases any one user of a round takes part in.
+        releases_per_user: k, the most releases any one user of a round takes part in (one part).
         composition: ``gdp`` (exact) or ``rdp`` (Opacus).
+        parts: optional ``{name: (k_p, w_p)}``: named parts of k_p releases per user each with a share w_p of
+            the budget (shares sum to 1); ``release_sum(..., part=name)``. Replaces ``releases_per_user``
+            (k = sum_p k_p).
     """
 
     mechanism = MECHANISM
     private = True
 
-    def __init__(self, privacy, releases_per_user: int, composition: str = "gdp"):
+    def __init__(self, privacy, releases_per_user: int | None = None, composition: str = "gdp", *,
+                 parts: dict | None = None):
         if privacy.multi_pass:
             raise ConfigError("composed per-round releases need one-pass users (privacy.multi_pass=false)")
         self.privacy = privacy
-        self.releases_per_user, self.composition = int(releases_per_user), composition
+        self.parts = _check_parts(releases_per_user, parts)
+        self.releases_per_user = sum(k for k, _ in self.parts.values())
+        self.composition = composition
         self.noise_multiplier = composed_noise_multiplier(privacy.eps, privacy.delta, self.releases_per_user,
                                                           composition)
+        k, z = self.releases_per_user, self.noise_multiplier
+        self.multipliers = {p: z if w * k == kp else z * math.sqrt(kp / (k * w))
+                            for p, (kp, w) in self.parts.items()}
         self._round = None
         self._users: frozenset = frozenset()
         self._count: Counter = Counter()
 
     @property
     def gdp_mu(self) -> float:
-        """mu of the round's guarantee in Gaussian DP (exact with composition=gdp)."""
-        return math.sqrt(self.releases_per_user) / self.noise_multiplier
+        """mu of the round's guarantee in Gaussian DP (exact with composition=gdp): sqrt(sum_p k_p / z_p^2)."""
+        return math.sqrt(sum(kp / self.multipliers[p] ** 2 for p, (kp, _) in self.parts.items()))
 
     def open_round(self, round_idx: int, users, clips) -> dict:
         """Record the round's release in the ledger (one entry: parallel composition over rounds) before any
-        noisy sum of it is computed; ``clips`` are the clip norms C_j the round will use (for the ledger)."""
+        noisy sum of it is computed; ``clips`` are the clip norms C_j the round will use (for the ledger; one
+        per part, in the parts' order, when there are parts)."""
         users = [int(u) for u in users]
         self._round, self._users, self._count = int(round_idx), frozenset(users), Counter()
-        z = self.noise_multiplier
+        zs = list(self.multipliers.values())
+        zs = zs if len(zs) == len(clips) else zs[:1] * len(clips)
+        extra = {} if list(self.parts) == [None] else {
+            "parts": {p: {"releases_per_user": kp, "share": w, "noise_multiplier": self.multipliers[p]}
+                      for p, (kp, w) in self.parts.items()}}
         return self.privacy.release(self.mechanism, round=int(round_idx), users=len(users), eps=self.privacy.eps,
-                                    delta=self.privacy.delta, adjacency="replace_one", noise_multiplier=z,
-                                    releases_per_user=self.releases_per_user, composition=self.composition,
-                                    gdp_mu=self.gdp_mu, clips=[float(c) for c in clips],
-                                    sigmas=[2.0 * z * float(c) for c in clips])
+                                    delta=self.privacy.delta, adjacency="replace_one",
+                                    noise_multiplier=self.noise_multiplier, releases_per_user=self.releases_per_user,
+                                    composition=self.composition, gdp_mu=self.gdp_mu,
+                                    clips=[float(c) for c in clips],
+                                    sigmas=[2.0 * z * float(c) for z, c in zip(zs, clips)], **extra)
 
-    def sigma(self, clip: float) -> float:
-        """Noise std of one sum clipped to ``clip``: z x its replace-one sensitivity 2 C."""
-        return self.noise_multiplier * 2.0 * float(clip)
+    def sigma(self, clip: float, part=None) -> float:
+        """Noise std of one sum of ``part`` clipped to ``clip``: z_p x its replace-one sensitivity 2 C."""
+        return self._multiplier(part) * 2.0 * float(clip)
 
-    def _check_users(self, users) -> list[int]:
+    def _multiplier(self, part) -> float:
+        if part not in self.multipliers:
+            raise PrivacyError(f"release_sum: unknown part {part!r}; this round's parts are {list(self.parts)}")
+        return self.multipliers[part]
+
+    def _check_users(self, users, part=None) -> list[int]:
         if self._round is None:
             raise PrivacyError("release_sum before open_round: the round's release is not in the ledger")
         users = [int(u) for u in users]
         if len(set(users)) != len(users) or not set(users) <= self._users:
             raise PrivacyError("release_sum: the rows must be distinct users of the opened round")
-        over = [u for u in users if self._count[u] >= self.releases_per_user]
+        self._multiplier(part)
+        limit = self.parts[part][0]
+        over = [u for u in users if self._count[part, u] >= limit]
         if over:
             raise PrivacyError(f"release_sum: user {over[0]} would take part in more than "
-                               f"{self.releases_per_user} releases of round {self._round}")
-        self._count.update(users)
+                               f"{limit} releases{'' if part is None else f' of part {part!r}'} of round {self._round}")
+        self._count.update((part, u) for u in users)
         return users
 
-    def release_sum(self, per_user: torch.Tensor, users, clip: float) -> tuple[torch.Tensor, dict]:
-        """sum_u clip_C(per_user[u]) + N(0, (z 2 C)^2 I) over the rows (users ``users`` of the opened round).
+    def release_sum(self, per_user: torch.Tensor, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
+        """sum_u clip_C(per_user[u]) + N(0, (z_p 2 C)^2 I) over the rows (users ``users`` of the opened round).
 
         Returns (noisy sum float64, stats: ``diag/clip_fraction`` is raw)."""
-        self._check_users(users)
+        self._check_users(users, part)
         clipped, norms = clip_per_user(per_user, clip)
-        noisy = clipped.sum(0) + self.privacy.noise.gaussian(clipped.shape[1:], self.sigma(clip))
+        noisy = clipped.sum(0) + self.privacy.noise.gaussian(clipped.shape[1:], self.sigma(clip, part))
         return noisy, {"diag/clip_fraction": _fraction(norms, clip)}
+
+
+def _check_parts(releases_per_user, parts) -> dict:
+    """{part: (k_p, w_p)}: ``parts`` checked (k_p >= 1, w_p in (0, 1], shares summing to 1), or one part
+    ``None`` of ``releases_per_user`` releases."""
+    if parts is None:
+        if releases_per_user is None or int(releases_per_user) < 1:
+            raise ConfigError(f"releases per user must be >= 1, got {releases_per_user}")
+        return {None: (int(releases_per_user), 1.0)}
+    if releases_per_user is not None:
+        raise ConfigError("give releases_per_user or parts, not both")
+    out = {p: (int(k), float(w)) for p, (k, w) in parts.items()}
+    if not out or any(k < 1 or not 0 < w <= 1 for k, w in out.values()):
+        raise ConfigError(f"every part needs >= 1 release and a budget share in (0, 1], got {parts}")
+    if abs(sum(w for _, w in out.values()) - 1.0) > 1e-9:
+        raise ConfigError(f"the parts' budget shares must sum to 1, got {sum(w for _, w in out.values()):g}")
+    return out
 
 
 class ClippedSums:
@@ -145,21 +194,22 @@ class ClippedSums:
     def open_round(self, round_idx: int, users, clips) -> None:
         return None
 
-    def sigma(self, clip: float) -> float:
+    def sigma(self, clip: float, part=None) -> float:
         return 0.0
 
-    def release_sum(self, per_user: torch.Tensor, users, clip: float) -> tuple[torch.Tensor, dict]:
+    def release_sum(self, per_user: torch.Tensor, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
         clipped, norms = clip_per_user(per_user, clip)
         return clipped.sum(0), {"diag/clip_fraction": _fraction(norms, clip)}
 
 
-def composed_sums(privacy, releases_per_user: int, composition: str = "gdp"):
+def composed_sums(privacy, releases_per_user: int | None = None, composition: str = "gdp", *, parts: dict | None = None):
     """The round's release for this privacy context: ``ComposedGaussianSums``, or ``ClippedSums`` if eps is null."""
     if composition not in COMPOSITIONS:
         raise ConfigError(f"algo.composition must be one of {COMPOSITIONS}, got {composition!r}")
+    _check_parts(releases_per_user, parts)
     if not privacy.private:
         return ClippedSums()
-    return ComposedGaussianSums(privacy, releases_per_user, composition)
+    return ComposedGaussianSums(privacy, releases_per_user, composition, parts=parts)
 
 
 def _fraction(norms: torch.Tensor, clip: float) -> float:

@@ -235,7 +235,7 @@ def test_full_audit_every_mechanism_within_claim_and_gaussian_power():
     bad = [(r.mechanism, r.claimed_eps, r.eps_lb) for r in rows if not r.passed]
     assert not bad, f"eps_LB above the claimed eps (privacy bug): {bad}"
     checks = power_checks(rows)
-    assert {m.split(" ")[0] for m, *_ in checks} == {"dp_pg_round", "dp_ppo_releases", "dp_rebel_round", "dp_npg_round", "ssp", "dp_gd",
+    assert {m.split(" ")[0] for m, *_ in checks} == {"dp_pg_round", "dp_ppo_releases", "dp_ppo_releases_actor_share", "dp_rebel_round", "dp_npg_round", "ssp", "dp_gd",
                                                      "multi_pass_dp_pg", "gaussian_sqrt_counter",
                                                      "gaussian_tree_counter"}
     assert all(ok for *_, ok in checks), checks

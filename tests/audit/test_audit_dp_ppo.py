@@ -25,6 +25,13 @@ def test_dp_ppo_releases_bound_is_below_claim_and_has_power(eps):
     assert out.passed and out.eps_lb >= 0.5 * eps, (out.eps_lb, eps)
 
 
+def test_dp_ppo_releases_with_an_unequal_actor_share_stay_within_the_claim_and_keep_power():
+    """algo.actor_share=0.85: the actor's releases are less noisy, the critic's more; the composed round keeps
+    its (eps, delta), and the bound still comes close to the claim (the canary is clipped in every release)."""
+    out = audit_dp_ppo_releases(4.0, trials=400_000, seed=4, chunk=100_000, actor_share=0.85)
+    assert out.claimed_eps == pytest.approx(4.0) and out.passed and out.eps_lb >= 2.0, out.eps_lb
+
+
 def test_dp_ppo_round_of_the_learner_is_within_its_claim():
     out = audit_dp_ppo(2.0, trials=200, seed=1)
     assert out.claimed_eps == pytest.approx(2.0) and out.trials == 200 and out.passed
@@ -53,17 +60,21 @@ def test_the_score_is_the_transcripts_privacy_loss_at_most_the_calibrated_mu():
 class _OneRelease(ComposedGaussianSums):
     """Broken on purpose: noise calibrated as if a user took part in a single release."""
 
-    def __init__(self, privacy, k):
+    def __init__(self, privacy, parts):
         super().__init__(privacy, releases_per_user=1)
-        self.releases_per_user = k   # lets the round's k releases through
+        self.parts = parts           # lets the round's k releases through, each at the one-release multiplier
+        self.multipliers = {p: self.noise_multiplier for p in parts}
 
 
 class _NoClip(ComposedGaussianSums):
     """Broken on purpose: the rows are summed without clipping."""
 
-    def release_sum(self, per_user, users, clip):
-        self._check_users(users)
-        return per_user.double().sum(0) + self.privacy.noise.gaussian(per_user.shape[1:], self.sigma(clip)), {}
+    def __init__(self, privacy, parts):
+        super().__init__(privacy, parts=parts)
+
+    def release_sum(self, per_user, users, clip, part=None):
+        self._check_users(users, part)
+        return per_user.double().sum(0) + self.privacy.noise.gaussian(per_user.shape[1:], self.sigma(clip, part)), {}
 
 
 @pytest.mark.parametrize("broken", [_OneRelease, _NoClip])

@@ -157,3 +157,46 @@ def test_multi_pass_and_bad_settings_are_refused():
         composed_sums(_ctx(), 2, composition="advanced")
     with pytest.raises(ConfigError, match=">= 1"):
         composed_noise_multiplier(1.0, 1e-5, 0)
+
+
+@pytest.mark.parametrize("eps,ka,kc,share", [(5.0, 6, 6, 0.8), (1.0, 4, 4, 0.3), (3.0, 2, 5, 0.6)])
+def test_unequal_shares_spend_exactly_eps_delta_by_integration_and_rdp_stays_within_eps(eps, ka, kc, share):
+    """Two parts (k_a releases with share w, k_c with 1 - w): the composed mu = sqrt(sum_p k_p / z_p^2), from the
+    parts' own multipliers, has delta(eps) = 1e-5 by integrating its privacy-loss distribution; the actor part's
+    noise is lower than at equal noise exactly when w > k_a / k; under ``rdp`` Opacus' accountant over the
+    parts' (z_p, k_p) spends <= eps."""
+    from opacus.accountants import RDPAccountant
+
+    parts = {"actor": (ka, share), "critic": (kc, 1 - share)}
+    for composition in ("gdp", "rdp"):
+        mech = ComposedGaussianSums(_ctx(eps), composition=composition, parts=parts)
+        za, zc = mech.multipliers["actor"], mech.multipliers["critic"]
+        mu = math.sqrt(ka / za ** 2 + kc / zc ** 2)
+        equal = composed_noise_multiplier(eps, 1e-5, ka + kc, composition)
+        assert (za < equal) == (share > ka / (ka + kc)) and mu == pytest.approx(mech.gdp_mu, rel=1e-12)
+        if composition == "gdp":
+            assert _delta_of_gdp_by_integration(mu, eps) == pytest.approx(1e-5, rel=1e-4)
+        else:
+            acc = RDPAccountant()
+            acc.history = [(za, 1.0, ka), (zc, 1.0, kc)]
+            assert acc.get_epsilon(1e-5) <= eps * (1 + 1e-3)
+
+
+def test_equal_shares_give_the_one_part_multiplier_exactly_and_each_part_has_its_own_participation_limit():
+    one = ComposedGaussianSums(_ctx(), releases_per_user=12)
+    two = ComposedGaussianSums(_ctx(), parts={"actor": (6, 0.5), "critic": (6, 0.5)})
+    assert two.multipliers == {"actor": one.noise_multiplier, "critic": one.noise_multiplier}
+    mech = ComposedGaussianSums(_ctx(), parts={"actor": (1, 0.7), "critic": (2, 0.3)})
+    mech.open_round(0, [0, 1], (1.0, 0.5))
+    mech.release_sum(torch.ones(2, 2), [0, 1], 1.0, part="actor")
+    with pytest.raises(PrivacyError, match="more than 1 releases of part 'actor'"):
+        mech.release_sum(torch.ones(1, 2), [0], 1.0, part="actor")
+    mech.release_sum(torch.ones(1, 2), [0], 0.5, part="critic")
+    mech.release_sum(torch.ones(1, 2), [0], 0.5, part="critic")
+    with pytest.raises(PrivacyError, match="unknown part"):
+        mech.release_sum(torch.ones(1, 2), [1], 0.5, part="value")
+    entry = mech.privacy.ledger.entries[0]
+    assert entry["sigmas"] == pytest.approx([2 * mech.multipliers["actor"], mech.multipliers["critic"]])
+    assert entry["parts"]["actor"]["share"] == 0.7
+    with pytest.raises(ConfigError, match="sum to 1"):
+        ComposedGaussianSums(_ctx(), parts={"actor": (1, 0.7), "critic": (2, 0.4)})
