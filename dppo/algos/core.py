@@ -126,6 +126,9 @@ class GroupPolicyOptimizer(Learner):
         logger: injected (text examples of ``env=prompts``).
         seed, rounds, group_size, reward_bound: top-level keys (rewards clipped to +-reward_bound).
         advantage, group_std, leave_one_out, gamma: per-user advantages (module docstring).
+        average_last: k; the final policy is the average (1/k) sum_{t=T-k+1..T} theta_t of the parameters after
+            the last k rounds' steps (tail averaging of released iterates: post-processing; 0 or 1: the last
+            iterate). A learner calls ``average_tail(round)`` after its step.
     """
 
     public_per_round = 0  # public rollouts (stream "fisher") collected alongside each round's users
@@ -135,9 +138,12 @@ class GroupPolicyOptimizer(Learner):
 
     def __init__(self, policy, env, privacy, sampler, *, space=None, logger=None, seed: int, rounds: int,
                  group_size: int, reward_bound: float | None, advantage: str = "group", group_std: bool = True,
-                 leave_one_out: bool = False, gamma: float = 0.99, explore_bonus: float = 0.0):
+                 leave_one_out: bool = False, gamma: float = 0.99, explore_bonus: float = 0.0,
+                 average_last: int = 0):
         if explore_bonus < 0:
             raise ConfigError(f"algo.explore_bonus must be >= 0, got {explore_bonus}")
+        if int(average_last) < 0:
+            raise ConfigError(f"algo.average_last must be >= 0 (0: the last iterate), got {average_last}")
         if advantage not in ADVANTAGES:
             raise ConfigError(f"algo.advantage must be one of {ADVANTAGES}, got '{advantage}'")
         if advantage == "group" and int(group_size) < 2:
@@ -152,6 +158,8 @@ class GroupPolicyOptimizer(Learner):
         self.collector = collector_for(env, seed)
         self.collector.check(policy, self.num_rounds, sampler)
         self.public_batch = None
+        self.average_last = int(average_last)
+        self.tail_sum: list[torch.Tensor] | None = None  # sum of the parameters of the tail's rounds so far
 
     # ---- one round --------------------------------------------------------------------------
     def train_round(self, round_idx: int) -> dict:
@@ -173,6 +181,24 @@ class GroupPolicyOptimizer(Learner):
     def update(self, batch, round_idx: int) -> dict:
         """Make this round's (private) update from ``batch``; return its metrics."""
         raise NotImplementedError
+
+    def average_tail(self, round_idx: int) -> None:
+        """Add theta_t to the tail's sum on the last ``average_last`` rounds; after the last round's step the
+        policy becomes their mean (released parameters only; the window depends on ``rounds`` alone)."""
+        start = max(self.num_rounds - self.average_last, 0)
+        if self.average_last <= 1 or round_idx < start:
+            return
+        theta = [p.detach().double().clone() for p in self.space.params]
+        if round_idx == start or self.tail_sum is None:
+            self.tail_sum = theta
+        else:
+            self.tail_sum = [s + t for s, t in zip(self.tail_sum, theta)]
+        if round_idx == self.num_rounds - 1:
+            count = self.num_rounds - start
+            with torch.no_grad():
+                for p, s in zip(self.space.params, self.tail_sum):
+                    p.copy_((s / count).to(p.dtype))
+            self.tail_sum = None
 
     def step_advantages(self, batch) -> tuple[torch.Tensor, float]:
         """(A (N, T) float64 per step, zero on padding; fraction of users with zero reward spread)."""
@@ -217,10 +243,14 @@ class GroupPolicyOptimizer(Learner):
         return {"group_size": self.group_size, **self.collector.summary(self.policy)}
 
     def state_dict(self) -> dict:
-        return {"policy": self.space.policy_state()}
+        state = {"policy": self.space.policy_state()}
+        if self.tail_sum is not None:  # inside the averaged tail: its running sum
+            state["tail_sum"] = [t.clone() for t in self.tail_sum]
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.space.load_policy_state(state["policy"])
+        self.tail_sum = [t.clone() for t in state["tail_sum"]] if "tail_sum" in state else None
 
     def export_artifacts(self, run_dir: str, round_idx: int) -> None:
         self.space.export(run_dir, round_idx)

@@ -93,7 +93,8 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
                  redraw_subspace: bool = True, average_last: int = 10):
         super().__init__(policy, env, privacy, sampler, space=space, logger=logger, seed=seed, rounds=rounds,
                          group_size=group_size, reward_bound=reward_bound, advantage=advantage,
-                         group_std=group_std, leave_one_out=leave_one_out, gamma=gamma, explore_bonus=explore_bonus)
+                         group_std=group_std, leave_one_out=leave_one_out, gamma=gamma, explore_bonus=explore_bonus,
+                         average_last=average_last)
         if step not in STEPS:
             raise ConfigError(f"algo.step must be one of {STEPS}, got '{step}'")
         if step == "kl" and fisher_episodes < 1:
@@ -111,8 +112,6 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
             raise ConfigError(f"algo.momentum must lie in [0, 1), got {momentum}")
         if step_decay < 0:
             raise ConfigError(f"algo.step_decay must be >= 0, got {step_decay}")
-        if int(average_last) < 0:
-            raise ConfigError(f"algo.average_last must be >= 0 (0: the last iterate), got {average_last}")
         self.oracle = oracle
         self.step_rule, self.lr, self.max_kl, self.max_step_norm = step, float(lr), float(max_kl), max_step_norm
         self.momentum, self.step_decay = float(momentum), float(step_decay)
@@ -122,8 +121,6 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         self.public_per_round = self.fisher_episodes if self.uses_fisher else 0
         self.direction = torch.zeros(self.space.dim, dtype=torch.float64)
         self.redraw_subspace = bool(redraw_subspace)
-        self.average_last = int(average_last)
-        self.tail_sum: list[torch.Tensor] | None = None  # sum of the parameters of the tail's rounds so far
 
     @classmethod
     def default_oracle(cls, private: bool, dim: int) -> str:
@@ -182,24 +179,6 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
             stats["privacy/noise_multiplier"] = release["noise_multiplier"]
         return {**stats, "losses/w_norm": float(w.norm()), "losses/step_norm": float(update.norm())}
 
-    def average_tail(self, round_idx: int) -> None:
-        """Add theta_t to the tail's sum on the last ``average_last`` rounds; after the last round's step the
-        policy becomes their mean (released parameters only; the window depends on ``rounds`` alone)."""
-        start = max(self.num_rounds - self.average_last, 0)
-        if self.average_last <= 1 or round_idx < start:
-            return
-        theta = [p.detach().double().clone() for p in self.space.params]
-        if round_idx == start or self.tail_sum is None:
-            self.tail_sum = theta
-        else:
-            self.tail_sum = [s + t for s, t in zip(self.tail_sum, theta)]
-        if round_idx == self.num_rounds - 1:
-            count = self.num_rounds - start
-            with torch.no_grad():
-                for p, s in zip(self.space.params, self.tail_sum):
-                    p.copy_((s / count).to(p.dtype))
-            self.tail_sum = None
-
     def step_size(self, d: torch.Tensor, F) -> float:
         """eta_t from released quantities only: KL-normalized with the public Fisher, lr / ||d||, or lr."""
         if self.step_rule == "kl":
@@ -216,8 +195,6 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
     # ---- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         state = {**super().state_dict(), "direction": self.direction.clone(), "oracle": self.oracle.state_dict()}
-        if self.tail_sum is not None:  # inside the averaged tail: its running sum
-            state["tail_sum"] = [t.clone() for t in self.tail_sum]
         if self.redraw_subspace and self.space.projection is not None:  # the current round's public subspace
             state["projection"] = self.space.projection.clone()
         return state
@@ -226,6 +203,5 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         super().load_state_dict(state)
         self.direction = state["direction"].clone()
         self.oracle.load_state_dict(state["oracle"])
-        self.tail_sum = [t.clone() for t in state["tail_sum"]] if "tail_sum" in state else None
         if "projection" in state and self.space.projection is not None:
             self.space.projection = state["projection"].clone()

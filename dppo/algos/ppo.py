@@ -30,7 +30,8 @@ for a Gaussian one; the critic's, sum_t (R_t - V(s_t)) / c^2 grad V(s_t) / n_u.
 
 Privacy (DP-PPO): user u's two gradients are functions of its own rollouts and of the released policy,
 critic and earlier releases of the round only. Each user is in one minibatch per epoch, so it takes part
-in k = 2 x epochs releases of its round, and ``dppo.privacy.composed`` calibrates their noise so that the
+in k = 2 x epochs releases of its round (``epochs`` actor sums, ``epochs`` critic sums, the two parts
+splitting the budget by ``actor_share``), and ``dppo.privacy.composed`` calibrates their noise so that the
 k releases together are (eps, delta)-DP under replace-one adjacency (exact Gaussian-DP composition; the
 sensitivity 2C of each clipped sum is derived there). Rounds take disjoint users: parallel composition.
 Everything else (Adam, the learning-rate schedule, the next round's values and ratios) is post-processing.
@@ -43,6 +44,7 @@ import math
 import torch
 
 from dppo.algos.core import GroupPolicyOptimizer
+from dppo.algos.dp_adam import AdamBC
 from dppo.data import streams
 from dppo.envs.rollout import EpisodeCollector
 from dppo.errors import ConfigError
@@ -52,7 +54,7 @@ from dppo.policies.spaces import finite_or_fail, make_space
 from dppo.privacy.composed import composed_sums
 
 ADV_NORMS = ("none", "scale", "standardize")
-OPTIMIZERS = ("adam", "sgd")
+OPTIMIZERS = ("adam", "sgd", "adam_bc")
 SQRT2 = math.sqrt(2.0)
 
 
@@ -119,9 +121,17 @@ class PPO(GroupPolicyOptimizer):
         user_horizon: cut each user's episodes after this many steps (null: the env's horizon); the cut
             episodes are bootstrapped from the critic like any truncated one, evaluation keeps the full
             horizon. Fewer env steps per user, more users per env step.
-        optimizer, momentum: ``adam`` or ``sgd`` (with ``momentum``) on the released means.
+        optimizer, momentum: ``adam``, ``sgd`` (with ``momentum``) or ``adam_bc`` (Adam with the release's public
+            noise variance (sigma / |b|)^2 taken out of its second moment, ``dppo.algos.dp_adam``) on the
+            released means.
         composition: ``gdp`` (exact) or ``rdp``: how the round's releases are composed
             (``dppo.privacy.composed``).
+        actor_share: the actor's share of the round's privacy budget (in mu^2 under Gaussian DP, the same
+            (eps, delta) in all): its ``epochs`` releases get multiplier z sqrt(1 / (2 actor_share)), the
+            critic's z sqrt(1 / (2 (1 - actor_share))) (z: the equal multiplier of 2 x epochs releases);
+            0.5: equal noise.
+        average_last: the final policy is the mean of the actor's parameters after the last k rounds (tail
+            averaging of released iterates: post-processing; 0: the last iterate).
         explore_bonus: c of the state-range bonus, spread over the steps as rewards (``dppo.algos.core``:
             ``range_bonus_steps``, a function of the episode's own states and the public observation bounds;
             0: off). Value targets and GAE see it; evaluation returns do not.
@@ -131,7 +141,7 @@ class PPO(GroupPolicyOptimizer):
 
     names = ("ppo", "dp_ppo")
     space_defaults = {"subspace": "full", "dim": None}   # the builder's space for PPO unless policy.* says otherwise
-    APPLIES = {"momentum": ("optimizer", ("sgd",)), "adam_eps": ("optimizer", ("adam",))}
+    APPLIES = {"momentum": ("optimizer", ("sgd",)), "adam_eps": ("optimizer", ("adam", "adam_bc"))}
 
     @classmethod
     def check_env(cls, env) -> None:
@@ -147,7 +157,7 @@ class PPO(GroupPolicyOptimizer):
                  critic_activation: str = "tanh", value_scale="auto", adv_norm: str = "scale",
                  action_noise_corr: float = 0.0, user_horizon: int | None = None, optimizer: str = "adam",
                  momentum: float = 0.9, composition: str = "gdp", explore_bonus: float = 0.0,
-                 critic_normalize_obs: bool = False):
+                 critic_normalize_obs: bool = False, actor_share: float = 0.5, average_last: int = 0):
         self.check_env(env)
         if space is None:
             space = make_space(policy, **self.space_defaults, seed=seed)
@@ -156,7 +166,7 @@ class PPO(GroupPolicyOptimizer):
                               "scores only) cannot; use policy.subspace=full")
         super().__init__(policy, env, privacy, sampler, space=space, logger=logger, seed=seed, rounds=rounds,
                          reward_bound=reward_bound, group_size=group_size, advantage="to_go", gamma=gamma,
-                         explore_bonus=explore_bonus)
+                         explore_bonus=explore_bonus, average_last=average_last)
         if adv_norm not in ADV_NORMS:
             raise ConfigError(f"algo.adv_norm must be one of {ADV_NORMS}, got '{adv_norm}'")
         if int(epochs) < 1 or int(minibatches) < 1:
@@ -198,13 +208,18 @@ class PPO(GroupPolicyOptimizer):
         self.critic_params = list(self.critic.parameters())
         self.lr, self.critic_lr, self.anneal_lr = float(lr), float(critic_lr or lr), bool(anneal_lr)
         # Adam (or SGD) per parameter: one optimizer for the actor's space, one for the critic
-        make = ((lambda params, lr: torch.optim.Adam(params, lr=lr, eps=adam_eps)) if optimizer == "adam" else
-                (lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=momentum)))
+        make = {"adam": lambda params, lr: torch.optim.Adam(params, lr=lr, eps=adam_eps),
+                "adam_bc": lambda params, lr: AdamBC(params, lr=lr, eps=adam_eps),
+                "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=momentum)}[optimizer]
         self.optimizer, self.critic_optimizer = make(self.space.params, self.lr), make(self.critic_params,
                                                                                          self.critic_lr)
         self.round_users: list[int] = []
         # each user: one minibatch per epoch, two sums (actor, critic) per minibatch step
-        self.release = composed_sums(privacy, releases_per_user=2 * self.epochs, composition=composition)
+        if not 0 < actor_share < 1:
+            raise ConfigError(f"algo.actor_share must lie in (0, 1) (the actor's share of the round's budget), "
+                              f"got {actor_share}")
+        self.release = composed_sums(privacy, composition=composition, parts={
+            "actor": (self.epochs, float(actor_share)), "critic": (self.epochs, 1.0 - float(actor_share))})
 
     # ---- one round ------------------------------------------------------------------------------
     def update(self, batch, round_idx: int) -> dict:
@@ -218,18 +233,21 @@ class PPO(GroupPolicyOptimizer):
             for mb in epoch:
                 g_actor, g_critic, ratio_frac = self.minibatch_gradients(t, mb)
                 ids = [users[int(i)] for i in mb]
-                d_actor, s_a = self.release.release_sum(g_actor, ids, self.clip)
-                d_critic, s_c = self.release.release_sum(g_critic, ids, self.critic_clip)
-                self.step(d_actor / len(mb), d_critic / len(mb))
+                d_actor, s_a = self.release.release_sum(g_actor, ids, self.clip, part="actor")
+                d_critic, s_c = self.release.release_sum(g_critic, ids, self.critic_clip, part="critic")
+                self.step(d_actor / len(mb), d_critic / len(mb), len(mb))
                 sums["diag/clip_fraction"] += s_a["diag/clip_fraction"]
                 sums["diag/critic_clip_fraction"] += s_c["diag/clip_fraction"]
                 sums["diag/ratio_clip_fraction"] += ratio_frac
                 steps += 1
+        self.average_tail(round_idx)
         mask = batch.mask
         return {**{k: v / steps for k, v in sums.items()},
                 "losses/actor_update_norm": float(d_actor.norm() / len(mb)),
                 "losses/critic_update_norm": float(d_critic.norm() / len(mb)),
                 "privacy/noise_multiplier": self.release.noise_multiplier,
+                "privacy/actor_noise_multiplier": self.release.sigma(1.0, "actor") / 2.0,
+                "privacy/critic_noise_multiplier": self.release.sigma(1.0, "critic") / 2.0,
                 "diag/value_error": float(((t["returns"] - t["values"]) ** 2 * mask).sum() / mask.sum()),
                 "diag/advantage_rms": float((t["A"] ** 2 * mask).sum().div(mask.sum()).sqrt())}
 
@@ -314,9 +332,13 @@ class PPO(GroupPolicyOptimizer):
         g = per_user_gradients(self.critic, (o,), w, user, num_users=b).double()
         return finite_or_fail(g, "the PPO critic gradient")
 
-    def step(self, d_actor: torch.Tensor, d_critic: torch.Tensor) -> None:
+    def step(self, d_actor: torch.Tensor, d_critic: torch.Tensor, users: int) -> None:
         """One optimizer step each: the space ascends J along ``d_actor``; the critic descends L along
-        -``d_critic`` (both released means)."""
+        -``d_critic`` (both released means of ``users`` users; AdamBC is told their public noise variance)."""
+        for opt, clip, part in ((self.optimizer, self.clip, "actor"), (self.critic_optimizer, self.critic_clip,
+                                                                        "critic")):
+            if isinstance(opt, AdamBC):
+                opt.noise_var = (self.release.sigma(clip, part) / users) ** 2
         self.space.ascend(d_actor, self.optimizer)
         lo = 0
         for p in self.critic_params:

@@ -180,9 +180,9 @@ def test_a_private_round_records_one_composed_release_and_every_user_is_in_one_m
     seen = []
     real = L.release.release_sum
 
-    def spy(per_user, users, clip):
+    def spy(per_user, users, clip, part=None):
         seen.append((tuple(users), clip))
-        return real(per_user, users, clip)
+        return real(per_user, users, clip, part=part)
 
     L.release.release_sum = spy
     stats = L.train_round(0)
@@ -272,3 +272,19 @@ def test_ppo_defaults_live_in_the_learner_signature_and_the_twin_differs_only_by
     assert dict(private.algo) == dict(twin.algo) == {"_target_": "dppo.algos.ppo.PPO"}
     assert private.eps == 5.0 and twin.eps is None
     assert PPO.defaults()["lr"] == 0.01 and PPO.defaults()["epochs"] == 4
+
+
+def test_tail_average_makes_the_final_actor_the_mean_of_the_last_rounds_iterates():
+    """average_last=3 (the base learner's tail averaging, as NPG's): rounds 0..4 run exactly as the last-iterate
+    learner's (same seeded noise), and after round 4 the actor is the mean of its parameters after rounds 2, 3, 4."""
+    plain = _learner(eps=3.0, average_last=0)
+    iterates = []
+    for r in range(5):
+        plain.train_round(r)
+        iterates.append(torch.cat([p.detach().double().reshape(-1) for p in plain.space.params]))
+    averaged = _learner(eps=3.0, average_last=3)
+    for r in range(5):
+        averaged.train_round(r)
+    final = torch.cat([p.detach().double().reshape(-1) for p in averaged.space.params])
+    torch.testing.assert_close(final, torch.stack(iterates[2:]).mean(0), rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(final, iterates[-1])
