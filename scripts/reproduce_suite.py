@@ -23,6 +23,17 @@ configs were tuned on seeds 100-102); SB3's 1e6-step runs (Acrobot, MountainCar)
 so those rows use ``SB3_SEEDS`` seeds (named in the table).
 Writes ``runs/reference/suite.md``, ``suite.png`` (final return against users' env steps, every learner)
 and ``suite_curves.png`` (evaluation return against users' env steps).
+
+A full invocation takes hours on two cores, so the reference grows across invocations: every run the
+report sees is also kept as a record (final return, users' env steps, eps, wall time, its curve at
+<= ``RECORD_POINTS`` points) in ``runs/reference/suite_runs.json``, keyed by env, row and seed and
+stamped with the fingerprint of what defines the run (the composed dppo config without its seed, or the
+SB3 spec). A code change under a row is not in its fingerprint: rerun that row (delete its records, or
+``--fresh``). The report takes each seed from disk if the run is there, else from a
+record whose fingerprint still matches (a changed experiment file or default drops its records, which
+the report says); rows with neither keep their line from the previous ``suite.md``, marked as carried.
+``--fresh`` ignores records and carried lines: the table is then exactly the runs on disk (from an empty
+``--out``: a regeneration from scratch).
 """
 from __future__ import annotations
 
@@ -75,6 +86,7 @@ SB3 = {
 }
 SB3_SEEDS = {("acrobot", "PPO"): 3, ("mountaincar", "PPO"): 3}   # the 1e6-step rows (cost, see docstring)
 SB3_EVAL_POINTS = 50       # evaluation points along an SB3 run's curve
+RECORD_POINTS = 60         # curve points kept per run in the records file
 COST = {"sb3_1e6": 60.0, "npg": 4.0, "dp_npg": 4.0, "pg": 3.0, "dp_pg": 3.0}   # rough, for ordering only
 
 
@@ -297,7 +309,67 @@ def _fmt(x, nd=1):
     return "-" if x is None else f"{x:,.{nd}f}"
 
 
+# ---- records: the runs of earlier invocations -------------------------------------------------------
+def fingerprint(env: str, name: str) -> str:
+    """What defines a row's runs, hashed: the composed dppo config with its seed removed (the experiment
+    file, the algorithm's defaults and the suite's overrides), or the SB3 spec (zoo hyper-parameters, budget)."""
+    import hashlib
+
+    if name.startswith("SB3-"):
+        text = json.dumps(SB3[(env, name[4:])], sort_keys=True, default=str)
+    else:
+        from omegaconf import OmegaConf
+
+        import dppo
+
+        label, eps = (name.split(" eps=") + [None])[:2]
+        algo, files, every = next((a, f, e) for lab, a, _, f, e in DPPO_ROWS if lab == label)
+        cfg = OmegaConf.to_container(dppo.make_config(dppo_overrides(env, algo, None if eps is None else float(eps),
+                                                                     files, every, 0)), resolve=True)
+        cfg.pop("seed", None)
+        text = json.dumps(cfg, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def record_of(run: dict, fp: str) -> dict:
+    curve = run["curve"]
+    keep = curve[:: max(1, math.ceil(len(curve) / RECORD_POINTS))]
+    if curve and keep[-1] != curve[-1]:
+        keep.append(curve[-1])
+    return {"fingerprint": fp, "final_return": run["final_return"], "users_env_steps": run["users_env_steps"],
+            "epsilon_spent": run.get("epsilon_spent"), "wall_time_s": run.get("wall_time_s", 0.0),
+            "curve": [[float(x), float(y)] for x, y in keep]}
+
+
+def load_records(path: str | None) -> dict:
+    if not path or not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def previous_lines(md: str) -> dict:
+    """{(env id, learner): table line} of the previous report, for rows with no run on disk or on record."""
+    out, env_id = {}, None
+    if not os.path.isfile(md):
+        return out
+    with open(md) as f:
+        for line in f:
+            if line.startswith("## "):
+                env_id = line[3:].strip()
+            elif line.startswith("| ") and env_id and "(not run)" not in line:
+                name = line.split("|")[1].strip().rstrip(" †")
+                if name not in ("learner", "---"):
+                    out[(env_id, name)] = line.rstrip("\n").replace(f"| {name} †|", f"| {name} |")
+    return out
+
+
 def report(args, wall: float | None) -> None:
+    fresh = getattr(args, "fresh", False)
+    records_path = None if fresh else getattr(args, "records", None)
+    records, kept = load_records(records_path), {}
+    carried = {} if fresh else previous_lines(args.md)
+    stale, n_carried = [], 0
     rows_by_env, lines = {}, ["# The suite: dppo's learners and SB3 side by side", ""]
     lines += [f"Final return: {EVAL_EPISODES} held-out episodes of the final policy (sampled actions; deterministic "
               f"on Pendulum-v1), mean and min over seeds. Users' env steps: the environment steps of the episodes "
@@ -317,9 +389,28 @@ def report(args, wall: float | None) -> None:
         for name in names:
             seeds = cached_seeds(args.out, env, name)
             runs = [load(run_dir(args.out, env, name, s)) for s in seeds]
+            prefix = f"{env}|{name}|"
+            old = {int(k[len(prefix):]): r for k, r in records.items() if k.startswith(prefix)}
+            fp = fingerprint(env, name) if (runs or old) and records_path else None
+            for s_, r in sorted(old.items()):
+                if s_ in seeds:
+                    continue
+                if r["fingerprint"] != fp:
+                    stale.append(f"{env}/{name} seed {s_}")
+                    continue
+                seeds.append(s_)
+                runs.append({**r, "curve": [tuple(p) for p in r["curve"]]})
+            for s_, r in zip(seeds, runs):
+                kept[f"{prefix}{s_}"] = record_of(r, fp) if fp else None
             if not runs:
-                lines.append(f"| {name} | 0 | (not run) | | | | | |")
+                line = carried.get((spec["id"], name))
+                if line is not None:
+                    n_carried += 1
+                    lines.append(line.replace(f"| {name} |", f"| {name} †|", 1))
+                else:
+                    lines.append(f"| {name} | 0 | (not run) | | | | | |")
                 continue
+            seeds, runs = zip(*sorted(zip(seeds, runs), key=lambda p: p[0]))
             rows_by_env.setdefault(env, {})[name] = runs
             finals = [r["final_return"] for r in runs]
             steps = [r["users_env_steps"] for r in runs if r["users_env_steps"] is not None]
@@ -340,7 +431,17 @@ def report(args, wall: float | None) -> None:
     total = sum(r.get("wall_time_s", 0.0) for env_rows in rows_by_env.values() for runs in env_rows.values()
                 for r in runs)
     lines += [f"Sum of the runs' own wall times: {total / 3600:.2f} h.", ""]
+    if n_carried:
+        lines += [f"† {n_carried} rows have no run on disk or on record: each keeps its line from the previous "
+                  f"report (an earlier invocation, older code or config possible; not in the plots). "
+                  f"`--fresh` drops them.", ""]
+    if stale:
+        lines += [f"Dropped {len(stale)} records whose config changed since they ran: " + ", ".join(stale) + ".", ""]
     write_report(args.md, "\n".join(lines))
+    if records_path:
+        with open(records_path, "w") as f:
+            json.dump({k: v for k, v in sorted(kept.items()) if v is not None}, f, indent=None, separators=(",", ":"))
+            f.write("\n")
     plot(rows_by_env, args)
 
 
@@ -415,6 +516,10 @@ def main() -> None:
     ap.add_argument("--md", default=os.path.join(ROOT, "runs", "reference", "suite.md"))
     ap.add_argument("--png", default=os.path.join(ROOT, "runs", "reference", "suite.png"))
     ap.add_argument("--curves-png", default=os.path.join(ROOT, "runs", "reference", "suite_curves.png"))
+    ap.add_argument("--records", default=os.path.join(ROOT, "runs", "reference", "suite_runs.json"),
+                    help="per-run records of earlier invocations (read and updated)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="ignore the records and the previous report's lines: the table is the runs on disk")
     ap.add_argument("--report", action="store_true", help="only write the table and plots from runs on disk")
     args = ap.parse_args()
     wall = None if args.report else run_all(args)

@@ -78,3 +78,46 @@ def test_the_report_shows_every_cached_run_whatever_rows_envs_and_seeds_the_invo
     text = (tmp_path / "suite.md").read_text()
     assert "| PPO | 3 (0-2) |" in text and "| DP-PPO eps=5 | 1 (7) |" in text
     assert "## Acrobot-v1" in text and "| NPG | 0 | (not run) |" in text
+
+
+def test_records_keep_a_run_after_its_directory_is_gone_and_a_changed_config_drops_them(tmp_path):
+    """Every run the report sees is kept in the records file; the next report takes the seed from there when
+    the directory is gone, with the same numbers, unless the row's fingerprint changed (then it is dropped and
+    the report names it)."""
+    import shutil
+
+    mod = _module()
+    mod.fingerprint = lambda env, name: "fp-1"
+    records = tmp_path / "records.json"
+    args = _args(tmp_path, rows=["PPO"], records=str(records))
+    _fake_run(mod, args, "cartpole", "PPO", 0, 500.0, 100_000, [(10_000, 100.0), (40_000, 480.0)])
+    _fake_run(mod, args, "cartpole", "PPO", 1, 300.0, 200_000, [(60_000, 475.0)])
+    mod.report(args, None)
+    first = (tmp_path / "suite.md").read_text()
+    saved = json.loads(records.read_text())
+    assert set(saved) == {"cartpole|PPO|0", "cartpole|PPO|1"} and saved["cartpole|PPO|0"]["fingerprint"] == "fp-1"
+    shutil.rmtree(mod.run_dir(args.out, "cartpole", "PPO", 1))
+    mod.report(args, None)
+    line = lambda text: next(x for x in text.splitlines() if x.startswith("| PPO |"))
+    assert line((tmp_path / "suite.md").read_text()) == line(first)   # "2 (0, 1) | 150,000 | 400.0 | 300.0 | ..."
+    mod.fingerprint = lambda env, name: "fp-2"   # the row's config changed: seed 1's record is stale
+    mod.report(args, None)
+    text = (tmp_path / "suite.md").read_text()
+    assert "| PPO | 1 (0) |" in line(text) and "Dropped 1 records" in text and "cartpole/PPO seed 1" in text
+    assert set(json.loads(records.read_text())) == {"cartpole|PPO|0"}
+
+
+def test_a_row_with_no_run_keeps_its_previous_line_marked_and_fresh_drops_it(tmp_path):
+    mod = _module()
+    args = _args(tmp_path, rows=["PPO"])
+    (tmp_path / "suite.md").write_text("## Acrobot-v1\n\n| learner | seeds |\n|---|---|\n"
+                                       "| DP-PPO eps=5 | 10 (0-9) | 486,452 | -83.0 | -90.2 | - | 5 | 32 |\n")
+    mod.report(args, None)
+    text = (tmp_path / "suite.md").read_text()
+    assert "| DP-PPO eps=5 †| 10 (0-9) | 486,452 | -83.0 | -90.2 | - | 5 | 32 |" in text
+    assert "† 1 rows have no run" in text
+    mod.report(args, None)   # carried again from the marked line, not marked twice
+    assert (tmp_path / "suite.md").read_text().count("DP-PPO eps=5 †|") == 1
+    args.fresh = True
+    mod.report(args, None)
+    assert "| DP-PPO eps=5 | 0 | (not run) |" in (tmp_path / "suite.md").read_text()
