@@ -18,7 +18,8 @@ Every learner is evaluated the same way within an env: ``EVAL_EPISODES`` held-ou
 policy (sampled actions, deterministic on Pendulum, as SB3 reports it), and a curve of the evaluation
 return (10 episodes) against the learner's env steps; "env steps to target" (CartPole: 475, Pendulum: -200) is the first
 point of that curve at or above the target. Each run lives in ``--out/<env>/<row>_s<seed>/`` and is skipped
-when its ``summary.json`` is complete, so a rerun only runs what is missing. Seeds 0-9 by default (the
+when its ``summary.json`` is complete and its saved config is the row's current one, so a rerun only runs
+what is missing or stale. Seeds 0-9 by default (the
 configs were tuned on seeds 100-102); SB3's 1e6-step runs (Acrobot, MountainCar) take ~10-15 min each here,
 so those rows use ``SB3_SEEDS`` seeds (named in the table).
 Writes ``runs/reference/suite.md``, ``suite.png`` (final return against users' env steps, every learner)
@@ -31,7 +32,8 @@ stamped with the fingerprint of what defines the run (the composed dppo config w
 SB3 spec). A code change under a row is not in its fingerprint: rerun that row (delete its records, or
 ``--fresh``). The report takes each seed from disk if the run is there, else from a
 record whose fingerprint still matches (a changed experiment file or default drops its records, which
-the report says); rows with neither keep their line from the previous ``suite.md``, marked as carried.
+the report says, as it does for a run on disk whose saved config differs from the row's); rows with neither
+keep their line from the previous ``suite.md``, marked as carried.
 ``--fresh`` ignores records and carried lines: the table is then exactly the runs on disk (from an empty
 ``--out``: a regeneration from scratch).
 """
@@ -245,8 +247,19 @@ def run_sb3(env: str, name: str, seed: int, spec: dict, path: str) -> None:
         json.dump(summary, f, indent=1)
 
 
+def up_to_date(out: str, env: str, name: str, seed: int, fps: dict) -> bool:
+    """A complete run on disk made with the row's current config (``fps`` caches the rows' fingerprints)."""
+    path = run_dir(out, env, name, seed)
+    if not complete(path):
+        return False
+    if (env, name) not in fps:
+        fps[env, name] = fingerprint(env, name)
+    return run_fingerprint(path, name) in (None, fps[env, name])
+
+
 def run_all(args) -> float:
-    todo = [j for j in jobs(args) if not complete(run_dir(args.out, j[1], j[2], j[3]))]
+    fps: dict = {}
+    todo = [j for j in jobs(args) if not up_to_date(args.out, j[1], j[2], j[3], fps)]
     todo.sort(key=lambda j: -j[5])   # longest first, so the pool drains evenly
     if not todo:
         return 0.0
@@ -310,25 +323,50 @@ def _fmt(x, nd=1):
 
 
 # ---- records: the runs of earlier invocations -------------------------------------------------------
+def _hash(obj) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _sb3_hyperparameters(spec: dict) -> dict:
+    """What an SB3 run's summary.json records of its spec (zoo hyper-parameters, envs, normalization, budget)."""
+    return {**spec["kwargs"], "n_envs": spec["n_envs"], "normalize": spec.get("normalize", False),
+            "n_timesteps": spec["n_timesteps"]}
+
+
 def fingerprint(env: str, name: str) -> str:
     """What defines a row's runs, hashed: the composed dppo config with its seed removed (the experiment
     file, the algorithm's defaults and the suite's overrides), or the SB3 spec (zoo hyper-parameters, budget)."""
-    import hashlib
-
     if name.startswith("SB3-"):
-        text = json.dumps(SB3[(env, name[4:])], sort_keys=True, default=str)
-    else:
-        from omegaconf import OmegaConf
+        return _hash(_sb3_hyperparameters(SB3[(env, name[4:])]))
+    from omegaconf import OmegaConf
 
-        import dppo
+    import dppo
 
-        label, eps = (name.split(" eps=") + [None])[:2]
-        algo, files, every = next((a, f, e) for lab, a, _, f, e in DPPO_ROWS if lab == label)
-        cfg = OmegaConf.to_container(dppo.make_config(dppo_overrides(env, algo, None if eps is None else float(eps),
-                                                                     files, every, 0)), resolve=True)
-        cfg.pop("seed", None)
-        text = json.dumps(cfg, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    label, eps = (name.split(" eps=") + [None])[:2]
+    algo, files, every = next((a, f, e) for lab, a, _, f, e in DPPO_ROWS if lab == label)
+    cfg = OmegaConf.to_container(dppo.make_config(dppo_overrides(env, algo, None if eps is None else float(eps),
+                                                                 files, every, 0)), resolve=True)
+    cfg.pop("seed", None)
+    return _hash(cfg)
+
+
+def run_fingerprint(path: str, name: str) -> str | None:
+    """The fingerprint of the run on disk at ``path``, from what it saved (its composed config, or the SB3
+    hyper-parameters in its summary.json); None if it saved neither."""
+    if name.startswith("SB3-"):
+        with open(os.path.join(path, "summary.json")) as f:
+            hp = json.load(f).get("hyperparameters")
+        return None if hp is None else _hash(hp)
+    saved = os.path.join(path, ".hydra", "config.yaml")
+    if not os.path.isfile(saved):
+        return None
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
+    cfg.pop("seed", None)
+    return _hash(cfg)
 
 
 def record_of(run: dict, fp: str) -> dict:
@@ -369,7 +407,7 @@ def report(args, wall: float | None) -> None:
     records_path = None if fresh else getattr(args, "records", None)
     records, kept = load_records(records_path), {}
     carried = {} if fresh else previous_lines(args.md)
-    stale, n_carried = [], 0
+    stale, n_carried, carried_points = [], 0, {}
     rows_by_env, lines = {}, ["# The suite: dppo's learners and SB3 side by side", ""]
     lines += [f"Final return: {EVAL_EPISODES} held-out episodes of the final policy (sampled actions; deterministic "
               f"on Pendulum-v1), mean and min over seeds. Users' env steps: the environment steps of the episodes "
@@ -388,10 +426,15 @@ def report(args, wall: float | None) -> None:
                 [f"SB3-{a}" for (e, a) in SB3 if e == env]
         for name in names:
             seeds = cached_seeds(args.out, env, name)
-            runs = [load(run_dir(args.out, env, name, s)) for s in seeds]
             prefix = f"{env}|{name}|"
             old = {int(k[len(prefix):]): r for k, r in records.items() if k.startswith(prefix)}
-            fp = fingerprint(env, name) if (runs or old) and records_path else None
+            fp = fingerprint(env, name) if seeds or old else None
+            for s_ in list(seeds):   # a run on disk made with another config than the row's current one
+                got = run_fingerprint(run_dir(args.out, env, name, s_), name)
+                if got is not None and got != fp:
+                    seeds.remove(s_)
+                    stale.append(f"{env}/{name} seed {s_} (on disk)")
+            runs = [load(run_dir(args.out, env, name, s)) for s in seeds]
             for s_, r in sorted(old.items()):
                 if s_ in seeds:
                     continue
@@ -401,12 +444,15 @@ def report(args, wall: float | None) -> None:
                 seeds.append(s_)
                 runs.append({**r, "curve": [tuple(p) for p in r["curve"]]})
             for s_, r in zip(seeds, runs):
-                kept[f"{prefix}{s_}"] = record_of(r, fp) if fp else None
+                kept[f"{prefix}{s_}"] = record_of(r, fp)
             if not runs:
                 line = carried.get((spec["id"], name))
                 if line is not None:
                     n_carried += 1
                     lines.append(line.replace(f"| {name} |", f"| {name} †|", 1))
+                    point = _carried_point(line)
+                    if point is not None:
+                        carried_points.setdefault(env, {})[name] = point
                 else:
                     lines.append(f"| {name} | 0 | (not run) | | | | | |")
                 continue
@@ -433,16 +479,17 @@ def report(args, wall: float | None) -> None:
     lines += [f"Sum of the runs' own wall times: {total / 3600:.2f} h.", ""]
     if n_carried:
         lines += [f"† {n_carried} rows have no run on disk or on record: each keeps its line from the previous "
-                  f"report (an earlier invocation, older code or config possible; not in the plots). "
+                  f"report (an earlier invocation, older code or config possible; hollow squares in suite.png, not in the curves). "
                   f"`--fresh` drops them.", ""]
     if stale:
-        lines += [f"Dropped {len(stale)} records whose config changed since they ran: " + ", ".join(stale) + ".", ""]
+        lines += [f"Left out: {len(stale)} runs made with another config than their row's current one: "
+                  + ", ".join(stale) + ".", ""]
     write_report(args.md, "\n".join(lines))
     if records_path:
         with open(records_path, "w") as f:
-            json.dump({k: v for k, v in sorted(kept.items()) if v is not None}, f, indent=None, separators=(",", ":"))
+            json.dump(dict(sorted(kept.items())), f, indent=None, separators=(",", ":"))
             f.write("\n")
-    plot(rows_by_env, args)
+    plot(rows_by_env, args, carried_points)
 
 
 COLORS = {"SB3-PPO": "black", "SB3-SAC": "dimgray", "PPO": "tab:blue", "DP-PPO eps=5": "tab:cyan",
@@ -450,18 +497,39 @@ COLORS = {"SB3-PPO": "black", "SB3-SAC": "dimgray", "PPO": "tab:blue", "DP-PPO e
           "PG": "tab:red", "DP-PG eps=5": "salmon", "DP-PG eps=1": "pink"}
 
 
-def plot(rows_by_env: dict, args) -> None:
+def _carried_point(line: str):
+    """(users' env steps, final mean, final min) of a carried table line, or None if it has no steps."""
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    try:
+        return float(cells[2].replace(",", "")), float(cells[3]), float(cells[4])
+    except (IndexError, ValueError):
+        return None
+
+
+def _legend(fig, axes) -> None:
+    """One legend for every learner drawn in any panel."""
+    seen = {}
+    for ax in axes:
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            seen.setdefault(label, h)
+    fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=6, fontsize=8)
+
+
+def plot(rows_by_env: dict, args, carried: dict | None = None) -> None:
+    """``suite.png``: final return against users' env steps, every row (carried rows: hollow squares, the bar
+    down to their min); ``suite_curves.png``: the evaluation curves of the rows with runs or records."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    envs = [e for e in ENVS if e in rows_by_env]
+    carried = carried or {}
+    envs = [e for e in ENVS if e in rows_by_env or e in carried]
     if not envs:
         return
     fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 4.2), squeeze=False)
     for ax, env in zip(axes[0], envs):
-        for name, runs in rows_by_env[env].items():
+        for name, runs in rows_by_env.get(env, {}).items():
             xs = [r["users_env_steps"] for r in runs if r["users_env_steps"]]
             ys = [r["final_return"] for r in runs]
             if not xs:
@@ -469,20 +537,24 @@ def plot(rows_by_env: dict, args) -> None:
             x, y = sum(xs) / len(xs), sum(ys) / len(ys)
             ax.errorbar([x], [y], yerr=[[y - min(ys)], [max(ys) - y]], fmt="o", color=COLORS.get(name, "gray"),
                         label=name, capsize=3)
+        for name, (x, y, low) in carried.get(env, {}).items():
+            ax.errorbar([x], [y], yerr=[[y - low], [0.0]], fmt="s", mfc="none", color=COLORS.get(name, "gray"),
+                        label=f"{name} †", capsize=3)
         ax.set_xscale("log")
         ax.set_title(ENVS[env]["id"])
         ax.set_xlabel("users' env steps (mean over seeds)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("final return (mean; bars: min-max over seeds)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=8)
+    axes[0][0].annotate("† carried from an earlier report: bar to the min only", (0.01, 0.01),
+                        xycoords="figure fraction", fontsize=7)
+    _legend(fig, axes[0])
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(args.png, dpi=110)
     plt.close(fig)
 
     fig, axes = plt.subplots(1, len(envs), figsize=(5 * len(envs), 4.2), squeeze=False)
     for ax, env in zip(axes[0], envs):
-        for name, runs in rows_by_env[env].items():
+        for name, runs in rows_by_env.get(env, {}).items():
             curves = [r["curve"] for r in runs if r["curve"]]
             if not curves:
                 continue
@@ -498,8 +570,7 @@ def plot(rows_by_env: dict, args) -> None:
         ax.set_xlabel("users' env steps")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(f"evaluation return ({CURVE_EPISODES} episodes; mean over seeds)")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=8)
+    _legend(fig, axes[0])
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     fig.savefig(args.curves_png, dpi=110)
     plt.close(fig)

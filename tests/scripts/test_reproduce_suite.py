@@ -103,7 +103,7 @@ def test_records_keep_a_run_after_its_directory_is_gone_and_a_changed_config_dro
     mod.fingerprint = lambda env, name: "fp-2"   # the row's config changed: seed 1's record is stale
     mod.report(args, None)
     text = (tmp_path / "suite.md").read_text()
-    assert "| PPO | 1 (0) |" in line(text) and "Dropped 1 records" in text and "cartpole/PPO seed 1" in text
+    assert "| PPO | 1 (0) |" in line(text) and "Left out: 1 runs" in text and "cartpole/PPO seed 1" in text
     assert set(json.loads(records.read_text())) == {"cartpole|PPO|0"}
 
 
@@ -121,3 +121,20 @@ def test_a_row_with_no_run_keeps_its_previous_line_marked_and_fresh_drops_it(tmp
     args.fresh = True
     mod.report(args, None)
     assert "| DP-PPO eps=5 | 0 | (not run) |" in (tmp_path / "suite.md").read_text()
+
+
+def test_a_run_on_disk_made_with_another_config_is_left_out_and_named(tmp_path):
+    """A run's saved config (its .hydra/config.yaml without the seed) must match the row's current config."""
+    mod = _module()
+    args = _args(tmp_path, rows=["PPO"])
+    for s, lr in ((0, 0.1), (1, 0.2)):
+        _fake_run(mod, args, "cartpole", "PPO", s, 500.0 - s, 10_000, [(5_000, 480.0)])
+        os.makedirs(os.path.join(mod.run_dir(args.out, "cartpole", "PPO", s), ".hydra"))
+        with open(os.path.join(mod.run_dir(args.out, "cartpole", "PPO", s), ".hydra", "config.yaml"), "w") as f:
+            f.write(f"seed: {s}\nalgo:\n  lr: {lr}\n")
+    mod.fingerprint = lambda env, name: mod._hash({"algo": {"lr": 0.1}})
+    mod.report(args, None)
+    text = (tmp_path / "suite.md").read_text()
+    assert "| PPO | 1 (0) |" in text and "Left out: 1 runs" in text and "cartpole/PPO seed 1 (on disk)" in text
+    fps = {}
+    assert mod.up_to_date(args.out, "cartpole", "PPO", 0, fps) and not mod.up_to_date(args.out, "cartpole", "PPO", 1, fps)
