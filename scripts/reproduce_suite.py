@@ -20,7 +20,7 @@ return (10 episodes) against the learner's env steps; "env steps to target" (Car
 point of that curve at or above the target. Each run lives in ``--out/<env>/<row>_s<seed>/`` and is skipped
 when its ``summary.json`` is complete and its saved config is the row's current one, so a rerun only runs
 what is missing or stale. Seeds 0-9 by default (the
-configs were tuned on seeds 100-102); SB3's 1e6-step runs (Acrobot, MountainCar) take ~10-15 min each here,
+configs were tuned on seeds 100-102); SB3's 1e6-step runs (Acrobot, MountainCar) take 5-11 min each here,
 so those rows use ``SB3_SEEDS`` seeds (named in the table).
 Writes ``runs/reference/suite.md``, ``suite.png`` (final return against users' env steps, every learner)
 and ``suite_curves.png`` (evaluation return against users' env steps).
