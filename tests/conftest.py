@@ -1,5 +1,10 @@
 import pytest
-import torch
+
+try:
+    import torch
+except ImportError:   # pytest run by a Python without the project installed: say how to install, in one line
+    raise pytest.UsageError('the tests need the project installed in this Python: pip install torch==2.13.0 && '
+                            'pip install -e ".[dev,lm]" (README, Install)') from None
 
 from tests.cli_helpers import run_cli
 
