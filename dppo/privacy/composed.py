@@ -41,7 +41,9 @@ of part p is (1/z_p)-GDP for the user; the k releases compose to mu^2 = sum_p k_
 
 the same mu as k releases at the equal multiplier z: the same (eps, delta). Equal shares w_p = k_p / k
 give z_p = z. Under RDP each Gaussian release of multiplier z_p adds alpha / (2 z_p^2) at every order
-alpha, so the same z_p keep the RDP curve, hence Opacus' bound, unchanged too. Rounds take disjoint users (one-pass), so the run is (eps, delta)-DP by parallel composition: one
+alpha, so the same z_p keep the RDP curve, hence Opacus' bound, unchanged too.
+
+Rounds take disjoint users (one-pass), so the run is (eps, delta)-DP by parallel composition: one
 ledger entry per round (``open_round``), recorded before the round's first noisy sum leaves.
 m and the sizes |S_j| are public (replace-one adjacency keeps them fixed).
 
@@ -122,7 +124,9 @@ class ComposedGaussianSums:
         users = [int(u) for u in users]
         self._round, self._users, self._count = int(round_idx), frozenset(users), Counter()
         zs = list(self.multipliers.values())
-        zs = zs if len(zs) == len(clips) else zs[:1] * len(clips)
+        if len(zs) > 1 and len(clips) != len(zs):
+            raise PrivacyError(f"open_round: one clip norm per part {list(self.parts)}, got {len(clips)}")
+        zs = zs if len(zs) > 1 else zs * len(clips)
         extra = {} if list(self.parts) == [None] else {
             "parts": {p: {"releases_per_user": kp, "share": w, "noise_multiplier": self.multipliers[p]}
                       for p, (kp, w) in self.parts.items()}}
