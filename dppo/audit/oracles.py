@@ -129,7 +129,10 @@ def audit_exp_mech(eps: float, delta: float = 0.0, trials: int = 100_000, *, see
     from dppo.oracles import make_oracle
 
     started = time.perf_counter()
-    oracle = make_oracle("exp_mech", cover="grid", grid_points=2, w_max=1.0)
+    # unit bounds (no rescaling: the canary's rows are the normalized units' extreme points) and no ridge (the
+    # class's defaults are DP-NPG's bounds 0.5 / 3, under which this canary would move the scores by a fraction
+    # of Delta only)
+    oracle = make_oracle("exp_mech", cover="grid", grid_points=2, w_max=1.0, x_bound=1.0, y_bound=1.0, ridge=0.0)
     k = max(1, round(6.0 / eps)) if others is None else others
     rest = [(torch.tensor([[1.0]]), torch.tensor([-1.0]))] * k
     users = [[(torch.tensor([[1.0]]), torch.tensor([y]))] + rest for y in (1.0, -1.0)]
