@@ -4,6 +4,7 @@ from __future__ import annotations
 import gymnasium as gym
 
 import dppo.envs.acrobot_vector  # noqa: F401 - registers Acrobot-v1's native vectorized implementation
+import dppo.envs.cartpole_physics  # noqa: F401 - registers dppo/CartPolePhysics-v1 (CartPole-v1's constants as kwargs)
 
 from dppo.envs.rollout import VECTORIZATION
 from dppo.errors import ConfigError
