@@ -34,6 +34,7 @@ POLICY_KEYS = ("init_from", "init_users_offset", "freeze")  # policy.* keys the 
 # change what a release spends or on whom, and a change to it refuses the resume, naming the key.
 RESUME_MAY_CHANGE = ("logger", "progress", "checkpoint_every", "eval_episodes", "eval", "resume", "callbacks",
                      "hydra", "privacy.allow_over_target")
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # relative policy.init_from: assets/
 ROUND_MEMORY_FRACTION = 0.5   # refuse a round (or population) whose arrays would need more than this share of RAM
 
 
@@ -114,7 +115,8 @@ def record_env_inputs(cfg, env, given: dict) -> None:
 
 def load_init_source(init_from: str | None) -> tuple[dict | None, dict | None]:
     """``policy.init_from``: a run directory (its newest checkpoint, else its ``policy.pt``), a ``policy.pt``,
-    a run's checkpoint file, or a file holding a bare ``state_dict`` (or ``{"policy": state_dict}``).
+    a run's checkpoint file, or a file holding a bare ``state_dict`` (or ``{"policy": state_dict}``); a
+    relative path that does not exist from the working directory is read from the repository root.
 
     Returns (policy state_dict, provenance record: which users the weights' training consumed, or None for
     a bare state_dict, whose provenance is unknown). Every file is read with ``weights_only=True``.
@@ -125,6 +127,8 @@ def load_init_source(init_from: str | None) -> tuple[dict | None, dict | None]:
     if not init_from:
         return None, None
     path = str(init_from)
+    if not os.path.exists(path) and not os.path.isabs(path) and os.path.exists(os.path.join(REPO_ROOT, path)):
+        path = os.path.join(REPO_ROOT, path)   # the shipped assets/ work from any directory
     if os.path.isdir(path):
         state, _ = load_latest_checkpoint(os.path.join(path, "checkpoints"))
         if state is None and os.path.isfile(os.path.join(path, "policy.pt")):

@@ -49,3 +49,21 @@ def test_init_from_accepts_a_checkpoint_file_and_a_bare_state_dict(tmp_path):
         assert summary["rounds_done"] == 1
         start = final_state(pre)["learner"]["policy"]
         assert torch.equal(final_state(out)["learner"]["policy"]["body.0.weight"], start["body.0.weight"])
+
+
+def test_the_shipped_public_pretraining_loads_from_any_directory_and_its_users_are_skipped(tmp_path, monkeypatch):
+    from dppo.build import load_init_source
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    rel = "assets/pretrained/cartpole_long_pole/policy.pt"
+    shipped = torch.load(os.path.join(root, rel), weights_only=True)
+    monkeypatch.chdir(tmp_path)                        # a relative init_from falls back to the repository root
+    weights, record = load_init_source(rel)
+    assert all(torch.equal(weights[k], shipped["policy"][k]) for k in shipped["policy"])
+    assert record["consumed"][0]["population"]["env_id"] == "dppo/CartPolePhysics-v1"   # a public simulator's
+    summary = dppo.train(["+experiment=cartpole_dp_ppo_public_init", "rounds=1", "users_per_round=2",
+                          "algo.epochs=1", "env.horizon=20", "eval_episodes=1", "progress=false",
+                          "privacy.secure_rng=false"], run_dir=str(tmp_path / "fine"))
+    assert summary["rounds_done"] == 1 and summary["epsilon_spent"] == 5.0
+    used = final_state(str(tmp_path / "fine"))["sampler"]["used"]
+    assert min(used) >= 200                            # its 200 simulated users' ids are never reused
