@@ -70,7 +70,11 @@ DPPO_ROWS = [
     ("DP-NPG", "dp_npg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum", "mountaincar"), 10),
     ("PG", "pg", [None], ("cartpole", "acrobot", "pendulum"), 10),
     ("DP-PG", "dp_pg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum"), 10),
+    # DP-PPO from an actor pretrained on a public simulator (conf/experiment/cartpole_dp_ppo_public_init.yaml)
+    ("DP-PPO public-init", "dp_ppo_public_init", [5.0, 1.0], ("cartpole",), 1),
 ]
+# rows that run only where their experiment file exists (no algorithm defaults to fall back to)
+FILE_ONLY = {"DP-PPO public-init"}
 # rl-baselines3-zoo (hyperparams/ppo.yml, sac.yml; the norm_obs-only VecNormalize of the zoo's published
 # Acrobot / MountainCar agents); "lin_x" = linear decay from x to 0, as the zoo's schedules
 SB3 = {
@@ -116,6 +120,8 @@ def jobs(args) -> list[tuple]:
     out = []
     for env in args.envs:
         for label, algo, eps_list, files, every in DPPO_ROWS:
+            if label in FILE_ONLY and env not in files:
+                continue
             for eps in eps_list:
                 name = row_name(label, eps)
                 if args.rows and name not in args.rows and label not in args.rows:
@@ -352,6 +358,27 @@ def fingerprint(env: str, name: str) -> str:
     return _hash(cfg)
 
 
+def public_init_note(env: str, name: str) -> str | None:
+    """For a row whose actor starts from ``policy.init_from`` (a shipped pretraining): where from, and the public
+    env steps that pretraining took (its own training steps, from the ``summary.json`` beside it; not counted
+    in the users' env steps column)."""
+    if name.startswith("SB3-"):
+        return None
+    import dppo
+
+    label, eps = (name.split(" eps=") + [None])[:2]
+    algo, files, every = next((a, f, e) for lab, a, _, f, e in DPPO_ROWS if lab == label)
+    cfg = dppo.make_config(dppo_overrides(env, algo, None if eps is None else float(eps), files, every, 0))
+    init = cfg.policy.get("init_from")
+    if not init:
+        return None
+    with open(os.path.join(ROOT, os.path.dirname(str(init)), "summary.json")) as f:
+        pre = json.load(f)
+    return (f"{label}: the actor starts from `{init}` ({pre['algo']} on the public simulator {pre['env_id']}, "
+            f"{pre['env_steps']['users']:,} public env steps of its training, not in the users' env steps column); "
+            f"`conf/experiment/{env}_{algo}.yaml`.")
+
+
 def run_fingerprint(path: str, name: str) -> str | None:
     """The fingerprint of the run on disk at ``path``, from what it saved (its composed config, or the SB3
     hyper-parameters in its summary.json); None if it saved neither."""
@@ -422,7 +449,8 @@ def report(args, wall: float | None) -> None:
         lines += [f"## {spec['id']}", "",
                   "| learner | seeds | users' env steps | final return (mean) | min | env steps to target | "
                   "eps spent | wall s/run |", "|---|---|---|---|---|---|---|---|"]
-        names = [row_name(l, e) for l, _, eps_list, _, _ in DPPO_ROWS for e in eps_list] + \
+        names = [row_name(l, e) for l, _, eps_list, files, _ in DPPO_ROWS for e in eps_list
+                 if l not in FILE_ONLY or env in files] + \
                 [f"SB3-{a}" for (e, a) in SB3 if e == env]
         for name in names:
             seeds = cached_seeds(args.out, env, name)
@@ -472,6 +500,8 @@ def report(args, wall: float | None) -> None:
                          f"{sum(finals) / len(finals):.1f} | {min(finals):.1f} | {hit} | "
                          f"{'-' if not eps else f'{eps:.3g}'} | {wall_s:.0f} |")
         lines.append("")
+        notes = sorted({n for name in rows_by_env.get(env, {}) if (n := public_init_note(env, name))})
+        lines += [*notes, ""] if notes else []
     if wall:
         lines += [f"Wall time of this invocation: {wall / 60:.1f} min ({args.jobs} runs at a time, one thread each)."]
     total = sum(r.get("wall_time_s", 0.0) for env_rows in rows_by_env.values() for runs in env_rows.values()
@@ -494,7 +524,8 @@ def report(args, wall: float | None) -> None:
 
 COLORS = {"SB3-PPO": "black", "SB3-SAC": "dimgray", "PPO": "tab:blue", "DP-PPO eps=5": "tab:cyan",
           "DP-PPO eps=1": "lightblue", "NPG": "tab:green", "DP-NPG eps=5": "limegreen", "DP-NPG eps=1": "yellowgreen",
-          "PG": "tab:red", "DP-PG eps=5": "salmon", "DP-PG eps=1": "pink"}
+          "PG": "tab:red", "DP-PG eps=5": "salmon", "DP-PG eps=1": "pink", "DP-PPO public-init eps=5": "tab:purple",
+          "DP-PPO public-init eps=1": "plum"}
 
 
 def _carried_point(line: str):

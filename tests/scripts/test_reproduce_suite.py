@@ -138,3 +138,19 @@ def test_a_run_on_disk_made_with_another_config_is_left_out_and_named(tmp_path):
     assert "| PPO | 1 (0) |" in text and "Left out: 1 runs" in text and "cartpole/PPO seed 1 (on disk)" in text
     fps = {}
     assert mod.up_to_date(args.out, "cartpole", "PPO", 0, fps) and not mod.up_to_date(args.out, "cartpole", "PPO", 1, fps)
+
+
+def test_the_public_init_row_runs_only_where_its_file_exists_and_the_report_names_its_public_steps(tmp_path):
+    mod = _module()
+    rows = {(j[1], j[2]) for j in mod.jobs(_args(tmp_path, envs=list(mod.ENVS), seeds=[0]))}
+    assert {e for e, r in rows if r.startswith("DP-PPO public-init")} == {"cartpole"}
+    cp = mod.jobs(_args(tmp_path, rows=["DP-PPO public-init eps=5"], seeds=[0]))
+    assert [j[4][0] for j in cp] == ["+experiment=cartpole_dp_ppo_public_init"]
+    args = _args(tmp_path, envs=["cartpole", "acrobot"], rows=["DP-PPO public-init"])
+    _fake_run(mod, args, "cartpole", "DP-PPO public-init eps=5", 0, 490.0, 300_000, [(300_000, 490.0)])
+    mod.report(args, None)
+    text = (tmp_path / "suite.md").read_text()
+    with open(ROOT / "assets" / "pretrained" / "cartpole_long_pole" / "summary.json") as f:
+        public = json.load(f)["env_steps"]["users"]
+    assert "| DP-PPO public-init eps=5 | 1 (0) | 300,000 |" in text
+    assert f"{public:,} public env steps" in text and text.count("DP-PPO public-init eps=1") == 1  # cartpole only
