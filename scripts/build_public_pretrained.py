@@ -24,10 +24,11 @@ sys.path.insert(0, ROOT)
 PRETRAINED = {"cartpole_long_pole": ["+experiment=cartpole_public_pretrain", "seed=1000"]}
 
 
-def build(name: str, overrides: list[str]) -> str:
+def build(name: str, overrides: list[str], root: str = ROOT) -> str:
+    """Run the pretraining, copy its policy.pt and summary.json into ``root/assets/pretrained/<name>/``."""
     import dppo
 
-    out = os.path.join(ROOT, "assets", "pretrained", name)
+    out = os.path.join(root, "assets", "pretrained", name)
     with tempfile.TemporaryDirectory() as tmp:
         cfg = dppo.make_config([*overrides, "progress=false", "logger.tensorboard=false"])
         summary = dppo.train(cfg, run_dir=tmp)
@@ -35,7 +36,7 @@ def build(name: str, overrides: list[str]) -> str:
         for f in ("policy.pt", "summary.json"):
             shutil.copyfile(os.path.join(tmp, f), os.path.join(out, f))
     print(f"{name}: final return {summary['final_return']:.1f} on {cfg.env.id} {dict(cfg.env.get('kwargs') or {})}, "
-          f"{summary['env_steps']['users']:,} public env steps of training -> {os.path.relpath(out, ROOT)}")
+          f"{summary['env_steps']['users']:,} public env steps of training -> {out}")
     return out
 
 
