@@ -23,7 +23,7 @@ from dppo.training.logger import make_logger
 from dppo.training.provenance import Population
 from dppo.training.trainer import Trainer
 
-INJECTABLE = ("policy", "space", "env", "privacy", "sampler", "logger", "seed", "rounds", "users_per_round",
+INJECTABLE = ("policy", "space", "env", "privacy", "sampler", "logger", "init_critic", "seed", "rounds", "users_per_round",
               "episodes", "batch_size", "max_grad_norm", "reward_bound", "group_size", "eps", "delta", "oracle")
 # top-level keys that only some learners read: a learner refuses one set to anything but its schema default
 SHORTCUTS = ("rounds", "users_per_round", "group_size", "max_grad_norm", "reward_bound", "episodes", "batch_size")
@@ -121,11 +121,18 @@ def load_init_source(init_from: str | None) -> tuple[dict | None, dict | None]:
     Returns (policy state_dict, provenance record: which users the weights' training consumed, or None for
     a bare state_dict, whose provenance is unknown). Every file is read with ``weights_only=True``.
     """
+    policy, record, _ = read_init_source(init_from)
+    return policy, record
+
+
+def read_init_source(init_from: str | None) -> tuple[dict | None, dict | None, dict | None]:
+    """``load_init_source``'s (policy, provenance record) and the source's critic state_dict (an actor-critic
+    run's ``policy.pt`` or checkpoint; None otherwise): the critic's training consumed the same users."""
     from dppo.training import provenance
     from dppo.training.checkpoint import load_latest_checkpoint
 
     if not init_from:
-        return None, None
+        return None, None, None
     path = str(init_from)
     if not os.path.exists(path) and not os.path.isabs(path) and os.path.exists(os.path.join(REPO_ROOT, path)):
         path = os.path.join(REPO_ROOT, path)   # the shipped assets/ work from any directory
@@ -141,20 +148,20 @@ def load_init_source(init_from: str | None) -> tuple[dict | None, dict | None]:
         raise ConfigError(f"policy.init_from={path} is neither a run directory nor a file")
     if isinstance(state, dict) and state.get("format") == "dppo-policy-1" and isinstance(state.get("policy"), dict):
         record = state.get("provenance")
-        return state["policy"], record if provenance.is_record(record) else None
+        return state["policy"], record if provenance.is_record(record) else None, state.get("critic")
     if isinstance(state, dict) and isinstance(state.get("learner"), dict) and "policy" in state["learner"]:
         record = state.get("provenance")
         if not provenance.is_record(record):   # a checkpoint from before provenance: its sampler's ids
             used = (state.get("sampler") or {}).get("used")
             record = None if used is None else provenance.legacy_record(used)
-        return state["learner"]["policy"], record
+        return state["learner"]["policy"], record, state["learner"].get("critic")
     if isinstance(state, dict) and isinstance(state.get("policy"), dict):
         state = state["policy"]
     if not (isinstance(state, dict) and state and all(isinstance(k, str) and isinstance(v, torch.Tensor)
                                                       for k, v in state.items())):
         raise ConfigError(f"policy.init_from={path} holds no policy weights (a policy.pt, a run's checkpoint or a "
                           f"state_dict of tensors)")
-    return state, None
+    return state, None, None
 
 
 def _torch_load(path: str, shown: str):
@@ -544,7 +551,7 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         raise ConfigError("pass either env= or reward_funcs / train_dataset / eval_dataset, not both")
     env = env if env_given else build_env(cfg, env_inputs)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
-    init_state, init_record = load_init_source(OmegaConf.select(cfg, "policy.init_from", default=None))
+    init_state, init_record, init_critic = read_init_source(OmegaConf.select(cfg, "policy.init_from", default=None))
     if sampler is None:
         sampler = build_sampler(cfg, privacy.noise)
     population = Population(env, sampler)
@@ -555,6 +562,8 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     if learner is None:
         sig = inspect.signature(cls.__init__).parameters
         objects = {"env": env, "privacy": privacy, "sampler": sampler, "logger": logger}
+        if init_critic is not None and "init_critic" in sig:   # an actor-critic source: its critic too
+            objects["init_critic"] = init_critic
         if "policy" in sig:
             if env_given:
                 check_env(env)

@@ -139,6 +139,9 @@ def _load_policy_file(path: str, folder: str, overrides, inputs=None) -> SavedRu
         raise ConfigError(f"the config in {path} builds a learner without a neural policy")
     try:
         policy.load_state_dict(saved["policy"])
+        critic = getattr(trainer.learner, "critic", None)
+        if isinstance(saved.get("critic"), dict) and hasattr(critic, "load_state_dict"):
+            critic.load_state_dict(saved["critic"])   # an actor-critic's released critic, as its checkpoint has it
     except (RuntimeError, TypeError, KeyError) as err:
         raise ConfigError(f"{path}: the weights do not fit the policy its config builds: "
                           f"{str(err).splitlines()[0]}") from None

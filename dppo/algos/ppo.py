@@ -132,6 +132,8 @@ class PPO(GroupPolicyOptimizer):
             0.5: equal noise.
         average_last: the final policy is the mean of the actor's parameters after the last k rounds (tail
             averaging of released iterates: post-processing; 0: the last iterate).
+        init_critic: injected by the builder when ``policy.init_from`` names an actor-critic run (its
+            ``policy.pt`` or checkpoint): the critic starts from that run's critic (public, or released by it).
         explore_bonus: c of the state-range bonus, spread over the steps as rewards (``dppo.algos.core``:
             ``range_bonus_steps``, a function of the episode's own states and the public observation bounds;
             0: off). Value targets and GAE see it; evaluation returns do not.
@@ -157,7 +159,8 @@ class PPO(GroupPolicyOptimizer):
                  critic_activation: str = "tanh", value_scale="auto", adv_norm: str = "scale",
                  action_noise_corr: float = 0.0, user_horizon: int | None = None, optimizer: str = "adam",
                  momentum: float = 0.9, composition: str = "gdp", explore_bonus: float = 0.0,
-                 critic_normalize_obs: bool = False, actor_share: float = 0.5, average_last: int = 0):
+                 critic_normalize_obs: bool = False, actor_share: float = 0.5, average_last: int = 0,
+                 init_critic: dict | None = None):
         self.check_env(env)
         if space is None:
             space = make_space(policy, **self.space_defaults, seed=seed)
@@ -205,6 +208,12 @@ class PPO(GroupPolicyOptimizer):
             raise ConfigError(f"algo.value_scale must be > 0 or auto, got {value_scale}")
         self.critic = ValueMLP(env.observation_space, critic_hidden_sizes, critic_activation,
                                normalize_obs=critic_normalize_obs)
+        if init_critic is not None:
+            try:
+                self.critic.load_state_dict(init_critic)
+            except (RuntimeError, KeyError) as err:
+                raise ConfigError(f"policy.init_from's critic does not fit this critic (algo.critic_hidden_sizes, "
+                                  f"algo.critic_activation, algo.critic_normalize_obs): {str(err).splitlines()[0]}") from None
         self.critic_params = list(self.critic.parameters())
         self.lr, self.critic_lr, self.anneal_lr = float(lr), float(critic_lr or lr), bool(anneal_lr)
         # Adam (or SGD) per parameter: one optimizer for the actor's space, one for the critic

@@ -384,8 +384,9 @@ class Trainer:
 
         ``{"format": "dppo-policy-1", "policy": state_dict, "config": the run's public config (policy, env,
         algo: enough to rebuild and run it), "provenance": the users its training consumed, "rounds_done",
-        "algo", "env_id"}``; no optimizer, RNG or noise state, no ledger, no journal. Loads with
-        ``torch.load(weights_only=True)``.
+        "algo", "env_id"}``, and an actor-critic learner's ``"critic"`` state_dict (released like the policy:
+        ``policy.init_from`` starts a new run's critic from it); no optimizer, RNG or noise state, no ledger, no
+        journal. Loads with ``torch.load(weights_only=True)``.
         """
         policy = getattr(self.learner, "policy", None)
         if self.run_dir is None or not hasattr(policy, "state_dict"):
@@ -395,11 +396,14 @@ class Trainer:
         import torch
 
         buf = io.BytesIO()
-        torch.save({"format": POLICY_FORMAT,
-                    "policy": {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()},
-                    "config": copy.deepcopy(self.config), "provenance": self.provenance(),
-                    "rounds_done": int(self.round), "algo": self.meta.get("algo"), "env_id": self.meta.get("env_id")},
-                   buf)
+        saved = {"format": POLICY_FORMAT,
+                 "policy": {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()},
+                 "config": copy.deepcopy(self.config), "provenance": self.provenance(),
+                 "rounds_done": int(self.round), "algo": self.meta.get("algo"), "env_id": self.meta.get("env_id")}
+        critic = getattr(self.learner, "critic", None)
+        if hasattr(critic, "state_dict"):
+            saved["critic"] = {k: v.detach().cpu().clone() for k, v in critic.state_dict().items()}
+        torch.save(saved, buf)
         path = os.path.join(self.run_dir, "policy.pt")
         atomic_write_bytes(path, buf.getvalue())
         return path

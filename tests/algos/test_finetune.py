@@ -61,9 +61,36 @@ def test_the_shipped_public_pretraining_loads_from_any_directory_and_its_users_a
     weights, record = load_init_source(rel)
     assert all(torch.equal(weights[k], shipped["policy"][k]) for k in shipped["policy"])
     assert record["consumed"][0]["population"]["env_id"] == "dppo/CartPolePhysics-v1"   # a public simulator's
+    assert "critic" in shipped                          # the fine-tuning's critic starts from the pretraining's
     summary = dppo.train(["+experiment=cartpole_dp_ppo_public_init", "rounds=1", "users_per_round=2",
                           "algo.epochs=1", "env.horizon=20", "eval_episodes=1", "progress=false",
                           "privacy.secure_rng=false"], run_dir=str(tmp_path / "fine"))
     assert summary["rounds_done"] == 1 and summary["epsilon_spent"] == 5.0
     used = final_state(str(tmp_path / "fine"))["sampler"]["used"]
     assert min(used) >= 200                            # its 200 simulated users' ids are never reused
+
+
+def test_an_actor_critic_source_starts_the_critic_too_and_a_misfit_critic_is_one_clear_error(tmp_path):
+    import pytest
+
+    from dppo.build import build
+    from dppo.errors import ConfigError
+    from dppo.saved_run import load
+
+    pre = str(tmp_path / "pre")
+    ppo = ["algo=ppo", "rounds=2", "users_per_round=2", "group_size=1", "eval_episodes=1", "progress=false",
+           "env.horizon=30", "policy.hidden_sizes=[8]", "algo.critic_hidden_sizes=[8]"]
+    dppo.train(ppo, run_dir=pre)
+    saved = torch.load(os.path.join(pre, "policy.pt"), weights_only=True)
+    trained = final_state(pre)["learner"]["critic"]
+    assert all(torch.equal(saved["critic"][k], trained[k]) for k in trained)     # policy.pt carries the critic
+    assert all(torch.equal(load(pre + "/policy.pt").learner.critic.state_dict()[k], trained[k]) for k in trained)
+    for source in (pre, os.path.join(pre, "policy.pt")):                           # a run directory or its policy.pt
+        cfg = dppo.make_config([*ppo, "algo=dp_ppo", "eps=5", f"policy.init_from={source}"])
+        critic = build(cfg).learner.critic.state_dict()
+        assert all(torch.equal(critic[k], trained[k]) for k in trained)
+    fresh = build(dppo.make_config([*ppo, "algo=dp_ppo", "eps=5"])).learner.critic.state_dict()
+    assert not all(torch.equal(fresh[k], trained[k]) for k in trained)
+    with pytest.raises(ConfigError, match="init_from's critic does not fit"):
+        build(dppo.make_config([*ppo, "algo=dp_ppo", "eps=5", f"policy.init_from={pre}",
+                                "algo.critic_hidden_sizes=[4]"]))
