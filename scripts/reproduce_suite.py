@@ -372,9 +372,13 @@ def public_init_note(env: str, name: str) -> str | None:
     init = cfg.policy.get("init_from")
     if not init:
         return None
+    import torch
+
     with open(os.path.join(ROOT, os.path.dirname(str(init)), "summary.json")) as f:
         pre = json.load(f)
-    return (f"{label}: the actor starts from `{init}` ({pre['algo']} on the public simulator {pre['env_id']}, "
+    parts = "actor and critic start" if "critic" in torch.load(os.path.join(ROOT, str(init)), weights_only=True) \
+        else "actor starts"
+    return (f"{label}: the {parts} from `{init}` ({pre['algo']} on the public simulator {pre['env_id']}, "
             f"{pre['env_steps']['users']:,} public env steps of its training, not in the users' env steps column); "
             f"`conf/experiment/{env}_{algo}.yaml`.")
 
