@@ -155,7 +155,8 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
     of dicts). They go to the prompts env through the one build path (``dppo.build.build_env``), so the split
     rules and checks are those of a prompts file: the weighted reward is clipped to ``reward_bound``, user ids
     name private rows only, evaluation uses the public ones. The run's config records the rewards' dotted names
-    and the rows' SHA-256; a resume (or ``dppo.load``) must pass the same objects again.
+    and ``env.path=<python rows>``, nothing about the rows; a resume (or ``dppo.load``) must pass the same objects
+    again, checked against the rows' keyed fingerprint in the run's secret files.
     """
     composed, overrides = _config_and_overrides(cfg)
     inputs = {"reward_funcs": reward_funcs, "reward_weights": reward_weights, "train_dataset": train_dataset,

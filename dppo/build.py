@@ -6,7 +6,10 @@ import hashlib
 import importlib
 import inspect
 import json
+import math
 import os
+import sys
+import typing
 
 import torch
 from hydra.utils import get_class, get_object, instantiate
@@ -20,6 +23,7 @@ from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
 from dppo.training import distributed
 from dppo.training.logger import make_logger
+from dppo.training import secret
 from dppo.training.provenance import Population
 from dppo.training.trainer import Trainer
 
@@ -27,7 +31,7 @@ INJECTABLE = ("policy", "space", "env", "privacy", "sampler", "logger", "init_cr
               "episodes", "batch_size", "max_grad_norm", "reward_bound", "group_size", "eps", "delta", "oracle")
 # top-level keys that only some learners read: a learner refuses one set to anything but its schema default
 SHORTCUTS = ("rounds", "users_per_round", "group_size", "max_grad_norm", "reward_bound", "episodes", "batch_size")
-POLICY_KEYS = ("init_from", "init_users_offset", "freeze")  # policy.* keys the builder reads itself (with SPACE_KEYS)
+POLICY_KEYS = ("init_from", "init_users_offset", "init_provenance", "init_data_disjoint", "freeze")  # policy.* keys the builder reads itself (with SPACE_KEYS)
 # The only settings a resumed run may change: where and how often it logs, checkpoints, evaluates, stops on
 # a public evaluation. Every other key (eps, delta, rounds, users_per_round, group_size, clip norms, the
 # algo's and oracle's parameters, accountant, population, secure_rng, max_epsilon, env, policy, seed) can
@@ -61,8 +65,9 @@ ENV_INPUTS = ("reward_funcs", "reward_weights", "train_dataset", "eval_dataset")
 def build_env(cfg, inputs: dict | None = None):
     """Instantiate cfg.env. ``inputs``: objects passed from Python to a prompts env (TRL's ``reward_funcs``,
     ``reward_weights``, ``train_dataset``, ``eval_dataset``: callables and rows, not config values), given to
-    its constructor as they are and recorded in ``cfg.env`` (the rewards' dotted names, the rows' SHA-256), so
-    the run's config, fingerprint and a resume or ``dppo.load`` name the same rewards and rows."""
+    its constructor as they are; ``cfg.env`` records the rewards' dotted names and ``env.path=<python rows>``
+    (nothing about the rows: a resume or ``dppo.load`` checks them against the run's keyed fingerprint, kept
+    in its secret files)."""
     check_target_keys(cfg.env, "env")
     given = env_inputs(cfg, inputs)
     try:
@@ -98,8 +103,8 @@ def env_inputs(cfg, inputs: dict | None) -> dict:
 
 
 def record_env_inputs(cfg, env, given: dict) -> None:
-    """Write what the Python inputs were into ``cfg.env``: dotted reward names, weights, the rows' SHA-256 (a
-    resume or reload handed other rows is refused by the env)."""
+    """Write what the Python inputs were into ``cfg.env``: dotted reward names, weights, and that the rows came
+    from Python (``env.path=<python rows>``). Nothing derived from the rows: the config is shareable."""
     from dppo.envs.prompts import PYTHON_ROWS
 
     with open_dict(cfg):
@@ -110,7 +115,6 @@ def record_env_inputs(cfg, env, given: dict) -> None:
             cfg.env.reward_weights = list(env.reward_weights)
         if "dataset" in given:
             cfg.env.path = PYTHON_ROWS
-            cfg.env.data_sha256 = env.data_sha256
 
 
 def load_init_source(init_from: str | None) -> tuple[dict | None, dict | None]:
@@ -183,7 +187,8 @@ def build_policy(cfg, env, init_state: dict | None = None):
     if "_target_" not in spec:
         return None
     init_from = spec.pop("init_from", None)
-    spec.pop("init_users_offset", None)   # read by the builder (provenance), not by the policy
+    for k in ("init_users_offset", "init_provenance", "init_data_disjoint"):
+        spec.pop(k, None)   # read by the builder (provenance), not by the policy
     freeze = spec.pop("freeze", None) or []
     for k in SPACE_KEYS:
         spec.pop(k, None)
@@ -195,7 +200,10 @@ def build_policy(cfg, env, init_state: dict | None = None):
         raise _unwrap(err, "policy") from None
     if init_state is None and init_from:
         init_state, _ = load_init_source(init_from)
-    if init_state is not None:
+    adapter = getattr(policy, "trainable", None)
+    if init_state is not None and callable(adapter) and set(init_state) == {n for n, _ in adapter()}:
+        policy.load_adapter_state(init_state)   # a checkpoint of an LM run holds only its adapter's tensors
+    elif init_state is not None:
         try:
             policy.load_state_dict(init_state)
         except (RuntimeError, TypeError) as err:
@@ -317,29 +325,82 @@ def _default_accountant(cls, cfg) -> str:
     return fn(cfg.privacy)
 
 
-def inherited_provenance(cfg, record: dict | None, population) -> list[dict]:
+def inherited_provenance(cfg, record: dict | None, population, init_state: dict | None = None) -> list[dict]:
     """What the weights of ``policy.init_from`` consumed (their provenance), plus the users
     ``policy.init_users_offset=<n>`` names (this run's ids 0..n-1). A bare state_dict has no provenance: it is
-    refused unless the offset is stated (0 = the weights never saw a user of this population)."""
+    refused unless the offset is stated (0 = the weights never saw a user of this population). A shareable
+    ``policy.pt`` of a run on private rows withholds its members: they are read from that run's directory
+    (``policy.init_provenance=<run_dir>``), or the user states ``policy.init_data_disjoint=true``."""
     from dppo.training import provenance
 
     init_from = OmegaConf.select(cfg, "policy.init_from", default=None)
     offset = OmegaConf.select(cfg, "policy.init_users_offset", default=None)
+    source = OmegaConf.select(cfg, "policy.init_provenance", default=None)
+    disjoint = OmegaConf.select(cfg, "policy.init_data_disjoint", default=None)
     if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool) or offset < 0):
         raise ConfigError(f"policy.init_users_offset must be an integer >= 0, got {offset}")
-    if offset is not None and not init_from:
-        raise ConfigError("policy.init_users_offset applies to policy.init_from (the users its weights consumed); "
-                          "set policy.init_from too, or drop the offset")
+    if disjoint is not None and not isinstance(disjoint, bool):
+        raise ConfigError(f"policy.init_data_disjoint must be true or false, got {disjoint}")
+    for key, value in (("init_users_offset", offset), ("init_provenance", source), ("init_data_disjoint", disjoint)):
+        if value not in (None, False) and not init_from:
+            raise ConfigError(f"policy.{key} applies to policy.init_from (the users its weights consumed); "
+                              f"set policy.init_from too, or drop policy.{key}")
     if not init_from:
         return []
     if record is None and offset is None:
         raise ConfigError(f"policy.init_from={init_from} is a bare state_dict: which users trained it is unknown; "
                           f"state policy.init_users_offset=<n> (its training used user ids 0..n-1 of this run's "
                           f"population; 0 if it never saw one of them), or init from a run directory or its policy.pt")
+    if source:
+        record = secret_provenance(source, init_from, init_state)
+    elif provenance.withheld(record):
+        if not disjoint:
+            raise ConfigError(f"policy.init_from={init_from} is a shared policy.pt of a run on private rows, which "
+                              f"does not carry their members; name that run's directory with "
+                              f"policy.init_provenance=<run_dir> (or init from the directory itself), or state "
+                              f"policy.init_data_disjoint=true if this run's data share no person with its")
+        print(f"dppo: note: policy.init_data_disjoint=true: no row of this run is skipped for the private rows "
+              f"that trained policy.init_from={init_from} (stated disjoint)", file=sys.stderr)
+        record = {**record, "consumed": [e for e in record["consumed"] if not e.get("withheld")]}
     out = list(record["consumed"]) if record is not None else []
     if offset:
         out.append(provenance.offset_entry(population, offset))
     return out
+
+
+def secret_provenance(source: str, init_from: str, init_state: dict | None) -> dict:
+    """``policy.init_provenance``: the whole provenance record of the run that wrote ``policy.init_from``, read
+    from its secret files (its newest checkpoint: a run directory or a checkpoint file), after checking
+    that the checkpoint holds the very weights being loaded."""
+    from dppo.training import provenance
+    from dppo.training.checkpoint import load_latest_checkpoint
+
+    path = str(source)
+    state = None
+    if os.path.isdir(path):
+        state, _ = load_latest_checkpoint(os.path.join(path, "checkpoints"))
+    elif os.path.isfile(path):
+        state = _torch_load(path, path)
+    if not (isinstance(state, dict) and isinstance(state.get("learner"), dict)
+            and provenance.is_record(state.get("provenance"))):
+        raise ConfigError(f"policy.init_provenance={path} is not a run directory (or checkpoint) with a readable "
+                          f"checkpoint; name the directory of the run that wrote policy.init_from")
+    if not _holds_the_weights(state["learner"].get("policy"), init_state):
+        raise ConfigError(f"policy.init_provenance={path} is not the run that wrote policy.init_from={init_from} "
+                          f"(its newest checkpoint holds other weights); name that run's own directory")
+    return state["provenance"]
+
+
+def _holds_the_weights(saved, init_state) -> bool:
+    """Whether a checkpoint's policy tensors are the ones being loaded: every saved tensor (a checkpoint may hold
+    only the trainable ones, e.g. an LM's adapter, under the wrapped module's names) equals its init tensor."""
+    if not (isinstance(saved, dict) and saved and isinstance(init_state, dict)):
+        return False
+    for k, v in saved.items():
+        mine = init_state.get(k, init_state.get(f"model.{k}"))
+        if not (torch.is_tensor(v) and torch.is_tensor(mine) and v.shape == mine.shape and torch.equal(v, mine)):
+            return False
+    return True
 
 
 def exclude_pretraining_users(sampler, population, consumed: list[dict]) -> None:
@@ -554,8 +615,9 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     init_state, init_record, init_critic = read_init_source(OmegaConf.select(cfg, "policy.init_from", default=None))
     if sampler is None:
         sampler = build_sampler(cfg, privacy.noise)
-    population = Population(env, sampler)
-    inherited = inherited_provenance(cfg, init_record, population)
+    key = secret.new_key()   # the run's secret (dppo/training/secret.py): a resume adopts the stored one
+    population = Population(env, sampler, key)
+    inherited = inherited_provenance(cfg, init_record, population, init_state)
     exclude_pretraining_users(sampler, population, inherited)
     if logger is None:
         logger = make_logger(run_dir, **{**to_container(cfg.logger), **({} if dist.is_main else {"console": False})})
@@ -591,7 +653,8 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
                       hparams=hparams, population=population, inherited=inherited, config=public_config(cfg),
                       extend_refusal=extension_rules(cfg, type(learner), privacy),
                       allow_over_target=bool(OmegaConf.select(cfg, "privacy.allow_over_target", default=False)),
-                      capacity_limit=env_population if isinstance(env_population, int) else None)
+                      capacity_limit=env_population if isinstance(env_population, int) else None,
+                      key=key, data_parts=getattr(env, "data_parts", None))
     trainer.dist = dist
     if dist.is_main:
         trainer.check_capacity()   # the population covers the run, before any user is drawn

@@ -79,7 +79,8 @@ def load(path: str, overrides: list[str] | None = None, *, reward_funcs=None, re
     """Load a run directory written by ``python train.py`` or ``dppo.train``, or a ``policy.pt`` file.
 
     A prompts run trained on rewards or rows passed from Python (``dppo.train(cfg, reward_funcs=...,
-    train_dataset=...)``) needs the same objects again (the rows are checked against the recorded SHA-256).
+    train_dataset=...)``) needs the same objects again; from a run directory the rows are checked against the
+    run's keyed fingerprint (in its checkpoint, never in a shareable file).
     """
     from dppo.training.checkpoint import load_latest_checkpoint
 
@@ -107,6 +108,7 @@ def _load_checkpoint(run_dir: str, state: dict, path: str, overrides, inputs=Non
     cfg = load_run_config(run_dir, overrides)
     check_fingerprint(state["fingerprint"], fingerprint(cfg))
     trainer = _build(_without_init_source(copy.deepcopy(cfg)), inputs)   # the checkpoint holds the weights
+    trainer.adopt_secret(state.get("secret"))   # rows passed again must be the run's own (keyed fingerprint)
     trainer.learner.load_state_dict(state["learner"])
     return _saved(trainer, cfg, run_dir, path, int(state["round"]), state.get("provenance"))
 
@@ -152,7 +154,7 @@ def _without_init_source(cfg):
     """The weights come from the loaded file: do not read the pretraining source (``policy.init_from``) again."""
     from omegaconf import OmegaConf
 
-    for key in ("init_from", "init_users_offset"):
+    for key in ("init_from", "init_users_offset", "init_provenance", "init_data_disjoint"):
         if OmegaConf.select(cfg, f"policy.{key}", default=None) is not None:
             cfg.policy[key] = None
     return cfg

@@ -26,15 +26,17 @@ the per-user sensitivity, whatever the functions return. A target that cannot be
 ``ConfigError``; a wrong-length, non-numeric or NaN/inf result is a ``DataError`` raised before anything of
 the round is released (both: one line, exit 2).
 
-Fingerprint: ``data_sha256`` is the SHA-256 of the rows (public and private, in order). The API records it in
-the run's config when the rows come from Python, so a resumed or reloaded run that is handed other rows is
-refused (user ids would name other prompts); given for a file, it is checked the same way.
+Nothing about the rows goes into the run's config: for rows from Python, ``env.path`` is ``<python rows>``.
+The env hands out the rows' canonical bytes (``data_parts``: every row in order; ``member_content``: a
+private prompt) and the trainer keys them with the run's secret (``dppo/training/secret.py``): a resumed or
+reloaded run handed other rows is refused (user ids would name other prompts), and a consumed member is
+identified by its prompt's content, whatever file, object, name or order it arrives in
+(``dppo/training/provenance.py``); both digests live only in the run's secret files.
 """
 from __future__ import annotations
 
 import functools
 import gzip
-import hashlib
 import json
 import os
 from collections.abc import Mapping
@@ -95,13 +97,9 @@ def dataset_rows(data, name: str) -> list[dict]:
     return rows
 
 
-def rows_sha256(rows: list[dict]) -> str:
-    """SHA-256 of rows as canonical JSON (key order ignored), in their order."""
-    h = hashlib.sha256()
-    for r in rows:
-        h.update(json.dumps(r, sort_keys=True, separators=(",", ":"), default=str).encode())
-        h.update(b"\n")
-    return h.hexdigest()
+def canonical(value) -> bytes:
+    """A JSON value as canonical bytes (mapping keys sorted, no spaces)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
 
 
 def is_conversation(prompt) -> bool:
@@ -190,7 +188,6 @@ class PromptsEnv:
         show_completions: public prompts whose completions are logged as TensorBoard text.
         show_every: rounds between those text logs (0: never).
         seed: seed of the private order and of the shuffle.
-        data_sha256: if given, the rows must have this fingerprint (``rows_sha256``), else ``ConfigError``.
     """
 
     kind = "prompts"
@@ -201,15 +198,10 @@ class PromptsEnv:
     def __init__(self, path: str | None = None, reward=None, *, reward_funcs=None, reward_weights=None,
                  dataset=None, eval_dataset=None, prompt_key: str = "prompt", split_key: str = "split",
                  public_size: int | None = None, eval_size: int = 256, eval_samples: int = 4,
-                 show_completions: int = 4, show_every: int = 10, seed: int = 0, data_sha256: str | None = None):
+                 show_completions: int = 4, show_every: int = 10, seed: int = 0):
         self.prompt_key, self.seed = prompt_key, int(seed)
-        public, private, rows_of_private, self.path, self.data_sha256 = self.read(path, dataset, eval_dataset,
-                                                                                  split_key, public_size)
-        if data_sha256 is not None and data_sha256 != self.data_sha256:
-            source = "the rows passed in" if dataset is not None else str(path)
-            raise ConfigError(f"{source} are not the prompts this run was trained on (SHA-256 "
-                              f"{self.data_sha256[:12]}..., the run's config has {str(data_sha256)[:12]}...); "
-                              f"pass the same train_dataset / eval_dataset")
+        public, private, self.path = self.read(path, dataset, eval_dataset, split_key, public_size)
+        self.source_rows = "the rows passed in (train_dataset / eval_dataset)" if dataset is not None else self.path
         self.set_rewards(reward, reward_funcs, reward_weights)
         rows = public + private
         self.conversational = bool(rows) and is_conversation(rows[0].get(prompt_key))
@@ -229,13 +221,11 @@ class PromptsEnv:
         self.eval_samples = int(eval_samples)
         self.show_completions = min(int(show_completions), self.eval_size)
         self.order = np.random.default_rng([self.seed, 11]).permutation(self.population)
-        self.private_rows = np.asarray(rows_of_private, dtype=np.int64)  # source row of each private prompt
         self.id = f"prompts:{os.path.basename(self.path)}"
 
     # ---- rows ----------------------------------------------------------------------------------
     def read(self, path, dataset, eval_dataset, split_key, public_size):
-        """(public rows, private rows, the source row of each private one, source name, fingerprint) by the
-        split rules of the module docstring."""
+        """(public rows, private rows, source name) by the split rules of the module docstring."""
         if dataset is not None:
             rows, source = dataset_rows(dataset, "train_dataset"), PYTHON_ROWS
         elif eval_dataset is not None:
@@ -256,25 +246,23 @@ class PromptsEnv:
                 raise ConfigError(f"train_dataset has a '{split_key}' column and an eval_dataset was given; use one "
                                   f"way to name the public prompts")
             public = dataset_rows(eval_dataset, "eval_dataset")
-            private, rows_of_private = rows, list(range(len(rows)))
+            private = rows
         elif all(split_key in r for r in rows):
             bad = {r[split_key] for r in rows} - {"public", "private"}
             if bad:
                 raise ConfigError(f"column '{split_key}' must be 'public' or 'private', found {sorted(bad)[:3]}")
             public = [r for r in rows if r[split_key] == "public"]
-            rows_of_private = [i for i, r in enumerate(rows) if r[split_key] == "private"]
-            private = [rows[i] for i in rows_of_private]
+            private = [r for r in rows if r[split_key] == "private"]
         else:
             if public_size is None or not 0 <= public_size <= len(rows):
                 raise ConfigError(f"{source} has no '{split_key}' column: set env.public_size (0..{len(rows)})"
                                   + (" or pass an eval_dataset" if dataset is not None else ""))
             perm = np.random.default_rng([self.seed, 7]).permutation(len(rows))
             public = [rows[i] for i in perm[:public_size]]
-            rows_of_private = [int(i) for i in perm[public_size:]]
-            private = [rows[i] for i in rows_of_private]
+            private = [rows[i] for i in perm[public_size:]]
         if not private:
             raise ConfigError(f"{source} has no private prompts (split=private): RL has no users")
-        return public, private, rows_of_private, source, rows_sha256(public + private)
+        return public, private, source
 
     # ---- rewards -------------------------------------------------------------------------------
     def set_rewards(self, reward, reward_funcs, reward_weights) -> None:
@@ -333,19 +321,21 @@ class PromptsEnv:
                                f"rounds * users_per_round or add prompts")
         return [self.private[self.order[u]] for u in users]
 
-    def member_ids(self, users) -> list[int]:
-        """Population members of user ids: the file row of each user's prompt (independent of the seed), so a
-        policy's provenance names the same prompts in any run on this file (``dppo.training.provenance``)."""
-        users = np.asarray([int(u) for u in users], dtype=np.int64)
-        users = users[(users >= 0) & (users < self.population)]
-        return self.private_rows[self.order[users]].tolist()
+    def data_parts(self) -> list[bytes]:
+        """Every row (public, then private, in the order user ids name them: the seed's permutation applied)
+        as canonical bytes: the rows a run's user ids and evaluation refer to. Keyed by the run's secret
+        (``dppo/training/secret.py``) this is the data check of a resume or a reload; never stored unkeyed."""
+        return ([canonical(r) for r in self.public]
+                + [canonical(self.private[int(i)]) for i in self.order])
 
-    def users_of_members(self, members) -> list[int]:
-        """The user ids whose prompts are these file rows (the inverse of ``member_ids``)."""
-        pos = np.empty(self.population, dtype=np.int64)
-        pos[self.order] = np.arange(self.population)      # user id of each private position
-        wanted = np.isin(self.private_rows, np.asarray([int(m) for m in members], dtype=np.int64))
-        return sorted(pos[np.flatnonzero(wanted)].tolist())
+    def member_content(self, users) -> list[bytes]:
+        """The identity of these users' members (a private prompt): the prompt's canonical bytes (its text or
+        chat messages), whatever its other columns, file, position or order; the trainer keys it with the run's
+        secret (``dppo/training/provenance.py``), so the same person's prompt is recognized in any later run."""
+        users = [int(u) for u in users]
+        if any(not 0 <= u < self.population for u in users):
+            raise PrivacyError(f"user id outside the private population of {self.population} prompts")
+        return [canonical(self.private[self.order[u]][self.prompt_key]) for u in users]
 
     def eval_rows(self, n: int | None = None) -> list[dict]:
         """The first ``n`` (default ``eval_size``) held-out public rows."""

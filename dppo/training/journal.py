@@ -15,7 +15,8 @@ that attempt made. What resume does with them is the trainer's rule (``Trainer.r
   nothing new; the journal is then used to check the replay takes the same users.
 
 A torn last line (a kill during the write) is ignored: its write never returned, so its users were
-never touched. The journal names user ids: it is a secret file of the run directory.
+never touched. The journal names user ids and its start lines hold the run's secret key and keyed data
+fingerprint (``dppo/training/secret.py``): it is a secret file of the run directory (mode 0600).
 """
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ class UserJournal:
         return os.path.getsize(self.path) if os.path.exists(self.path) else 0
 
     # ---- writing -----------------------------------------------------------------------------
-    def open(self, start_round: int) -> None:
-        """Open for appending (after a torn line, start on a fresh line) and journal a process start."""
+    def open(self, start_round: int, secret: dict | None = None) -> None:
+        """Open for appending (after a torn line, start on a fresh line) and journal a process start, with the
+        run's secret (its key and keyed data fingerprint: a crash before the first checkpoint keeps them)."""
         previous = [e for e in self.read(self.path) if e["event"] == "start"]
         self.incarnation = len(previous)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -77,7 +79,10 @@ class UserJournal:
                 f.seek(size - 1)
                 if f.read(1) != b"\n":
                     os.write(self._fd, b"\n")
-        self._append({"event": "start", "incarnation": self.incarnation, "round": int(start_round)}, sync=True)
+        start = {"event": "start", "incarnation": self.incarnation, "round": int(start_round)}
+        if secret is not None:
+            start["secret"] = dict(secret)
+        self._append(start, sync=True)
 
     def take(self, ids) -> None:
         """Journal (fsynced) that the current round takes users ``ids``; call before touching them."""

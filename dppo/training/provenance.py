@@ -1,12 +1,13 @@
 """Where a policy's training data came from: the users it consumed, the run's seed and its population.
 
-The record travels with the policy (``policy.pt`` and every checkpoint), so that ``policy.init_from`` never
-hands a user whose data shaped the weights to another release, whichever form the weights come in
-(``dppo.build.load_init_source``). It names user *ids*, never data, and only ids that are public anyway:
-the ids of a one-pass run follow from its seed and its length, and a multi-pass run records its whole
-population (which members a Poisson round sampled stays secret: amplification by subsampling needs it).
+The record travels with the policy (every checkpoint, and ``policy.pt`` in its public form), so that
+``policy.init_from`` never hands a user whose data shaped the weights to another release, whichever form
+the weights come in (``dppo.build.load_init_source``). The shareable form names only what is public
+anyway: the ids of a one-pass run over a stream or a seeded population follow from its seed and its
+length, and a multi-pass run records its whole population (which members a Poisson round sampled stays
+secret: amplification by subsampling needs it). A population of private rows is never described there.
 
-Two kinds of id space (``population["kind"]``):
+Three kinds of id space (``population["kind"]``):
 
 * ``ids``: a user stream (gym episodes, tabular and GFA episodes, any env without a finite population).
   User u of a run with seed s is the episode reset by ``dppo.data.streams.user_seed(s, u)``; a
@@ -17,10 +18,20 @@ Two kinds of id space (``population["kind"]``):
   private prompts of a file). The record lists *member* ids - a prompt's row in its file, a context's
   index - which do not depend on the run's seed or visiting order. A run on the same population (same
   env id and size) burns those members; a run on another population skips none of them, and says so.
+  Only populations the env generates from public values (the bandit's seeded contexts) are of this kind.
+* ``content``: private rows (the prompts of ``env=prompts``, from a file or from Python). A member is the
+  keyed digest of its content (``env.member_content``, HMAC under the run's secret key,
+  ``dppo/training/secret.py``); the entry holds that key and the digests, so a later run recognizes the
+  same prompts in whatever file, object, name or order they arrive, by keying its own rows with it.
+  Such an entry is *secret*: a checkpoint holds it whole, ``policy.pt`` only says it is withheld
+  (``public_record``), and fine-tuning from a lone ``policy.pt`` then needs the source run's directory
+  (``policy.init_provenance``) or the user's statement that the data are disjoint.
 """
 from __future__ import annotations
 
 import sys
+
+from dppo.training.secret import keyed_digest
 
 FORMAT = "dppo-provenance-1"
 
@@ -60,15 +71,19 @@ class Population:
     """The id space of a run's users and the map from the sampler's ids to it.
 
     Args:
-        env: the run's env factory (``population`` and ``member_ids`` when it defines a finite population).
+        env: the run's env factory (``member_content`` for private rows; ``population`` and ``member_ids`` when
+            it generates a finite population).
         sampler: the run's user sampler (``population_size``: a cap on stream ids, or multi-pass).
+        key: the run's secret key (``dppo/training/secret.py``), which keys a content population's members.
     """
 
-    def __init__(self, env, sampler=None):
+    def __init__(self, env, sampler=None, key: str | None = None):
         self.env, self.sampler = env, sampler
         env_id = str(getattr(env, "id", type(env).__name__))
         size = getattr(env, "population", None)
-        if isinstance(size, int) and not isinstance(size, bool):
+        if callable(getattr(env, "member_content", None)):
+            self.identity = {"kind": "content", "env_id": env_id, "key": key}
+        elif isinstance(size, int) and not isinstance(size, bool):
             self.identity = {"kind": "members", "env_id": env_id, "size": int(size)}
         else:
             cap = getattr(sampler, "population_size", None)
@@ -78,8 +93,23 @@ class Population:
     def finite_members(self) -> bool:
         return self.identity["kind"] == "members"
 
-    def member_ids(self, users) -> list[int]:
-        """The population's ids of these sampler ids (the identity for streams and for the bandit)."""
+    @property
+    def by_content(self) -> bool:
+        return self.identity["kind"] == "content"
+
+    def set_key(self, key: str) -> None:
+        """Adopt the run's stored key (a resume): the run's own entries are keyed as before."""
+        if self.by_content:
+            self.identity["key"] = key
+
+    def member_ids(self, users) -> list:
+        """The population's ids of these sampler ids: keyed content digests (sorted) for private rows, else
+        ints (the identity for streams and for the bandit)."""
+        if self.by_content:
+            size = int(getattr(self.env, "population", 0) or 0)
+            users = [int(u) for u in users if 0 <= int(u) < size]
+            key = self.identity["key"]
+            return sorted({keyed_digest(key, c) for c in self.env.member_content(users)})
         fn = getattr(self.env, "member_ids", None) if self.finite_members else None
         return [int(m) for m in (fn(users) if fn is not None else users)]
 
@@ -88,34 +118,55 @@ class Population:
         fn = getattr(self.env, "users_of_members", None) if self.finite_members else None
         return [int(u) for u in (fn(members) if fn is not None else members)]
 
+    def users_of_content(self, e: dict) -> list[int]:
+        """This run's user ids whose prompt is one of entry ``e``'s members (keyed with ``e``'s own key)."""
+        size = int(getattr(self.env, "population", 0) or 0)
+        key, wanted = e["population"]["key"], set(e.get("members") or ())
+        contents = self.env.member_content(range(size))
+        return [u for u, c in enumerate(contents) if keyed_digest(key, c) in wanted]
+
     def same_as(self, other: dict) -> bool:
         """Whether ``other`` (a record's population) names the same users as this run's ids do."""
         if other.get("kind") == "ids" and self.identity["kind"] == "ids":
             return True  # stream ids: the conservative unit, whatever the env
+        if other.get("kind") == "content":
+            return self.by_content   # contents are recognized in any file, object or order
         return (other.get("kind") == "members" and self.finite_members and other.get("env_id") == self.identity["env_id"]
                 and other.get("size") == self.identity["size"])
 
 
 # ---- the record --------------------------------------------------------------------------------------------
 def entry(population: dict, users, *, everyone: bool = False, source: str = "training") -> dict:
-    """One population's consumed users (``users``: ids), ``everyone`` for a multi-pass run's whole population."""
+    """One population's consumed users (``users``: ids, or a content population's digests), ``everyone`` for a
+    multi-pass run's whole population."""
+    if population.get("kind") == "content":
+        return {"population": dict(population), "users": [], "members": sorted({str(m) for m in users}),
+                "all": bool(everyone), "source": source}
     return {"population": dict(population), "users": to_ranges(users), "all": bool(everyone), "source": source}
 
 
 def merge(entries: list[dict]) -> list[dict]:
-    """One entry per population: ranges united, ``all`` if any entry used everyone."""
+    """One entry per population: ranges (or a content population's digests) united, ``all`` if any entry used
+    everyone."""
     out: list[dict] = []
     for e in entries:
         for o in out:
-            if o["population"] == e["population"]:
+            if o["population"] == e["population"] and bool(o.get("withheld")) == bool(e.get("withheld")):
                 o["users"] = union_ranges(o["users"], e["users"])
+                if "members" in o or "members" in e:
+                    o["members"] = sorted(set(o.get("members") or ()) | set(e.get("members") or ()))
                 o["all"] = o["all"] or e["all"]
                 if e["source"] not in o["source"].split("+"):
                     o["source"] = f"{o['source']}+{e['source']}"
                 break
         else:
-            out.append({"population": dict(e["population"]), "users": union_ranges(e["users"], []),
-                        "all": bool(e.get("all")), "source": e.get("source", "training")})
+            o = {"population": dict(e["population"]), "users": union_ranges(e["users"], []),
+                 "all": bool(e.get("all")), "source": e.get("source", "training")}
+            if "members" in e:
+                o["members"] = sorted(set(e.get("members") or ()))
+            if e.get("withheld"):
+                o["withheld"] = True
+            out.append(o)
     return out
 
 
@@ -130,6 +181,27 @@ def record(*, seed: int, algo: str, env_id: str, population: Population, sampler
             own = [entry(population.identity, population.member_ids(sorted(sampler.used)))]
     return {"format": FORMAT, "seed": int(seed), "algo": str(algo), "env_id": str(env_id),
             "consumed": merge(list(inherited) + own)}
+
+
+def public_record(rec: dict | None) -> dict | None:
+    """The shareable form of a record (``policy.pt``): a content population's entries keep only that they
+    exist (``withheld``), not their key, digests or count; ids of streams and seeded populations stay."""
+    if rec is None:
+        return None
+    out = dict(rec)
+    consumed = []
+    for e in rec["consumed"]:
+        if e["population"].get("kind") == "content":
+            e = {"population": {"kind": "content", "env_id": e["population"].get("env_id")}, "users": [],
+                 "all": bool(e.get("all")), "source": e.get("source", "training"), "withheld": True}
+        consumed.append(e)
+    out["consumed"] = merge(consumed)
+    return out
+
+
+def withheld(rec: dict | None) -> bool:
+    """Whether a record names a content population without its members (a shareable ``policy.pt``'s)."""
+    return rec is not None and any(e.get("withheld") for e in rec.get("consumed", ()))
 
 
 def is_record(obj) -> bool:
@@ -159,6 +231,20 @@ def exclude(sampler, population: Population, consumed: list[dict], what: str) ->
     skip_below = 0
     for e in consumed:
         pop = e["population"]
+        if e.get("withheld"):
+            raise ConfigError(f"{what} was trained on private rows whose members its policy.pt does not carry; "
+                              f"name its run directory with policy.init_provenance=<run_dir>")
+        if pop.get("kind") == "content":
+            if population.by_content:
+                ids.update(population.users_of_content(e))
+            else:
+                print(f"dppo: note: {what} was trained on private rows; this run's users "
+                      f"({_describe(population.identity)}) are not rows, and none is skipped", file=sys.stderr)
+            continue
+        if pop.get("kind") == "members" and str(pop.get("env_id", "")).startswith("prompts:") and population.by_content:
+            raise ConfigError(f"{what} names its prompts by file row (a record of an older dppo); rows cannot be "
+                              f"matched by content: fine-tune from a newer run, or state "
+                              f"policy.init_data_disjoint=true if this run's prompts share no person with its")
         if not e["users"] and not e.get("all"):
             continue
         if pop.get("env_id") is None and pop.get("kind") == "ids":   # a legacy record: the sampler's own ids
@@ -189,4 +275,6 @@ def exclude(sampler, population: Population, consumed: list[dict], what: str) ->
 def _describe(pop: dict) -> str:
     if pop.get("kind") == "members":
         return f"{pop.get('size')} members of {pop.get('env_id')}"
+    if pop.get("kind") == "content":
+        return f"the private rows of {pop.get('env_id')}"
     return f"user ids of {pop.get('env_id')}"

@@ -8,12 +8,12 @@ import os
 import sys
 import time
 
-from dppo.errors import BudgetExhausted, DataError, DPPOError, PrivacyError
+from dppo.errors import BudgetExhausted, ConfigError, DataError, DPPOError, PrivacyError
 from dppo.training.callbacks import (Callback, CallbackList, EvalCallback, LoggingCallback, ProgressBarCallback,
                                      ReleasedMetricsCallback)
 from dppo.training.checkpoint import (atomic_write_bytes, atomic_write_json, check_fingerprint,
                                       load_latest_checkpoint, rng_state, save_checkpoint, set_rng_state)
-from dppo.training import distributed, provenance
+from dppo.training import distributed, provenance, secret
 from dppo.training.journal import JOURNAL_NAME, UserJournal
 from dppo.training.runlock import RunLock
 from dppo.training.steps import StepCounter
@@ -47,7 +47,7 @@ class Trainer:
                  progress: bool = True, meta: dict | None = None, fingerprint="", eval_every: int | None = None,
                  hparams: dict | None = None, population=None, inherited: list | None = None,
                  config: dict | None = None, extend_refusal: dict | None = None, allow_over_target: bool = False,
-                 capacity_limit: int | None = None):
+                 capacity_limit: int | None = None, key: str | None = None, data_parts=None):
         self.learner, self.privacy, self.logger, self.sampler = learner, privacy, logger, sampler
         self.run_dir = run_dir
         self.eval_episodes, self.eval_greedy = int(eval_episodes), bool(eval_greedy)
@@ -61,6 +61,11 @@ class Trainer:
         self.allow_over_target = bool(allow_over_target)
         self.capacity_limit = capacity_limit      # an env's finite population: ids at or above it do not exist
         self.journal = None if run_dir is None else UserJournal(os.path.join(run_dir, JOURNAL_NAME))
+        # the run's secret (dppo/training/secret.py): its key and the keyed fingerprint of its private rows (for
+        # an env of rows: ``data_parts``), kept in the checkpoints and the journal only
+        self.data_parts = data_parts
+        self.secret = {"key": key or secret.new_key(), "data": None}
+        self.secret["data"] = self.data_fingerprint(self.secret["key"])
         self.hparams = dict(hparams or {})  # resolved hyper-parameters (TensorBoard HParams, W&B config)
         self.steps = StepCounter()  # the logging axis global_step (env steps, or episodes without diagnostics)
         builtin = [EvalCallback(eval_every, eval_episodes, eval_greedy), LoggingCallback(), ProgressBarCallback(progress)]
@@ -88,7 +93,7 @@ class Trainer:
                 "learner": self.learner.state_dict(), "privacy": self.privacy.state_dict(),
                 "sampler": None if self.sampler is None else self.sampler.state_dict(),
                 "rng": rng_state(), "best_round_return": self.best_round_return, "steps": self.steps.state_dict(),
-                "wall_time_s": self.wall_time(), "provenance": self.provenance(),
+                "wall_time_s": self.wall_time(), "provenance": self.provenance(), "secret": dict(self.secret),
                 "public_env_steps": self.learner.public_env_steps,
                 "journal_offset": None if self.journal is None else self.journal.offset}
 
@@ -100,8 +105,26 @@ class Trainer:
                                  env_id=self.meta.get("env_id", ""), population=self.population,
                                  sampler=self.sampler, inherited=self.inherited)
 
+    def data_fingerprint(self, key: str) -> str | None:
+        """The keyed fingerprint of the env's rows under ``key`` (None for an env that is not rows)."""
+        return None if self.data_parts is None else secret.data_fingerprint(key, self.data_parts())
+
+    def adopt_secret(self, stored: dict | None) -> None:
+        """Continue under a stored secret (a checkpoint's or the journal's): its key, after checking that this
+        run was handed the same rows (same keyed fingerprint); one line otherwise."""
+        if not isinstance(stored, dict) or not stored.get("key"):
+            return   # a checkpoint from before the secret existed: nothing to check against
+        if stored.get("data") is not None and self.data_fingerprint(stored["key"]) != stored["data"]:
+            raise ConfigError("these are not the rows this run was trained on (public and private prompts, in "
+                            "order): user ids would name other people's prompts; pass the same train_dataset / "
+                            "eval_dataset (or the same env.path file, unchanged)")
+        self.secret = {"key": stored["key"], "data": stored.get("data")}
+        if self.population is not None:
+            self.population.set_key(stored["key"])
+
     def load_state_dict(self, state: dict) -> None:
         check_fingerprint(state["fingerprint"], self.fingerprint, extendable=self.extendable(state))
+        self.adopt_secret(state.get("secret"))
         self.learner.load_state_dict(state["learner"])
         self.privacy.load_state_dict(state["privacy"])
         if self.sampler is not None and state["sampler"] is not None:
@@ -133,6 +156,10 @@ class Trainer:
         purge = getattr(self.logger, "purge_after", None)
         if purge is not None:
             purge(-1)
+        if self.journal is not None:
+            starts = [e for e in UserJournal.read(self.journal.path) if e["event"] == "start" and e.get("secret")]
+            if starts:
+                self.adopt_secret(starts[0]["secret"])   # the lost attempts' users were keyed with it
         self.recover_journal(0)
         self._resumed = True
 
@@ -282,7 +309,7 @@ class Trainer:
                     # everything that attempt journalled (and logged) is lost, and the same rule applies
                     self.restart_from_initial_state()
                 self.journal.durable = self.privacy.private
-                self.journal.open(self.start_round)
+                self.journal.open(self.start_round, secret=self.secret)
                 self.privacy.journal = self.journal
                 if self.sampler is not None:
                     self.sampler.journal = self.journal
@@ -383,7 +410,8 @@ class Trainer:
         """``policy.pt``: the final (released) policy, self-sufficient and safe to share with ``summary.json``.
 
         ``{"format": "dppo-policy-1", "policy": state_dict, "config": the run's public config (policy, env,
-        algo: enough to rebuild and run it), "provenance": the users its training consumed, "rounds_done",
+        algo: enough to rebuild and run it), "provenance": the users its training consumed in public form
+        (``provenance.public_record``: no member of a population of private rows), "rounds_done",
         "algo", "env_id"}``, and an actor-critic learner's ``"critic"`` state_dict (released like the policy:
         ``policy.init_from`` starts a new run's critic from it); no optimizer, RNG or noise state, no ledger, no
         journal. Loads with ``torch.load(weights_only=True)``.
@@ -398,7 +426,7 @@ class Trainer:
         buf = io.BytesIO()
         saved = {"format": POLICY_FORMAT,
                  "policy": {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()},
-                 "config": copy.deepcopy(self.config), "provenance": self.provenance(),
+                 "config": copy.deepcopy(self.config), "provenance": provenance.public_record(self.provenance()),
                  "rounds_done": int(self.round), "algo": self.meta.get("algo"), "env_id": self.meta.get("env_id")}
         critic = getattr(self.learner, "critic", None)
         if hasattr(critic, "state_dict"):

@@ -13,7 +13,7 @@ import torch
 
 import dppo
 from dppo.api import make_config, train
-from dppo.envs.prompts import PromptsEnv, load_rows, rows_sha256
+from dppo.envs.prompts import PromptsEnv, canonical, load_rows
 from dppo.envs.tasks.addition import digit_reward, exact_match
 from dppo.errors import ConfigError
 from dppo.policies.lm import LMPolicy
@@ -47,8 +47,14 @@ def _rows(small_prompts):
 def test_a_python_reward_and_dataset_run_through_the_api_with_the_split_rules(small_prompts, tmp_path):
     """reward_funcs=[callable], train_dataset (a datasets.Dataset) and eval_dataset (a list of dicts): the users
     are training rows only, each once; evaluation calls the reward on the eval rows only; the reward gets the
-    columns; the config records the reward's name and the rows' fingerprint; a resume needs the same rows."""
-    datasets = pytest.importorskip("datasets")
+    columns; the config records the reward's name and nothing about the rows (no hash: it is shareable); a resume
+    or a load from the run directory needs the same rows (checked against the keyed fingerprint in the
+    checkpoint, under the run's secret key)."""
+    try:
+        from datasets import Dataset
+        as_dataset = Dataset.from_list
+    except ImportError:     # datasets is optional: a list of dicts is the same input
+        as_dataset = list
     public, private = _rows(small_prompts)
     seen = {"private": [], "public": []}
     train_prompts = {r["prompt"] for r in private}
@@ -60,7 +66,7 @@ def test_a_python_reward_and_dataset_run_through_the_api_with_the_split_rules(sm
 
     cfg = make_config(lm_overrides(small_prompts, "algo=dp_pg", "eps=8", "checkpoint_every=1", "rounds=2"))
     run = tmp_path / "run"
-    summary = train(cfg, str(run), reward_funcs=[my_reward], train_dataset=datasets.Dataset.from_list(private),
+    summary = train(cfg, str(run), reward_funcs=[my_reward], train_dataset=as_dataset(private),
                     eval_dataset=public)
     assert summary["rounds_done"] == 2 and len(summary["ledger"]) == 2 and summary["users_seen"] == 16
     users = seen["private"]
@@ -68,10 +74,17 @@ def test_a_python_reward_and_dataset_run_through_the_api_with_the_split_rules(sm
     assert set(seen["public"]) <= {r["prompt"] for r in public[:8]} and seen["public"]   # eval_size = 8
     saved = (run / ".hydra" / "config.yaml").read_text()
     assert "test_trl_ergonomics" in saved and "my_reward" in saved
-    assert rows_sha256(public + private) in saved
-    other = datasets.Dataset.from_list(private[::-1])
-    with pytest.raises(ConfigError, match="data_sha256|not the prompts"):
+    assert "sha256" not in saved and "<python rows>" in saved
+    import hashlib
+    for rows in (public + private, private):                           # no unkeyed hash of the rows, anywhere shared
+        digest = hashlib.sha256(b"".join(canonical(r) + b"\n" for r in rows)).hexdigest()
+        for name in ("summary.json", ".hydra/config.yaml", ".hydra/overrides.yaml"):
+            assert digest not in (run / name).read_text()
+    other = as_dataset(private[::-1])
+    with pytest.raises(ConfigError, match="not the rows this run was trained on"):
         train(cfg, str(run), resume=True, reward_funcs=[my_reward], train_dataset=other, eval_dataset=public)
+    with pytest.raises(ConfigError, match="not the rows this run was trained on"):
+        dppo.load(str(run), reward_funcs=[my_reward], train_dataset=private[::-1], eval_dataset=public)
     loaded = dppo.load(str(run), reward_funcs=[my_reward], train_dataset=private, eval_dataset=public)
     assert isinstance(loaded.policy.generate(public[0]["prompt"]), str)
     with pytest.raises(ConfigError, match="passed from Python"):

@@ -101,24 +101,47 @@ def test_bandit_members_are_excluded_and_counted_against_the_population(tmp_path
                    run_dir=str(tmp_path / "too_many"))
 
 
-def test_prompt_members_are_file_rows_whatever_the_seed(tmp_path):
-    """A prompt's member id is its row in the file, so the same prompts are named under any run seed."""
+def test_prompt_members_are_keyed_contents_found_in_any_file_order_or_seed(tmp_path):
+    """A prompt's member id is the keyed digest of its content: another run, whose rows come in another file
+    in another order under another seed, finds the very same prompts, and nothing else; without the key
+    the digests match nothing (no dictionary test on a shared record)."""
     from dppo.envs.prompts import PromptsEnv
     from dppo.envs.tasks.addition import write_prompts
+    from dppo.training import secret
+    from dppo.training.provenance import Population, entry
 
-    path = str(tmp_path / "p.jsonl")
+    path, moved = str(tmp_path / "p.jsonl"), str(tmp_path / "renamed.jsonl")
     write_prompts(path, public=4, private=40, seed=1)
-    a = PromptsEnv(path, "dppo.envs.tasks.addition.digit_reward", seed=0)
-    b = PromptsEnv(path, "dppo.envs.tasks.addition.digit_reward", seed=7)
-    users = [0, 1, 2, 9]
-    members = a.member_ids(users)
     rows = [json.loads(line) for line in open(path)]
-    assert [rows[m]["prompt"] for m in members] == [r["prompt"] for r in a.user_rows(users)]
-    # run b (another seed, another visiting order) finds the same prompts behind the same members
-    assert sorted(r["prompt"] for r in b.user_rows(b.users_of_members(members))) == \
-        sorted(r["prompt"] for r in a.user_rows(users))
-    assert sorted(b.member_ids(b.users_of_members(members))) == sorted(members)
-    assert b.users_of_members(range(len(rows))) == list(range(40))   # every private prompt, once
+    with open(moved, "w") as f:   # the same rows, reversed, under another name
+        f.writelines(json.dumps(r) + "\n" for r in reversed(rows))
+    a = PromptsEnv(path, "dppo.envs.tasks.addition.digit_reward", seed=0)
+    b = PromptsEnv(moved, "dppo.envs.tasks.addition.digit_reward", seed=7)
+    pop_a = Population(a, key=secret.new_key())
+    users = [0, 1, 2, 9]
+    e = entry(pop_a.identity, pop_a.member_ids(users))
+    assert len(e["members"]) == 4 and e["users"] == []
+    found = Population(b, key=secret.new_key()).users_of_content(e)
+    assert sorted(r["prompt"] for r in b.user_rows(found)) == sorted(r["prompt"] for r in a.user_rows(users))
+    other_key = {**e, "population": {**e["population"], "key": secret.new_key()}}
+    assert Population(b, key=secret.new_key()).users_of_content(other_key) == []
+    everyone = entry(pop_a.identity, pop_a.member_ids(range(40)))
+    assert sorted(Population(b).users_of_content(everyone)) == list(range(40))   # every private prompt, once
+
+
+def test_a_shareable_record_withholds_a_content_population(tmp_path):
+    """``policy.pt``'s record of private rows says only that it exists: no key, digest or count."""
+    from dppo.training.provenance import public_record, withheld
+
+    content = {"population": {"kind": "content", "env_id": "prompts:x", "key": "k" * 64},
+               "users": [], "members": ["a", "b"], "all": False, "source": "training"}
+    stream = provenance.entry({"kind": "ids", "env_id": "CartPole-v1", "size": None}, range(6))
+    rec = {"format": provenance.FORMAT, "seed": 0, "algo": "dp_pg", "consumed": [content, stream]}
+    shared = public_record(rec)
+    assert withheld(shared) and not withheld(rec)
+    assert shared["consumed"][0] == {"population": {"kind": "content", "env_id": "prompts:x"}, "users": [],
+                                     "all": False, "source": "training", "withheld": True}
+    assert shared["consumed"][1] == stream   # public ids stay
 
 
 def test_ranges_round_trip():
