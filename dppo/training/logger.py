@@ -12,11 +12,13 @@ with the final metrics (TensorBoard's HParams tab, a text table, W&B config/summ
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import importlib.util
 import math
 import os
 import sys
+import types
 
 from dppo.errors import ConfigError
 
@@ -57,7 +59,8 @@ class TensorBoardOutput(Output):
 
     ``public_clock``: every event's ``wall_time`` is the round index (``rollout/round`` of the dump, the last
     one for the end-of-session records) instead of the time of day, whose differences between rounds would
-    reveal how long each round's users took (``logger.diagnostics=false`` sets it).
+    reveal how long each round's users took (``logger.diagnostics=false`` sets it). The file itself then
+    carries no clock, host or process either (``public_file_clock``).
     """
 
     def __init__(self, log_dir: str, purge_step: int | None = None, public_clock: bool = False):
@@ -69,7 +72,8 @@ class TensorBoardOutput(Output):
         if self.writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=self.purge_step)
+            with public_file_clock(self.log_dir, self.tick) if self.public_clock else contextlib.nullcontext():
+                self.writer = SummaryWriter(log_dir=self.log_dir, purge_step=self.purge_step)
         return self.writer
 
     def open(self):
@@ -87,8 +91,8 @@ class TensorBoardOutput(Output):
             self.purge_step = int(step) + 1
 
     def write(self, metrics, step):
-        w = self._writer()
         wall = self._walltime(metrics)
+        w = self._writer()
         for k, v in metrics.items():
             w.add_scalar(k, v, step, walltime=wall)
         w.flush()
@@ -119,6 +123,32 @@ class TensorBoardOutput(Output):
     def close(self):
         if self.writer is not None:
             self.writer.close()
+
+
+@contextlib.contextmanager
+def public_file_clock(log_dir: str, tick: float):
+    """While a SummaryWriter is made: its events file is named ``events.out.tfevents.<round>.dppo.<n>.0``
+    (``round``, ten digits: the round the session starts at; ``n``: how many events files ``log_dir`` held
+    before, i.e. the session's index) instead of TensorBoard's ``<time>.<host>.<pid>.<uid>``, and the records
+    written on opening (the file-version record, a resume's purge records) carry ``wall_time = round``."""
+    from tensorboard.summary.writer import event_file_writer as efw
+    from torch.utils.tensorboard import writer as tw
+
+    n = len([f for f in os.listdir(log_dir) if "tfevents" in f]) if os.path.isdir(log_dir) else 0
+    clock = types.SimpleNamespace(time=lambda: float(tick))
+    shims = {efw: {"time": clock, "socket": types.SimpleNamespace(gethostname=lambda: "dppo"),
+                   "os": types.SimpleNamespace(path=os.path, getpid=lambda: n),
+                   "_global_uid": types.SimpleNamespace(get=lambda: 0)},
+             tw: {"time": clock}}
+    saved = {(m, k): getattr(m, k) for m, names in shims.items() for k in names}
+    for m, names in shims.items():
+        for k, v in names.items():
+            setattr(m, k, v)
+    try:
+        yield
+    finally:
+        for (m, k), v in saved.items():
+            setattr(m, k, v)
 
 
 class CSVOutput(Output):

@@ -164,3 +164,22 @@ def test_the_diagnostics_switch_drops_diag_keys_in_the_logger():
     log.record("diag/return", 1.0)
     log.record("eval/return", 2.0)
     assert log.values == {"eval/return": 2.0}
+
+
+def test_without_diagnostics_the_events_file_carries_no_clock_host_or_process(tmp_path):
+    """diagnostics off: the events file is named by the session's first round and index, and every record's
+    wall time is a round index (docs/deployment.md, Timing); a resumed session gets the next index."""
+    import os
+    import socket
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    quiet = [*TINY, "logger.diagnostics=false"]
+    dppo.train(quiet, run_dir=str(tmp_path), callbacks=[StopAfter(2)])
+    dppo.train(quiet, run_dir=str(tmp_path), resume=True)
+    files = sorted(os.path.basename(f) for f in glob.glob(f"{tmp_path}/events.out.tfevents.*"))
+    assert files == ["events.out.tfevents.0000000000.dppo.0.0", "events.out.tfevents.0000000000.dppo.1.0"]
+    assert not any(socket.gethostname() in f or str(os.getpid()) in f.split(".") for f in files)
+    for f in files:
+        walls = [e.wall_time for e in EventFileLoader(f"{tmp_path}/{f}").Load()]
+        assert walls and all(w == int(w) and 0 <= w < 4 for w in walls)   # round indices, never a clock
