@@ -244,8 +244,118 @@ def accepted_keys(target) -> set | None:
     return None
 
 
+def parameter_kind(target, key: str) -> tuple[str | None, bool]:
+    """What a keyword argument of ``target`` holds: ``int``, ``float``, ``floats`` (a list or tuple of numbers)
+    or None (anything else), from its annotation, else its default's type; and whether null is allowed."""
+    classes = [target]
+    if inspect.isclass(target):
+        classes = [c for c in target.__mro__ if "__init__" in vars(c) and c is not object]
+    for c in classes:
+        fn = c.__init__ if inspect.isclass(c) else c
+        param = inspect.signature(fn).parameters.get(key)
+        if param is None:
+            continue
+        try:
+            hint = typing.get_type_hints(fn).get(key, param.annotation)
+        except Exception:  # noqa: BLE001 - an annotation that does not resolve: read it as text below
+            hint = param.annotation
+        return _kind_of(hint, param.default)
+    return None, True
+
+
+def _kind_of(hint, default) -> tuple[str | None, bool]:
+    if isinstance(hint, str):   # an unresolved annotation: its text ("int | None", "float")
+        names = {t.strip() for t in hint.replace("Optional[", "").rstrip("]").split("|")}
+        optional = "None" in names or default is None
+        names.discard("None")
+        base = {"int": int, "float": float}.get(next(iter(names))) if len(names) == 1 else None
+        return (base.__name__ if base else None), optional
+    if hint is inspect.Parameter.empty:
+        if isinstance(default, bool) or default is inspect.Parameter.empty or default is None:
+            return None, True
+        if isinstance(default, int):
+            return "int", False
+        if isinstance(default, float):
+            return "float", False
+        if isinstance(default, (list, tuple)) and default and all(isinstance(v, float) for v in default):
+            return "floats", False
+        return None, True
+    args = typing.get_args(hint)
+    optional = type(None) in args or default is None
+    bases = [a for a in args if a is not type(None)] if args and typing.get_origin(hint) not in (list, tuple) else [hint]
+    if len(bases) != 1:
+        return None, optional
+    base = bases[0]
+    if base is int:
+        return "int", optional
+    if base is float:
+        return "float", optional
+    if typing.get_origin(base) in (list, tuple) and set(typing.get_args(base)) - {Ellipsis} <= {float, int}:
+        return "floats", optional
+    return None, optional
+
+
+def check_target_values(target, spec: dict, group: str) -> None:
+    """Refuse, before anything runs, a value a numeric key cannot hold (one line): a non-integer for an integer
+    key (``algo.epochs=2.5`` would run 2 epochs and record 2.5), a NaN or infinite number for a float key
+    (``algo.ent_coef=nan`` would drop the term), whatever the learner, env, policy or oracle; the types are
+    the signature's (``parameter_kind``). A NaN or infinity is refused for a key of unknown type too."""
+    for key, value in spec.items():
+        kind, optional = parameter_kind(target, key)
+        if value is None:
+            continue
+        if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(f"{group}.{key} must be an integer{' (or null)' if optional else ''}, got {value!r}")
+        if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"{group}.{key} must be a number{' (or null)' if optional else ''}, got {value!r}")
+        for v in (value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ConfigError(f"{group}.{key} must be a finite number, got {value!r}")
+
+
+def check_config_values(cfg) -> None:
+    """``check_target_values`` for every group of the run (algo, env, policy and its parameter space, oracle),
+    on the composed config, before any object is built."""
+    from dppo.policies.spaces import make_space
+
+    for group in ("algo", "env", "policy", "oracle"):
+        node = cfg.get(group)
+        if node is None or "_target_" not in node:
+            continue
+        spec = {k: v for k, v in to_container(node).items() if k != "_target_"}
+        try:
+            target = get_object(str(node["_target_"]))
+        except Exception:  # noqa: BLE001 - an import error is reported when the object is built
+            continue
+        if group == "policy":
+            check_target_values(make_space, {k: spec.pop(k) for k in SPACE_KEYS if k in spec}, group)
+            for k in POLICY_KEYS:
+                spec.pop(k, None)
+        check_target_values(target, spec, group)
+    check_policy_device(cfg)
+
+
+def check_policy_device(cfg) -> None:
+    """``device=cuda`` moves only a policy that takes a device (``policy=lm``); the gym policies, the bandit's
+    and the tabular learners run on the CPU, so there it is refused rather than recorded and ignored. Then
+    the machine must have CUDA."""
+    from dppo.config import check_device
+
+    if not str(cfg.device).startswith("cuda"):
+        return
+    node = cfg.get("policy")
+    takes = node is not None and "_target_" in node and "device" in node
+    if not takes:
+        shown = OmegaConf.select(cfg, "policy._target_", default=None) or "no policy"
+        raise ConfigError(f"device={cfg.device} applies to a policy that takes a device (policy=lm); this run's "
+                          f"policy ({str(shown).rsplit('.', 1)[-1]}) runs on the CPU: drop device, or use "
+                          f"device=auto")
+    check_device(cfg.device)
+
+
 def check_target_keys(node, group: str, extra=()) -> None:
-    """Refuse a key of a group (env, policy, oracle) that the object it builds does not take (one line)."""
+    """Refuse a key of a group (env, policy, oracle) that the object it builds does not take, or a value its
+    type cannot hold (one line)."""
     spec = dict(node if isinstance(node, dict) else to_container(node) or {})
     target = spec.pop("_target_", None)
     if target is None:
@@ -265,6 +375,7 @@ def check_target_keys(node, group: str, extra=()) -> None:
             hint = f" (did you mean '{group}.{close[0]}'?)" if close else ""
             shown = sorted(valid - {"observation_space", "action_space"})
             raise ConfigError(f"unknown key '{group}.{key}'{hint}: {target.rsplit('.', 1)[-1]} takes {shown}")
+    check_target_values(obj, {k: v for k, v in spec.items() if k not in extra}, group)
 
 
 def algo_name(cfg, cls=None, private: bool | None = None) -> str:
@@ -546,6 +657,7 @@ def build_learner(cfg, cls, objects: dict):
         hint = f" (did you mean 'algo.{close[0]}'?)" if close else ""
         raise ConfigError(f"unknown key 'algo.{unknown[0]}'{hint} for algo={algo_name(cfg, cls, cfg.eps is not None)}; "
                           f"valid: {valid}")
+    check_target_values(cls, params, "algo")
     available = {"seed": cfg.seed, "rounds": cfg.rounds, "users_per_round": cfg.users_per_round,
                  "group_size": cfg.group_size, "episodes": cfg.episodes, "batch_size": cfg.batch_size,
                  "max_grad_norm": cfg.max_grad_norm, "reward_bound": cfg.reward_bound, "eps": objects["privacy"].eps,
@@ -600,6 +712,7 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     Nothing is written before every object is built and checked: the run directory is made last.
     ``env_inputs``: a prompts env's objects from Python (``build_env``; ``cfg.env`` records them)."""
     validate(cfg)
+    check_config_values(cfg)
     dist = distributed.from_env()
     if not dist.is_main:  # torchrun rank > 0: computes its shard of each round, writes nothing
         run_dir = None

@@ -175,6 +175,10 @@ def schema_type(path: str):
     return tp
 
 
+def schema_optional(path: str) -> bool:
+    return type(None) in typing.get_args(schema_type(path))
+
+
 def hydra_message(err: BaseException) -> str:
     """The one line a Hydra/OmegaConf composition failure is reported as: a wrong type names the key and the
     expected type; otherwise its text, without OmegaConf's location dump."""
@@ -213,9 +217,35 @@ def check_keys(cfg, node=None, schema=TrainConfig, prefix: str = "") -> None:
             check_keys(cfg, node[key], sub, f"{prefix}{key}.")
 
 
+def schema_floats(schema=TrainConfig, prefix: str = "") -> list[str]:
+    """Every float field of the schema (``Optional[float]`` too), as dotted keys."""
+    out = []
+    for name, tp in typing.get_type_hints(schema).items():
+        if dataclasses.is_dataclass(tp):
+            out += schema_floats(tp, f"{prefix}{name}.")
+        elif tp is float or set(typing.get_args(tp)) == {float, type(None)}:
+            out.append(f"{prefix}{name}")
+    return out
+
+
+def check_device(device: str) -> None:
+    """``device=cuda`` (or ``cuda:N``) needs a CUDA device on this machine."""
+    if str(device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={device} but this machine has no CUDA device (torch.cuda.is_available() is "
+                              f"False); use device=cpu, or device=auto to take a GPU where there is one")
+
+
 def validate(cfg) -> None:
     """Value checks the schema's types cannot express; raise ConfigError with a one-line fix."""
     check_keys(cfg)
+    for key in schema_floats():   # NaN or inf passes the schema's float type and every comparison below
+        value = OmegaConf.select(cfg, key)
+        if value is not None and not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number{' (or null)' if schema_optional(key) else ''}, "
+                              f"got {value}")
     if cfg.eps is not None and not (cfg.eps > 0 and math.isfinite(cfg.eps)):
         raise ConfigError(f"eps must be > 0 (or null for a non-private run), got {cfg.eps}")
     if not (0 < cfg.delta < 1):
