@@ -375,6 +375,7 @@ def check_target_keys(node, group: str, extra=()) -> None:
             hint = f" (did you mean '{group}.{close[0]}'?)" if close else ""
             shown = sorted(valid - {"observation_space", "action_space"})
             raise ConfigError(f"unknown key '{group}.{key}'{hint}: {target.rsplit('.', 1)[-1]} takes {shown}")
+    # build() checked every group already (check_config_values); this serves scripts that build one object
     check_target_values(obj, {k: v for k, v in spec.items() if k not in extra}, group)
 
 
@@ -657,7 +658,6 @@ def build_learner(cfg, cls, objects: dict):
         hint = f" (did you mean 'algo.{close[0]}'?)" if close else ""
         raise ConfigError(f"unknown key 'algo.{unknown[0]}'{hint} for algo={algo_name(cfg, cls, cfg.eps is not None)}; "
                           f"valid: {valid}")
-    check_target_values(cls, params, "algo")
     available = {"seed": cfg.seed, "rounds": cfg.rounds, "users_per_round": cfg.users_per_round,
                  "group_size": cfg.group_size, "episodes": cfg.episodes, "batch_size": cfg.batch_size,
                  "max_grad_norm": cfg.max_grad_norm, "reward_bound": cfg.reward_bound, "eps": objects["privacy"].eps,

@@ -1,4 +1,4 @@
-"""A run's secret: a random key, and what it keys (``dppo/training/provenance.py``, ``Trainer.check_data``).
+"""A run's secret: a random key, and what it keys (``dppo/training/provenance.py``, ``Trainer.adopt_secret``).
 
 Anything computed from private rows that a run must keep - a fingerprint of its data, so that a resume or
 ``dppo.load`` handed other rows is refused, and the identities of the members it consumed, so that a later

@@ -116,8 +116,8 @@ class Trainer:
             return   # a checkpoint from before the secret existed: nothing to check against
         if stored.get("data") is not None and self.data_fingerprint(stored["key"]) != stored["data"]:
             raise ConfigError("these are not the rows this run was trained on (public and private prompts, in "
-                            "order): user ids would name other people's prompts; pass the same train_dataset / "
-                            "eval_dataset (or the same env.path file, unchanged)")
+                              "order): user ids would name other people's prompts; pass the same train_dataset / "
+                              "eval_dataset (or the same env.path file, unchanged)")
         self.secret = {"key": stored["key"], "data": stored.get("data")}
         if self.population is not None:
             self.population.set_key(stored["key"])
