@@ -17,6 +17,8 @@ from omegaconf import OmegaConf, open_dict
 
 from dppo.config import to_container, validate
 from dppo.data import OnePassUserSampler, PoissonUserSampler
+from dppo.envs.memory import physical_memory_bytes
+from dppo.envs.reward_ranges import clipping_warning, resolve_reward_bound
 from dppo.errors import ConfigError
 from dppo.policies.check import check_env, check_policy
 from dppo.privacy import NoiseSource, PrivacyContext
@@ -603,13 +605,6 @@ def build_sampler(cfg, noise=None):
     return sampler
 
 
-def physical_memory_bytes() -> int | None:
-    try:
-        return int(os.sysconf("SC_PHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def check_memory(cfg, env=None, policy=None) -> None:
     """Refuse, before anything is allocated, a population or a round whose arrays cannot fit in memory.
 
@@ -660,7 +655,8 @@ def build_learner(cfg, cls, objects: dict):
                           f"valid: {valid}")
     available = {"seed": cfg.seed, "rounds": cfg.rounds, "users_per_round": cfg.users_per_round,
                  "group_size": cfg.group_size, "episodes": cfg.episodes, "batch_size": cfg.batch_size,
-                 "max_grad_norm": cfg.max_grad_norm, "reward_bound": cfg.reward_bound, "eps": objects["privacy"].eps,
+                 "max_grad_norm": cfg.max_grad_norm, "reward_bound": learner_reward_bound(cfg, cls, objects),
+                 "eps": objects["privacy"].eps,
                  "delta": cfg.delta, **objects}
     if "oracle" in sig and "oracle" not in objects:
         space = objects.get("space")
@@ -703,6 +699,20 @@ def _plain(v):
     if isinstance(v, (list, tuple)):
         return json.dumps(v, default=str)
     return v if isinstance(v, (int, float, str, bool)) or v is None else str(v)
+
+
+def learner_reward_bound(cfg, cls, objects: dict) -> float | None:
+    """``reward_bound`` as the learner gets it (``dppo.envs.reward_ranges.resolve_reward_bound``), with a public
+    warning on stderr when it cuts into the env's declared range."""
+    sig = inspect.signature(cls.__init__).parameters
+    needs = "reward_bound" in sig and sig["reward_bound"].default not in (None, inspect.Parameter.empty)
+    private = objects["privacy"].private
+    bound = resolve_reward_bound(cfg.reward_bound, objects["env"], private=private, needs_bound=needs,
+                                 seed=cfg.seed, algo=algo_name(cfg, cls, private))
+    warning = clipping_warning(bound, objects["env"])
+    if warning and distributed.from_env().is_main:
+        print(f"dppo: warning: {warning}", file=sys.stderr, flush=True)
+    return bound
 
 
 def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=None, privacy=None, logger=None,

@@ -76,7 +76,8 @@ class TrainConfig:
     users_per_round: int = 10  # PG / NPG / REBEL: m fresh users per round
     group_size: int = 8  # PG / NPG / REBEL: G rollouts per user from its own start state (one privacy unit)
     max_grad_norm: float = 1.0  # PG / DP-PG: per-user clip norm C
-    reward_bound: Optional[float] = 1.0  # rewards clipped to [-reward_bound, reward_bound] (null: not clipped)
+    reward_bound: Optional[float] = None  # rewards clipped to [-reward_bound, reward_bound] (null: the env's declared
+    # range, dppo/envs/reward_ranges.py; a private run on an env declaring none is refused, a non-private one clips nothing)
     resume: Optional[str] = None  # a run directory to continue
     episodes: Optional[int] = None  # tabular / GFA learners: total episodes (users; null: the learner's default)
     batch_size: Optional[int] = None  # GFA: episodes per policy update (null: the paper's rule)

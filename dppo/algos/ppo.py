@@ -55,6 +55,8 @@ from dppo.privacy.composed import composed_sums
 
 ADV_NORMS = ("none", "scale", "standardize")
 OPTIMIZERS = ("adam", "sgd", "adam_bc")
+INPUT_ELEMENTS = 2 ** 24   # network-input entries per forward over a round's steps (more: in slices)
+PER_USER_MEMORY = 256 * 2 ** 20   # bytes of per-user gradient rows at once (a minibatch beyond it runs in blocks)
 SQRT2 = math.sqrt(2.0)
 
 
@@ -240,14 +242,14 @@ class PPO(GroupPolicyOptimizer):
         steps = 0
         for epoch in self.schedule(round_idx, m):
             for mb in epoch:
-                g_actor, g_critic, ratio_frac = self.minibatch_gradients(t, mb)
                 ids = [users[int(i)] for i in mb]
+                g_actor, g_critic, ratio = self.minibatch_blocks(t, mb)
                 d_actor, s_a = self.release.release_sum(g_actor, ids, self.clip, part="actor")
                 d_critic, s_c = self.release.release_sum(g_critic, ids, self.critic_clip, part="critic")
                 self.step(d_actor / len(mb), d_critic / len(mb), len(mb))
                 sums["diag/clip_fraction"] += s_a["diag/clip_fraction"]
                 sums["diag/critic_clip_fraction"] += s_c["diag/clip_fraction"]
-                sums["diag/ratio_clip_fraction"] += ratio_frac
+                sums["diag/ratio_clip_fraction"] += ratio()
                 steps += 1
         self.average_tail(round_idx)
         mask = batch.mask
@@ -272,15 +274,59 @@ class PPO(GroupPolicyOptimizer):
         """What the round's minibatch steps need, from the users' own episodes and the released policy and
         critic at the start of the round: advantages A, value targets R, old log-probabilities, n_u."""
         obs, actions, mask = batch.obs, batch.actions, batch.mask
-        values = self.value_scale * self.critic.value(obs.flatten(0, 1)).reshape(mask.shape).double()
+        width = max(1, getattr(getattr(self.policy, "obs_layout", None), "feature_dim", 1) or 1)
+        step = max(4096, INPUT_ELEMENTS // width)   # rows per call: a one-hot input (716 wide) in slices
+        flat_obs, flat_act = obs.flatten(0, 1), actions.flatten(0, 1)
+        values = self.value_scale * torch.cat([self.critic.value(flat_obs[lo:lo + step])
+                                               for lo in range(0, flat_obs.shape[0], step)]).reshape(mask.shape).double()
         final_v = self.value_scale * self.critic.value(batch.final_obs).double()
-        logp_old = self.policy.log_prob(obs.flatten(0, 1), actions.flatten(0, 1)).reshape(mask.shape).double()
+        logp_old = torch.cat([self.policy.log_prob(flat_obs[lo:lo + step], flat_act[lo:lo + step])
+                              for lo in range(0, flat_obs.shape[0], step)]).reshape(mask.shape).double()
         A = gae(self.step_rewards(batch), values, mask, torch.where(batch.terminated, 0.0, final_v), self.gamma, self.gae_lambda)
         returns = (A + values) * mask
         return {"obs": obs, "actions": actions, "mask": mask, "values": values, "returns": returns,
                 "A": normalize_per_user(A, mask, batch.users, self.adv_norm), "logp_old": logp_old,
                 "steps_per_user": batch.grouped(batch.lengths).sum(1).double().clamp_min(1),  # n_u: means
                 "group_size": batch.group_size}
+
+    def minibatch_blocks(self, t: dict, mb: torch.Tensor):
+        """(actor rows, critic rows, ratio()) of ``mb``: its ``minibatch_gradients``, or, when its users x
+        parameters matrices would exceed ``PER_USER_MEMORY`` bytes, iterables of blocks of its users computed
+        one after the other (the release clips each block as it comes: ``dppo.privacy.composed.clipped_total``).
+        ``ratio()`` is the fraction of steps whose ratio is clipped (read once the actor's rows are released).
+        Every block sees the same parameters: nothing is stepped until both sums are released."""
+        params = sum(p.numel() for p in self.space.params) + sum(p.numel() for p in self.critic.parameters())
+        per_block = max(1, PER_USER_MEMORY // max(1, 8 * 4 * params))
+        if len(mb) <= per_block:
+            g_actor, g_critic, frac = self.minibatch_gradients(t, mb)
+            return g_actor, g_critic, lambda: frac
+        blocks = [mb[lo:lo + per_block] for lo in range(0, len(mb), per_block)]
+        fracs = []
+
+        def actor():
+            for b in blocks:
+                g, frac = self.actor_gradients(*self._actor_inputs(t, b))
+                fracs.append(frac * len(b))
+                yield g
+
+        def critic():
+            for b in blocks:
+                yield self.critic_gradients(*self._critic_inputs(t, b))
+
+        return actor(), critic(), lambda: sum(fracs) / len(mb)
+
+    def _rows(self, t: dict, mb: torch.Tensor) -> torch.Tensor:
+        G = t["group_size"]
+        return (mb[:, None] * G + torch.arange(G)).reshape(-1)  # their episodes
+
+    def _actor_inputs(self, t: dict, mb: torch.Tensor) -> tuple:
+        rows = self._rows(t, mb)
+        return (t["obs"][rows], t["actions"][rows], t["mask"][rows], t["A"][rows], t["logp_old"][rows],
+                t["steps_per_user"][mb], t["group_size"])
+
+    def _critic_inputs(self, t: dict, mb: torch.Tensor) -> tuple:
+        rows = self._rows(t, mb)
+        return (t["obs"][rows], t["mask"][rows], t["returns"][rows], t["steps_per_user"][mb], t["group_size"])
 
     def minibatch_gradients(self, t: dict, mb: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Per-user (actor, critic) gradients of the users at positions ``mb`` at the current parameters, and

@@ -10,9 +10,13 @@ on the other episodes of the batch or on how they are packed into the vector env
 
 Backends (``env.vectorization``): ``native`` (the env's own vectorized implementation, CartPole's
 ``CartPoleVectorEnv``; its reset draws every sub-env from one seed, so each sub-env's start state is
-overwritten with the state a single env reset with that episode's seed reaches), ``sync`` /
-``async`` (``gymnasium.vector.SyncVectorEnv`` / ``AsyncVectorEnv``, reset with one seed per
-sub-env), ``none`` (a list of single envs, stepping only the running ones). Vector envs are built
+overwritten with the state a single env reset with that episode's seed reaches), ``async``
+(``gymnasium.vector.AsyncVectorEnv``, reset with one seed per sub-env), ``sync`` / ``none`` (a pool of
+single envs, stepping only the running ones). Memory is bounded: at most ``env.num_envs`` live instances
+(``resolve_num_envs``; ``auto`` sizes it to the machine from the measured size of one instance), reused
+across users: in the pool a slot takes the next episode (reset with its own user's seed) as soon as its
+own ends; a vector env runs episodes in waves of its size. Buffers grow with the steps taken
+(``_StepRecord``), padded at the end to the longest episode, never to N x horizon. Backends are built
 once per batch size and reused for the whole run.
 """
 from __future__ import annotations
@@ -26,7 +30,9 @@ import torch
 
 from dppo.data import streams
 from dppo.errors import ConfigError, DataError
+from dppo.envs.memory import MAX_INSTANCES, instance_memory
 from dppo.policies.base import pad_rows
+from dppo.policies.observations import ObservationLayout
 
 VECTORIZATION = ("auto", "native", "sync", "async", "none")
 
@@ -85,13 +91,17 @@ class Episodes:
                 "diag/env_steps": self.env_steps, "diag/reward_clip_fraction": self.reward_clip_fraction}
 
 
-def clip_rewards(rewards: np.ndarray, bound: float | None) -> tuple[np.ndarray, int]:
-    """Clip rewards to [-bound, bound] (enforces the range the sensitivity assumes); NaN/inf is an error."""
+def clip_rewards(rewards: np.ndarray, bound: float | None,
+                 reward_range: tuple[float, float] | None = None) -> tuple[np.ndarray, int]:
+    """Clip rewards to the env's ``reward_range`` [low, high] and to [-bound, bound] (enforces the range the
+    sensitivity assumes; either None: no such clip); NaN/inf is an error."""
     if not np.all(np.isfinite(rewards)):
         raise DataError("the environment returned a NaN/inf reward; this round's data is discarded and not released")
-    if bound is None:
-        return rewards, 0
-    clipped = np.clip(rewards, -bound, bound)
+    clipped = rewards
+    if reward_range is not None:
+        clipped = np.clip(clipped, reward_range[0], reward_range[1])
+    if bound is not None:
+        clipped = np.clip(clipped, -bound, bound)
     return clipped, int(np.count_nonzero(clipped != rewards))
 
 
@@ -103,22 +113,32 @@ def inverse_cdf_actions(logits: torch.Tensor, uniforms: torch.Tensor | None) -> 
     return (cdf < uniforms[:, None]).sum(-1).clamp_max_(logits.shape[-1] - 1)
 
 
-class _ListBackend:
-    """n single envs; only the running ones are stepped."""
+class _PoolBackend:
+    """``size`` single env instances, each reset and stepped on its own (``sync`` / ``none``): a slot takes the
+    next episode as soon as its own ends, so ``size`` instances serve any number of episodes."""
 
-    def __init__(self, factory, n: int):
-        self.envs = [factory.make() for _ in range(n)]
+    refill = True
 
-    def reset(self, seeds):
-        return np.stack([np.asarray(e.reset(seed=int(s))[0], dtype=np.float32) for e, s in zip(self.envs, seeds)])
+    def __init__(self, factory, size: int, layout):
+        self.envs = [factory.make() for _ in range(size)]
+        self.layout = layout
 
-    def step(self, actions: np.ndarray, active: np.ndarray, cur: np.ndarray):
-        obs, rew = cur.copy(), np.zeros(len(self.envs))
-        term, trunc = np.zeros(len(self.envs), dtype=bool), ~active
-        for i in np.flatnonzero(active):
-            a = actions[i] if actions.dtype.kind == "f" else int(actions[i])  # Box actions stay vectors
+    @property
+    def size(self) -> int:
+        return len(self.envs)
+
+    def reset_slot(self, slot: int, seed: int) -> np.ndarray:
+        return self.layout.encode(self.envs[slot].reset(seed=int(seed))[0])
+
+    def step(self, slots: np.ndarray, actions: np.ndarray):
+        k = len(slots)
+        obs = np.zeros((k, self.layout.raw_dim), dtype=np.float32)
+        rew, term, trunc = np.zeros(k), np.zeros(k, dtype=bool), np.zeros(k, dtype=bool)
+        for j, i in enumerate(slots):
+            a = actions[j]
+            a = int(a) if a.ndim == 0 and a.dtype.kind in "iu" else a   # Box / MultiDiscrete actions stay arrays
             o, r, te, tr, _ = self.envs[i].step(a)
-            obs[i], rew[i], term[i], trunc[i] = np.asarray(o, dtype=np.float32), float(r), bool(te), bool(tr)
+            obs[j], rew[j], term[j], trunc[j] = self.layout.encode(o), float(r), bool(te), bool(tr)
         return obs, rew, term, trunc
 
     def close(self):
@@ -127,18 +147,25 @@ class _ListBackend:
 
 
 class _VectorBackend:
-    """A gymnasium vector env of n sub-envs (``native``: the env's own; ``sync``/``async``)."""
+    """A gymnasium vector env of ``size`` sub-envs (``native``: the env's own; ``async``), run in waves: every
+    sub-env is reset at a wave's start (slots without an episode get a public dummy seed and stay idle)."""
 
-    def __init__(self, factory, n: int, mode: str):
+    refill = False
+
+    def __init__(self, factory, size: int, mode: str, layout):
         import gymnasium as gym
 
-        self.mode = mode
+        self.mode, self.layout, self.size = mode, layout, int(size)
         vmode = "vector_entry_point" if mode == "native" else mode
         if mode == "native" and not gym.spec(factory.id).vector_entry_point:
             raise ConfigError(f"env.vectorization=native: {factory.id} has no native vectorized implementation; "
                               f"use env.vectorization=sync (or auto)")
-        self.vec = gym.make_vec(factory.id, num_envs=n, vectorization_mode=vmode,
-                                max_episode_steps=factory.horizon, **factory.kwargs)
+        extra = {}
+        if mode != "native" and getattr(factory, "wrappers", None):
+            extra["wrappers"] = [lambda e, c=c, kw=kw: c(e, **kw) for c, kw in factory.wrappers]
+        self.vec = gym.make_vec(factory.id, num_envs=self.size, vectorization_mode=vmode,
+                                max_episode_steps=factory.horizon, **extra, **factory.kwargs)
+        self.single_space = factory.observation_space
         if mode == "native":
             self.probe = factory.make()
             self.vec.reset(seed=0)
@@ -146,25 +173,35 @@ class _VectorBackend:
             self.probe.reset(seed=0)
             single = getattr(self.probe.unwrapped, "state", None)
             if not (isinstance(state, np.ndarray) and isinstance(single, np.ndarray)
-                    and state.shape == (single.shape[0], n)):
+                    and state.shape == (single.shape[0], self.size)):
                 raise ConfigError(f"env.vectorization=native: {factory.id}'s vector env has no per-sub-env state "
                                   f"to seed each user's start from; use env.vectorization=sync")
 
-    def reset(self, seeds):
+    def _rows(self, obs) -> np.ndarray:
+        if self.layout.is_box:
+            return np.asarray(obs, dtype=np.float32).reshape(self.size, -1)
+        from gymnasium.vector.utils import batch_space, iterate
+
+        return np.stack([self.layout.encode(o) for o in iterate(batch_space(self.single_space, self.size), obs)])
+
+    def reset(self, seeds) -> np.ndarray:
+        seeds = [int(s) for s in seeds] + [0] * (self.size - len(seeds))
         if self.mode != "native":
-            return np.asarray(self.vec.reset(seed=[int(s) for s in seeds])[0], dtype=np.float32)
+            return self._rows(self.vec.reset(seed=seeds)[0])
         self.vec.reset(seed=0)
         obs = []
         for i, s in enumerate(seeds):  # each start state = the single env's reset with that seed
             o, _ = self.probe.reset(seed=int(s))
             self.vec.unwrapped.state[:, i] = self.probe.unwrapped.state
-            obs.append(np.asarray(o, dtype=np.float32))
+            obs.append(self.layout.encode(o))
         return np.stack(obs)
 
-    def step(self, actions: np.ndarray, active: np.ndarray, cur: np.ndarray):
-        obs, rew, term, trunc, _ = self.vec.step(actions)
-        return (np.asarray(obs, dtype=np.float32), np.asarray(rew, dtype=np.float64), np.asarray(term, dtype=bool),
-                np.asarray(trunc, dtype=bool))
+    def step(self, slots: np.ndarray, actions: np.ndarray):
+        full = np.zeros((self.size,) + actions.shape[1:], dtype=actions.dtype)
+        full[slots] = actions
+        obs, rew, term, trunc, _ = self.vec.step(full)
+        return (self._rows(obs)[slots], np.asarray(rew, dtype=np.float64)[slots],
+                np.asarray(term, dtype=bool)[slots], np.asarray(trunc, dtype=bool)[slots])
 
     def close(self):
         self.vec.close()
@@ -173,36 +210,56 @@ class _VectorBackend:
 
 
 def resolve_vectorization(factory) -> str:
-    """The backend of ``factory.vectorization``: ``auto`` = native if the env has one, else sync; factories
-    without a gymnasium id (the bandit) use ``none``."""
+    """The backend of ``factory.vectorization``: ``auto`` = native if the env has one (and no per-instance
+    wrappers), else sync; factories without a gymnasium id (the bandit) use ``none``."""
     mode = getattr(factory, "vectorization", "none")
     if mode not in VECTORIZATION:
         raise ConfigError(f"env.vectorization must be one of {VECTORIZATION}, got '{mode}'")
     if mode == "auto":
         import gymnasium as gym
 
-        return "native" if gym.spec(factory.id).vector_entry_point else "sync"
+        native = gym.spec(factory.id).vector_entry_point and getattr(factory, "native_ok", True)
+        return "native" if native else "sync"
     return mode
 
 
+def resolve_num_envs(factory) -> int:
+    """Live env instances at most: ``env.num_envs``, or for ``auto`` as many as fit in ``instance_memory()``
+    bytes at the size the factory measured for one instance (``instance_bytes``), within [1, MAX_INSTANCES]."""
+    n = getattr(factory, "num_envs", "auto")
+    if n != "auto":
+        return int(n)
+    per = int(getattr(factory, "instance_bytes", 0) or 0)
+    return MAX_INSTANCES if per <= 0 else max(1, min(MAX_INSTANCES, instance_memory() // per))
+
+
 class RolloutEngine:
-    """Collects batches of seeded episodes with per-episode uniforms (module docstring).
+    """Collects batches of seeded episodes with per-episode uniforms (module docstring), on at most
+    ``capacity`` live env instances (``resolve_num_envs``).
 
     Args:
         factory: an env factory (``make()``, ``horizon``, ``observation_space``; gym factories also
-            ``id``, ``kwargs`` and ``vectorization``).
+            ``id``, ``kwargs``, ``vectorization``, ``num_envs`` and ``instance_bytes``).
     """
 
     def __init__(self, factory):
         self.factory = factory
         self.mode = resolve_vectorization(factory)
+        self.capacity = resolve_num_envs(factory)
+        space = getattr(factory, "observation_space", None)
+        self.layout = ObservationLayout(space) if space is not None else _RawLayout()
         self._backends: dict[int, object] = {}
 
     def backend(self, n: int):
-        if n not in self._backends:
-            self._backends[n] = (_ListBackend(self.factory, n) if self.mode == "none"
-                                 else _VectorBackend(self.factory, n, self.mode))
-        return self._backends[n]
+        """The backend for batches of ``n`` episodes: min(n, capacity) instances; the cached backends together
+        never hold more than ``capacity`` instances."""
+        size = max(1, min(int(n), self.capacity))
+        if size not in self._backends:
+            if sum(self._backends) + size > self.capacity:
+                self.close()
+            self._backends[size] = (_PoolBackend(self.factory, size, self.layout) if self.mode in ("sync", "none")
+                                    else _VectorBackend(self.factory, size, self.mode, self.layout))
+        return self._backends[size]
 
     def close(self) -> None:
         for b in self._backends.values():
@@ -212,66 +269,164 @@ class RolloutEngine:
     @torch.no_grad()
     def run(self, policy, seeds: list[int], uniforms: torch.Tensor | None, *, reward_bound: float | None,
             group_size: int = 1) -> Episodes:
-        """One episode per seed; ``uniforms`` (N, horizon) drive the sampling (None: greedy); for a continuous
-        policy (N, horizon, d) or (N, horizon) when d = 1, mapped to Gaussian samples by the inverse normal CDF.
+        """One episode per seed; ``uniforms`` (N, horizon) drive the sampling (None: greedy); for a continuous or
+        MultiDiscrete policy (N, horizon, d) or (N, horizon) when d = 1 (Gaussian samples by the inverse normal
+        CDF, one component each).
 
-        Rewards are clipped to [-reward_bound, reward_bound] as they arrive, before anything else sees them.
-        Raises ``DataError`` on NaN/inf observations or rewards, or if the env raises mid-episode.
+        Rewards are clipped to the env's declared ``reward_range`` and to [-reward_bound, reward_bound] as they
+        arrive, before anything else sees them. Raises ``DataError`` on NaN/inf observations or rewards, or if
+        the env raises mid-episode. Buffers grow with the steps taken, never with N x horizon.
         """
         n, horizon = len(seeds), int(self.factory.horizon)
+        kind = "continuous" if getattr(policy, "continuous", False) else (
+            "multi" if getattr(policy, "multi_discrete", False) else "discrete")
+        rec = _StepRecord(n)
         try:
             backend = self.backend(n)
-            cur = backend.reset(seeds)
-            obs_buf = np.zeros((n, horizon) + cur.shape[1:], dtype=np.float32)
-            continuous = bool(getattr(policy, "continuous", False))  # Box actions (GaussianMLPPolicy)
-            act_buf = (np.zeros((n, horizon, int(policy.action_dim)), dtype=np.float32) if continuous
-                       else np.zeros((n, horizon), dtype=np.int64))
-            rew_buf = np.zeros((n, horizon), dtype=np.float64)
-            lengths = np.zeros(n, dtype=np.int64)
-            active = np.ones(n, dtype=bool)
-            terminated = np.zeros(n, dtype=bool)
-            final = np.array(cur, dtype=np.float32)   # the observation after each episode's last step
-            for t in range(horizon):
-                if not active.any():
-                    break
-                if not np.isfinite(cur).reshape(n, -1).all(1)[active].all():
-                    raise DataError("the environment returned a NaN/inf observation; this round's data is discarded")
-                u_t = None if uniforms is None else uniforms[:, t]
-                obs_t = pad_rows(torch.from_numpy(cur))  # batch-invariant rows (MIN_ROWS)
-                if continuous:  # the stored action is the Gaussian sample, the env gets it squashed/clipped
-                    u_pad = None if u_t is None else pad_rows(u_t.reshape(n, -1))
-                    samples = policy.sample_from_uniforms(obs_t, u_pad)[:n]
-                    act_buf[:, t] = samples.numpy()
-                    actions = policy.env_action(samples).numpy().astype(np.float32)
-                else:
-                    actions = inverse_cdf_actions(policy.logits(obs_t)[:n], u_t).numpy()
-                    act_buf[:, t] = actions
-                obs_buf[:, t] = cur  # rows of finished episodes are masked out below
-                nxt, rew, term, trunc = backend.step(actions, active, cur)
-                rew_buf[:, t] = np.where(active, rew, 0.0)
-                lengths += active
-                final[active] = nxt[active]
-                terminated |= active & term
-                active &= ~(term | trunc)
-                cur = nxt
-        except DataError:
-            raise
-        except ConfigError:
+            if backend.refill:
+                self._run_pool(backend, policy, seeds, uniforms, kind, horizon, rec)
+            else:
+                for lo in range(0, n, backend.size):
+                    self._run_wave(backend, policy, seeds, uniforms, kind, horizon, rec, lo,
+                                   min(n, lo + backend.size))
+        except (DataError, ConfigError):
             raise
         except Exception as err:  # noqa: BLE001 - any env failure aborts the round without releasing it
-            self._backends.pop(n, None)
+            self.close()
             raise DataError(f"the environment raised {type(err).__name__} mid-episode ({err}); "
                             f"the round is not released") from None
-        T = max(1, int(lengths.max()))
-        mask = np.arange(T)[None, :] < lengths[:, None]
-        raw = np.where(mask, rew_buf[:, :T], 0.0)
-        rewards, _ = clip_rewards(raw, reward_bound)
-        clipped = torch.from_numpy((rewards != raw).sum(1))
-        rewards = torch.from_numpy(np.where(mask, rewards, 0.0))
-        obs = torch.from_numpy(obs_buf[:, :T].reshape(n, T, -1))
-        return Episodes(obs, torch.from_numpy(act_buf[:, :T]), rewards, torch.from_numpy(mask), rewards.sum(1),
-                        clipped, int(group_size), torch.from_numpy(terminated),
-                        torch.from_numpy(final.reshape(n, -1)))
+        return rec.episodes(self.layout.raw_dim, getattr(self.factory, "reward_range", None), reward_bound,
+                            group_size)
+
+    def _act(self, policy, kind, rows: np.ndarray, u: torch.Tensor | None):
+        """(stored actions, env actions) for observation rows, from their uniforms (None: greedy)."""
+        n = rows.shape[0]
+        obs_t = pad_rows(torch.from_numpy(rows))  # batch-invariant rows (MIN_ROWS)
+        if kind == "discrete":
+            a = inverse_cdf_actions(policy.logits(obs_t)[:n], u).numpy()
+            return a, a
+        u_pad = None if u is None else pad_rows(u.reshape(n, -1))
+        samples = policy.sample_from_uniforms(obs_t, u_pad)[:n]
+        if kind == "continuous":  # the stored action is the Gaussian sample, the env gets it squashed/clipped
+            return samples.numpy(), policy.env_action(samples).numpy().astype(np.float32)
+        return samples.numpy(), policy.env_action(samples).numpy()
+
+    @staticmethod
+    def _check_obs(rows: np.ndarray) -> None:
+        if not np.isfinite(rows).all():
+            raise DataError("the environment returned a NaN/inf observation; this round's data is discarded")
+
+    def _run_pool(self, backend, policy, seeds, uniforms, kind, horizon, rec) -> None:
+        """Slots take episodes in order and the next one as soon as theirs ends."""
+        n, size = len(seeds), backend.size
+        episode = np.full(size, -1, dtype=np.int64)   # the slot's episode (-1: idle)
+        t = np.zeros(size, dtype=np.int64)
+        cur = np.zeros((size, self.layout.raw_dim), dtype=np.float32)
+        nxt_ep = 0
+        for slot in range(min(size, n)):
+            episode[slot], cur[slot] = slot, backend.reset_slot(slot, seeds[slot])
+            nxt_ep += 1
+        while True:
+            slots = np.flatnonzero(episode >= 0)
+            if len(slots) == 0:
+                return
+            eps, ts = episode[slots], t[slots]
+            rows = cur[slots]
+            self._check_obs(rows)
+            u = None if uniforms is None else uniforms[torch.from_numpy(eps), torch.from_numpy(ts)]
+            stored, env_actions = self._act(policy, kind, rows, u)
+            obs, rew, term, trunc = backend.step(slots, env_actions)
+            t[slots] += 1
+            done = term | trunc | (t[slots] >= horizon)
+            rec.add(eps, ts, rows, stored, rew)
+            cur[slots] = obs
+            for j in np.flatnonzero(done):
+                slot = slots[j]
+                rec.finish(eps[j], int(t[slot]), obs[j], bool(term[j]))
+                if nxt_ep < n:
+                    episode[slot], t[slot] = nxt_ep, 0
+                    cur[slot] = backend.reset_slot(slot, seeds[nxt_ep])
+                    nxt_ep += 1
+                else:
+                    episode[slot] = -1
+
+    def _run_wave(self, backend, policy, seeds, uniforms, kind, horizon, rec, lo: int, hi: int) -> None:
+        """Episodes lo..hi-1 in lockstep on the vector env's first hi - lo sub-envs."""
+        k = hi - lo
+        cur = backend.reset(seeds[lo:hi])
+        active = np.zeros(backend.size, dtype=bool)
+        active[:k] = True
+        for step in range(horizon):
+            slots = np.flatnonzero(active)
+            if len(slots) == 0:
+                return
+            rows = cur[slots]
+            self._check_obs(rows)
+            eps = slots + lo
+            u = None if uniforms is None else uniforms[torch.from_numpy(eps), step]
+            stored, env_actions = self._act(policy, kind, rows, u)
+            obs, rew, term, trunc = backend.step(slots, env_actions)
+            rec.add(eps, np.full(len(slots), step), rows, stored, rew)
+            done = term | trunc | (step + 1 >= horizon)
+            for j in np.flatnonzero(done):
+                rec.finish(eps[j], step + 1, obs[j], bool(term[j]))
+            active[slots[done]] = False
+            cur = np.zeros((backend.size, self.layout.raw_dim), dtype=np.float32)
+            cur[slots] = obs
+
+
+class _RawLayout:
+    """The layout of a factory without an observation space: observations stored flattened as they are."""
+
+    is_box = True
+    raw_dim = None
+
+    @staticmethod
+    def encode(obs) -> np.ndarray:
+        return np.asarray(obs, dtype=np.float32).reshape(-1)
+
+
+class _StepRecord:
+    """The steps of a batch as they are taken, in blocks (one per policy call), packed into padded episodes at
+    the end: memory grows with the steps taken, not with episodes x horizon."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.blocks: list[tuple] = []
+        self.lengths = np.zeros(n, dtype=np.int64)
+        self.terminated = np.zeros(n, dtype=bool)
+        self.final: list = [None] * n
+
+    def add(self, eps, ts, obs, actions, rewards) -> None:
+        self.blocks.append((eps.copy(), np.asarray(ts).copy(), obs.copy(), np.asarray(actions).copy(),
+                            np.asarray(rewards, dtype=np.float64).copy()))
+
+    def finish(self, ep: int, length: int, final_obs: np.ndarray, terminated: bool) -> None:
+        self.lengths[ep], self.final[ep], self.terminated[ep] = length, final_obs.copy(), terminated
+
+    def episodes(self, raw_dim, reward_range, reward_bound, group_size: int) -> Episodes:
+        n = self.n
+        T = max(1, int(self.lengths.max())) if n else 1
+        eps = np.concatenate([b[0] for b in self.blocks]) if self.blocks else np.zeros(0, dtype=np.int64)
+        ts = np.concatenate([b[1] for b in self.blocks]) if self.blocks else np.zeros(0, dtype=np.int64)
+        d = raw_dim if raw_dim is not None else (self.blocks[0][2].shape[1] if self.blocks else 1)
+        obs = np.zeros((n, T, d), dtype=np.float32)
+        rewards = np.zeros((n, T), dtype=np.float64)
+        a0 = self.blocks[0][3] if self.blocks else np.zeros(0, dtype=np.int64)
+        actions = np.zeros((n, T) + a0.shape[1:], dtype=a0.dtype)
+        if self.blocks:
+            obs[eps, ts] = np.concatenate([b[2] for b in self.blocks])
+            actions[eps, ts] = np.concatenate([b[3] for b in self.blocks])
+            rewards[eps, ts] = np.concatenate([b[4] for b in self.blocks])
+        self.blocks = []
+        mask = np.arange(T)[None, :] < self.lengths[:, None]
+        raw = np.where(mask, rewards, 0.0)
+        clipped_r, _ = clip_rewards(raw, reward_bound, reward_range)
+        clipped = torch.from_numpy((clipped_r != raw).sum(1))
+        r = torch.from_numpy(np.where(mask, clipped_r, 0.0))
+        final = np.stack(self.final) if n else np.zeros((0, d), dtype=np.float32)
+        return Episodes(torch.from_numpy(obs), torch.from_numpy(actions), r, torch.from_numpy(mask), r.sum(1),
+                        clipped, int(group_size), torch.from_numpy(self.terminated), torch.from_numpy(final))
 
 
 def returns_to_go(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
@@ -341,8 +496,10 @@ class EpisodeCollector:
 
     @staticmethod
     def uniform_shape(policy) -> tuple:
-        """Uniforms per step beyond one: (d,) for a continuous policy with d > 1 action dimensions."""
-        d = int(getattr(policy, "action_dim", 1)) if getattr(policy, "continuous", False) else 1
+        """Uniforms per step beyond one: (d,) for a continuous policy with d > 1 action dimensions, or a
+        MultiDiscrete one with d > 1 components."""
+        multi = getattr(policy, "continuous", False) or getattr(policy, "multi_discrete", False)
+        d = int(getattr(policy, "action_dim", 1)) if multi else 1
         return (d,) if d > 1 else ()
 
     def users(self, policy, users, round_idx: int, group_size: int, reward_bound: float | None,

@@ -4,8 +4,12 @@
 * ``Discrete(K)`` actions: a softmax MLP (``MLPPolicy``, ``policy=mlp``);
 * a 1-d ``Box`` of actions: a Gaussian MLP (``GaussianMLPPolicy``, ``policy=gaussian``), tanh-squashed
   into the Box by default;
-* anything else (MultiDiscrete, MultiBinary, Dict, Box actions of rank > 1): a one-line error naming the
-  choices.
+* ``MultiDiscrete`` / ``MultiBinary`` actions: one softmax per component (``MultiDiscreteMLPPolicy``,
+  ``policy=multi_discrete``);
+* anything else (Dict or Tuple actions, Box actions of rank > 1): a one-line error naming the choices.
+
+Observations of every kind SB3 reads (Box, Discrete one-hot, MultiDiscrete, MultiBinary, Tuple/Dict of these) go
+through ``dppo.policies.observations``.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import gymnasium as gym
 from dppo.errors import ConfigError
 from dppo.policies.gaussian import GaussianMLPPolicy
 from dppo.policies.mlp import MLPPolicy
+from dppo.policies.multi_discrete import MultiDiscreteMLPPolicy, action_components
 
 BOX_ONLY = ("log_std", "log_std_init", "log_std_min", "log_std_max", "squash")
 
@@ -37,17 +42,20 @@ def auto_policy(observation_space: gym.Space, action_space: gym.Space, hidden_si
         close = difflib.get_close_matches(unknown[0], valid, n=1)
         hint = f" (did you mean 'policy.{close[0]}'?)" if close else ""
         raise ConfigError(f"unknown key 'policy.{unknown[0]}'{hint}: policy=auto takes {valid}")
-    if isinstance(action_space, gym.spaces.Discrete):
+    if isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
         if box_options:
             raise ConfigError(f"policy.{sorted(box_options)[0]} applies to Box (continuous) actions; the env's "
                               f"actions are {action_space}: remove it (policy=auto is a softmax MLP here)")
-        return MLPPolicy(observation_space, action_space, hidden_sizes=hidden_sizes, activation=activation,
-                         normalize_obs=normalize_obs)
+        cls = MultiDiscreteMLPPolicy if action_components(action_space) is not None else MLPPolicy
+        return cls(observation_space, action_space, hidden_sizes=hidden_sizes, activation=activation,
+                   normalize_obs=normalize_obs)
     if isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
         if normalize_obs:
-            raise ConfigError("policy.normalize_obs applies to the softmax MLP (Discrete actions): remove it")
+            raise ConfigError("policy.normalize_obs applies to the softmax MLPs (Discrete actions): remove it")
         return GaussianMLPPolicy(observation_space, action_space, hidden_sizes=hidden_sizes, activation=activation,
                                  **box_options)
     raise ConfigError(f"policy=auto has no policy for the action space {action_space}: it builds a softmax MLP for "
-                      f"Discrete actions (policy=mlp) and a Gaussian MLP for 1-d Box actions (policy=gaussian); "
-                      f"for other spaces pass your own policy (dppo.train(cfg, policy=...))")
+                      f"Discrete actions (policy=mlp), one softmax per component for MultiDiscrete/MultiBinary "
+                      f"(policy=multi_discrete) and a Gaussian MLP for 1-d Box actions (policy=gaussian); flatten "
+                      f"the actions with a wrapper (env.wrappers=[...]) or pass your own policy "
+                      f"(dppo.train(cfg, policy=...))")

@@ -6,6 +6,8 @@ The probe acts once on a fixed observation of the space with its own generator (
 """
 from __future__ import annotations
 
+import copy
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -29,7 +31,15 @@ def check_env(env) -> None:
                           f"GymEnvFactory); missing {missing or ['make']}")
 
 
-def probe_observation(space: gym.spaces.Box) -> torch.Tensor:
+def probe_observation(space: gym.Space) -> torch.Tensor:
+    """One public observation of ``space`` as a policy reads it (``dppo.policies.observations``), batch of 1."""
+    if not isinstance(space, gym.spaces.Box):
+        from dppo.policies.observations import ObservationLayout
+
+        layout = ObservationLayout(space)   # a one-line error for a space the policies cannot read
+        probe = copy.deepcopy(space)
+        probe.seed(0)
+        return torch.as_tensor(layout.encode(probe.sample()))[None]
     low = np.nan_to_num(np.asarray(space.low, np.float64), neginf=-1.0)
     high = np.nan_to_num(np.asarray(space.high, np.float64), posinf=1.0)
     return torch.as_tensor(np.clip(np.zeros(space.shape), low, high), dtype=torch.float32)[None]
@@ -59,15 +69,13 @@ def check_policy(policy, env) -> None:
     if not (callable(getattr(policy, "sample", None)) and callable(getattr(policy, "log_prob", None))):
         raise ConfigError(f"the policy ({name}) does not implement the policy protocol; {PROTOCOL}")
     obs_space, act_space = env.observation_space, env.action_space
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise ConfigError(f"the policy learners need a Box observation space, got {type(obs_space).__name__}")
     obs = probe_observation(obs_space)
     try:
         actions, _ = policy.sample(obs, greedy=False, generator=torch.Generator().manual_seed(0))
         logp = policy.log_prob(obs, actions)
     except Exception as err:  # noqa: BLE001 - the user's module raised: say so, in one line
         msg = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(f"the policy ({name}) fails on an observation of shape {tuple(obs_space.shape)}: "
+        raise ConfigError(f"the policy ({name}) fails on an observation of {obs_space}: "
                           f"{type(err).__name__}: {msg}; {PROTOCOL}") from None
     if not (torch.is_tensor(logp) and logp.shape == (1,) and bool(torch.isfinite(logp).all())):
         raise ConfigError(f"the policy ({name}).log_prob must return one finite value per observation, got "
@@ -84,6 +92,12 @@ def check_policy(policy, env) -> None:
         a = policy.env_action(actions).detach().cpu().numpy()[0]
         if a.shape != act_space.shape or not act_space.contains(a.astype(act_space.dtype)):
             raise ConfigError(f"the policy ({name}) produced the action {a} outside the env's {act_space}")
+    elif isinstance(act_space, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        a = policy.env_action(actions).detach().cpu().numpy()[0] if hasattr(policy, "env_action") else None
+        if a is None or not act_space.contains(np.asarray(a).astype(act_space.dtype)):
+            raise ConfigError(f"the policy ({name}) must produce actions in the env's {act_space} (env_action), got "
+                              f"{a}; use policy=multi_discrete")
     else:
         raise ConfigError(f"action space {type(act_space).__name__} is not supported by the policy learners "
-                          f"(Discrete or 1-d Box)")
+                          f"(Discrete, MultiDiscrete, MultiBinary or 1-d Box); flatten it with a wrapper "
+                          f"(env.wrappers=[...])")

@@ -9,12 +9,11 @@ computes the critic's per-user gradients with the same call as the policy's.
 from __future__ import annotations
 
 import gymnasium as gym
-import numpy as np
 import torch
 from torch import nn
 
 from dppo.errors import ConfigError
-from dppo.policies.mlp import BoundsScaling
+from dppo.policies.observations import input_layers
 
 _ACT = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -23,7 +22,7 @@ class ValueMLP(nn.Module):
     """V(s) / value_scale = MLP(s), a scalar per observation.
 
     Args:
-        observation_space: a ``Box`` space (flattened).
+        observation_space: any space ``dppo.policies.observations`` reads (a Box is flattened).
         hidden_sizes: widths of the hidden layers ([] = linear in the observation).
         activation: ``tanh`` or ``relu``.
         normalize_obs: scale the bounded observation coordinates onto [-1, 1] by the space's public bounds
@@ -33,12 +32,10 @@ class ValueMLP(nn.Module):
     def __init__(self, observation_space: gym.Space, hidden_sizes=(64, 64), activation: str = "tanh",
                  normalize_obs: bool = False):
         super().__init__()
-        if not isinstance(observation_space, gym.spaces.Box):
-            raise ConfigError(f"the critic needs a Box observation space, got {type(observation_space).__name__}")
         if activation not in _ACT:
             raise ConfigError(f"algo.critic_activation must be one of {sorted(_ACT)}, got '{activation}'")
-        sizes = [int(np.prod(observation_space.shape))] + [int(h) for h in hidden_sizes]
-        layers: list[nn.Module] = [BoundsScaling(observation_space)] if normalize_obs else []
+        layers, width, _ = input_layers(observation_space, normalize_obs)
+        sizes = [width] + [int(h) for h in hidden_sizes]
         for a, b in zip(sizes[:-1], sizes[1:]):
             layers += [nn.Linear(a, b), _ACT[activation]()]
         self.body = nn.Sequential(*layers)

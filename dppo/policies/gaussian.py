@@ -26,6 +26,7 @@ from torch import nn
 
 from dppo.errors import ConfigError
 from dppo.policies.base import PredictMixin
+from dppo.policies.observations import input_layers
 
 _ACT = {"tanh": nn.Tanh, "relu": nn.ReLU}
 SQUASH = ("tanh", "clip")
@@ -53,9 +54,6 @@ class GaussianMLPPolicy(PredictMixin, nn.Module):
                  activation: str = "tanh", log_std: str = "param", log_std_init: float = 0.0,
                  log_std_min: float = -5.0, log_std_max: float = 2.0, squash: str = "tanh"):
         super().__init__()
-        if not isinstance(observation_space, gym.spaces.Box):
-            raise ConfigError(f"the Gaussian policy needs a Box observation space, got "
-                              f"{type(observation_space).__name__}")
         if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
             raise ConfigError(f"the Gaussian policy needs a 1-d Box action space, got {action_space}; "
                               f"for Discrete actions use policy=mlp")
@@ -68,14 +66,14 @@ class GaussianMLPPolicy(PredictMixin, nn.Module):
         low, high = np.asarray(action_space.low, np.float64), np.asarray(action_space.high, np.float64)
         if squash == "tanh" and not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
             raise ConfigError("policy.squash=tanh needs a bounded action Box; use policy.squash=clip")
-        self.observation_shape = tuple(observation_space.shape)
+        layers, width, self.obs_layout = input_layers(observation_space, False)
+        self.observation_shape = tuple(observation_space.shape) if self.obs_layout.is_box else None
         self.action_dim = int(action_space.shape[0])
         self.squash, self.log_std_mode = squash, log_std
         self.log_std_min, self.log_std_max = float(log_std_min), float(log_std_max)
         self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32), persistent=False)
         self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32), persistent=False)
-        sizes = [int(np.prod(observation_space.shape))] + [int(h) for h in hidden_sizes]
-        layers: list[nn.Module] = []
+        sizes = [width] + [int(h) for h in hidden_sizes]
         for a, b in zip(sizes[:-1], sizes[1:]):
             layers += [nn.Linear(a, b), _ACT[activation]()]
         self.body = nn.Sequential(*layers)

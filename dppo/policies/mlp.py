@@ -7,25 +7,9 @@ from torch import nn
 
 from dppo.errors import ConfigError
 from dppo.policies.base import Policy
+from dppo.policies.observations import BoundsScaling, input_layers  # noqa: F401 - BoundsScaling: its old home
 
 _ACT = {"tanh": nn.Tanh, "relu": nn.ReLU}
-
-
-class BoundsScaling(nn.Module):
-    """s -> (2 s - (high + low)) / (high - low) on the coordinates with finite bounds (fixed buffers, no parameters)."""
-
-    def __init__(self, observation_space: gym.spaces.Box):
-        super().__init__()
-        low = torch.as_tensor(observation_space.low, dtype=torch.float32).reshape(-1)
-        high = torch.as_tensor(observation_space.high, dtype=torch.float32).reshape(-1)
-        bounded = torch.isfinite(low) & torch.isfinite(high) & (high > low)
-        width = torch.where(bounded, high - low, torch.full_like(low, 2.0))
-        centre = torch.where(bounded, (high + low) / 2, torch.zeros_like(low))
-        self.register_buffer("centre", centre)
-        self.register_buffer("half_width", width / 2)
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return (obs - self.centre) / self.half_width
 
 
 class MLPPolicy(Policy):
@@ -44,17 +28,14 @@ class MLPPolicy(Policy):
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, hidden_sizes=(64, 64),
                  activation: str = "tanh", normalize_obs: bool = False):
         super().__init__()
-        if not isinstance(observation_space, gym.spaces.Box):
-            raise ConfigError(f"the MLP policy needs a Box observation space, got {type(observation_space).__name__}; "
-                              f"use a tabular learner (algo=ubev|pucb) for discrete observations")
         if not isinstance(action_space, gym.spaces.Discrete):
             hint = "; for Box (continuous) actions use policy=gaussian" if isinstance(action_space, gym.spaces.Box) else ""
             raise ConfigError(f"the MLP policy needs a Discrete action space, got {type(action_space).__name__}{hint}")
         if activation not in _ACT:
             raise ConfigError(f"policy.activation must be one of {sorted(_ACT)}, got '{activation}'")
-        self.observation_shape = tuple(observation_space.shape)
-        sizes = [int(torch.tensor(observation_space.shape).prod())] + [int(h) for h in hidden_sizes]
-        layers: list[nn.Module] = [BoundsScaling(observation_space)] if normalize_obs else []
+        layers, width, self.obs_layout = input_layers(observation_space, normalize_obs)
+        self.observation_shape = tuple(observation_space.shape) if self.obs_layout.is_box else None
+        sizes = [width] + [int(h) for h in hidden_sizes]
         for a, b in zip(sizes[:-1], sizes[1:]):
             layers += [nn.Linear(a, b), _ACT[activation]()]
         self.body = nn.Sequential(*layers)

@@ -161,13 +161,14 @@ class ComposedGaussianSums:
         self._count.update((part, u) for u in users)
         return users
 
-    def release_sum(self, per_user: torch.Tensor, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
+    def release_sum(self, per_user, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
         """sum_u clip_C(per_user[u]) + N(0, (z_p 2 C)^2 I) over the rows (users ``users`` of the opened round).
+        ``per_user``: the (b, P) rows, or an iterable of row blocks in the users' order (``clipped_total``).
 
         Returns (noisy sum float64, stats: ``diag/clip_fraction`` is raw)."""
         self._check_users(users, part)
-        clipped, norms = clip_per_user(per_user, clip)
-        noisy = clipped.sum(0) + self.privacy.noise.gaussian(clipped.shape[1:], self.sigma(clip, part))
+        total, norms = clipped_total(per_user, clip)
+        noisy = total + self.privacy.noise.gaussian(total.shape, self.sigma(clip, part))
         return noisy, {"diag/clip_fraction": _fraction(norms, clip)}
 
 
@@ -201,9 +202,9 @@ class ClippedSums:
     def sigma(self, clip: float, part=None) -> float:
         return 0.0
 
-    def release_sum(self, per_user: torch.Tensor, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
-        clipped, norms = clip_per_user(per_user, clip)
-        return clipped.sum(0), {"diag/clip_fraction": _fraction(norms, clip)}
+    def release_sum(self, per_user, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
+        total, norms = clipped_total(per_user, clip)
+        return total, {"diag/clip_fraction": _fraction(norms, clip)}
 
 
 def composed_sums(privacy, releases_per_user: int | None = None, composition: str = "gdp", *, parts: dict | None = None):
@@ -214,6 +215,23 @@ def composed_sums(privacy, releases_per_user: int | None = None, composition: st
     if not privacy.private:
         return ClippedSums()
     return ComposedGaussianSums(privacy, releases_per_user, composition, parts=parts)
+
+
+def clipped_total(per_user, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum_u clip_C(g_u), the norms ||g_u||): of a (b, P) matrix, or of an iterable of (b_k, P) blocks, each
+    clipped here as it comes, so a round's users never need to be in memory at once. A block is one user's rows
+    or several: each row is clipped on its own, so a user's contribution is at most C either way."""
+    if torch.is_tensor(per_user):
+        clipped, norms = clip_per_user(per_user, clip)
+        return clipped.sum(0), norms
+    total, norms = None, []
+    for block in per_user:
+        clipped, n = clip_per_user(block, clip)
+        total = clipped.sum(0) if total is None else total + clipped.sum(0)
+        norms.append(n)
+    if total is None:
+        raise ValueError("clipped_total: no rows")
+    return total, torch.cat(norms)
 
 
 def _fraction(norms: torch.Tensor, clip: float) -> float:

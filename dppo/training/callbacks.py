@@ -157,8 +157,8 @@ def released_only(metrics: dict) -> dict:
 
 
 class ProgressBarCallback(Callback):
-    """A tqdm bar with the eps spent so far and a return: the public ``eval/return`` when the round has
-    one, else the raw ``diag/return`` - shown only when diagnostics are on (``logger.diagnostics``). Without
+    """A tqdm bar with the eps spent so far and the latest public ``eval/return`` (held-out episodes of the
+    released policy; ``eval_every``), never a statistic of the users' own (clipped) episodes. Without
     diagnostics the bar shows no timing either (no elapsed time, no s/round: round times depend on the
     users' episode lengths). Returns are shown to 4 significant digits (``RETURN_FORMAT``)."""
 
@@ -168,6 +168,7 @@ class ProgressBarCallback(Callback):
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self.bar = None
+        self.last_eval = None
 
     def on_train_start(self, trainer):
         if self.enabled:
@@ -182,9 +183,9 @@ class ProgressBarCallback(Callback):
         if self.bar is not None:
             post = {}
             if "eval/return" in metrics:
-                post["eval_return"] = self.RETURN_FORMAT.format(metrics["eval/return"])
-            elif "diag/return" in metrics and getattr(trainer.logger, "diagnostics", True):
-                post["diag_return"] = self.RETURN_FORMAT.format(metrics["diag/return"])   # raw, labelled
+                self.last_eval = metrics["eval/return"]
+            if self.last_eval is not None:   # public: held-out episodes of the released policy
+                post["eval_return"] = self.RETURN_FORMAT.format(self.last_eval)
             if "regret/cumulative" in metrics:
                 post["regret"] = f"{metrics['regret/cumulative']:.4g}"
             eps = metrics.get("privacy/epsilon")

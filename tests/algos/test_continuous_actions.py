@@ -81,8 +81,8 @@ def test_the_auto_policy_follows_the_action_space():
     assert isinstance(auto_policy(box, gym.spaces.Discrete(4)), MLPPolicy)
     gauss = auto_policy(box, gym.spaces.Box(-2, 2, (2,)), hidden_sizes=[8], squash="clip")
     assert isinstance(gauss, GaussianMLPPolicy) and gauss.squash == "clip" and gauss.action_dim == 2
-    with pytest.raises(ConfigError, match="policy=mlp.*policy=gaussian"):
-        auto_policy(box, gym.spaces.MultiDiscrete([2, 3]))
+    with pytest.raises(ConfigError, match="policy=mlp.*policy=multi_discrete.*policy=gaussian"):
+        auto_policy(box, gym.spaces.Tuple([gym.spaces.Discrete(2), gym.spaces.Discrete(3)]))
     with pytest.raises(ConfigError, match="policy.squash applies to Box"):
         auto_policy(box, gym.spaces.Discrete(2), squash="tanh")
 

@@ -14,7 +14,7 @@ CASES = [
     (["delta=1.5"], "delta"),
     (["algo=nope"], "algo"),
     (["env.id=NoSuchEnv-v9"], "unknown env.id"),
-    (["env.id=FrozenLake-v1", "algo=dp_pg"], "Box observation"),
+    (["env.id=no_such_pkg:Thing-v0", "algo=dp_pg"], "cannot import 'no_such_pkg'"),
     (["users_per_round=0"], "users_per_round"),
     (["max_grad_norm=0"], "max_grad_norm"),
     (["privacy.population_size=50", "rounds=10"], "population has 50"),
