@@ -55,8 +55,8 @@ from dppo.privacy.composed import composed_sums
 
 ADV_NORMS = ("none", "scale", "standardize")
 OPTIMIZERS = ("adam", "sgd", "adam_bc")
-INPUT_ELEMENTS = 2 ** 24   # network-input entries per forward over a round's steps (more: in slices)
-PER_USER_MEMORY = 256 * 2 ** 20   # bytes of per-user gradient rows at once (a minibatch beyond it runs in blocks)
+INPUT_ELEMENTS = 2 ** 23   # network-input entries per forward over a round's steps (more: in slices)
+PER_USER_MEMORY = 64 * 2 ** 20   # bytes of per-user gradient rows at once (a minibatch beyond it runs in blocks)
 SQRT2 = math.sqrt(2.0)
 
 

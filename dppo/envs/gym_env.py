@@ -19,6 +19,7 @@ import gymnasium as gym
 
 import dppo.envs.acrobot_vector  # noqa: F401 - registers Acrobot-v1's native vectorized implementation
 import dppo.envs.cartpole_physics  # noqa: F401 - registers dppo/CartPolePhysics-v1 (CartPole-v1's constants as kwargs)
+from dppo.envs import icu_sepsis_vector
 
 from dppo.envs.memory import measured
 from dppo.envs.reward_ranges import check_reward_range, declared_reward_range
@@ -94,6 +95,7 @@ class GymEnvFactory:
         module, name = split_module(id)
         if module:
             import_modules([module], key="env.id")
+        icu_sepsis_vector.register()   # ICU-Sepsis's native vector env, once the package registered its ids
         self.vectorization = vectorization
         self.id, self.module = name, module
         self.kwargs = dict(kwargs or {})

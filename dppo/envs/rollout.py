@@ -166,7 +166,8 @@ class _VectorBackend:
         self.vec = gym.make_vec(factory.id, num_envs=self.size, vectorization_mode=vmode,
                                 max_episode_steps=factory.horizon, **extra, **factory.kwargs)
         self.single_space = factory.observation_space
-        if mode == "native":
+        self.seeded = mode == "native" and callable(getattr(self.vec.unwrapped, "reset_seeds", None))
+        if mode == "native" and not self.seeded:   # CartPole's protocol: copy each single env's start state
             self.probe = factory.make()
             self.vec.reset(seed=0)
             state = getattr(self.vec.unwrapped, "state", None)
@@ -186,6 +187,8 @@ class _VectorBackend:
 
     def reset(self, seeds) -> np.ndarray:
         seeds = [int(s) for s in seeds] + [0] * (self.size - len(seeds))
+        if self.seeded:   # a native env that seeds each sub-env as the single env's reset(seed) does
+            return self._rows(self.vec.unwrapped.reset_seeds(seeds))
         if self.mode != "native":
             return self._rows(self.vec.reset(seed=seeds)[0])
         self.vec.reset(seed=0)
@@ -200,12 +203,13 @@ class _VectorBackend:
         full = np.zeros((self.size,) + actions.shape[1:], dtype=actions.dtype)
         full[slots] = actions
         obs, rew, term, trunc, _ = self.vec.step(full)
-        return (self._rows(obs)[slots], np.asarray(rew, dtype=np.float64)[slots],
-                np.asarray(term, dtype=bool)[slots], np.asarray(trunc, dtype=bool)[slots])
+        sel = slice(0, len(slots)) if len(slots) and slots[-1] == len(slots) - 1 else slots   # the first k: a view
+        return (self._rows(obs)[sel], np.asarray(rew, dtype=np.float64)[sel],
+                np.asarray(term, dtype=bool)[sel], np.asarray(trunc, dtype=bool)[sel])
 
     def close(self):
         self.vec.close()
-        if self.mode == "native":
+        if self.mode == "native" and not self.seeded:
             self.probe.close()
 
 
@@ -229,6 +233,8 @@ def resolve_num_envs(factory) -> int:
     n = getattr(factory, "num_envs", "auto")
     if n != "auto":
         return int(n)
+    if resolve_vectorization(factory) == "native":   # one vector env: sub-envs are rows of arrays, not instances
+        return MAX_INSTANCES
     per = int(getattr(factory, "instance_bytes", 0) or 0)
     return MAX_INSTANCES if per <= 0 else max(1, min(MAX_INSTANCES, instance_memory() // per))
 
@@ -356,21 +362,23 @@ class RolloutEngine:
         cur = backend.reset(seeds[lo:hi])
         active = np.zeros(backend.size, dtype=bool)
         active[:k] = True
+        wave_u = None if uniforms is None else uniforms[lo:hi]
         for step in range(horizon):
             slots = np.flatnonzero(active)
             if len(slots) == 0:
                 return
-            rows = cur[slots]
+            rows = cur[:k] if len(slots) == k else cur[slots]    # a copy only once episodes have ended
             self._check_obs(rows)
-            eps = slots + lo
-            u = None if uniforms is None else uniforms[torch.from_numpy(eps), step]
+            u = None if wave_u is None else (wave_u[:, step] if len(slots) == k
+                                             else wave_u[torch.from_numpy(slots), step])
             stored, env_actions = self._act(policy, kind, rows, u)
             obs, rew, term, trunc = backend.step(slots, env_actions)
-            rec.add(eps, np.full(len(slots), step), rows, stored, rew)
+            rec.add(slots + lo, np.full(len(slots), step), rows, stored, rew)   # cur is rebuilt each step
             done = term | trunc | (step + 1 >= horizon)
-            for j in np.flatnonzero(done):
-                rec.finish(eps[j], step + 1, obs[j], bool(term[j]))
-            active[slots[done]] = False
+            if done.any():
+                for j in np.flatnonzero(done):
+                    rec.finish(int(slots[j]) + lo, step + 1, obs[j], bool(term[j]))
+                active[slots[done]] = False
             cur = np.zeros((backend.size, self.layout.raw_dim), dtype=np.float32)
             cur[slots] = obs
 
@@ -397,9 +405,10 @@ class _StepRecord:
         self.terminated = np.zeros(n, dtype=bool)
         self.final: list = [None] * n
 
-    def add(self, eps, ts, obs, actions, rewards) -> None:
-        self.blocks.append((eps.copy(), np.asarray(ts).copy(), obs.copy(), np.asarray(actions).copy(),
-                            np.asarray(rewards, dtype=np.float64).copy()))
+    def add(self, eps, ts, obs, actions, rewards, fresh: bool = True) -> None:
+        """One block of steps; ``fresh``: the arrays are the caller's new ones (kept as they are, not copied)."""
+        keep = (lambda x: x) if fresh else np.array
+        self.blocks.append((eps, ts, keep(obs), keep(actions), np.asarray(rewards, dtype=np.float64)))
 
     def finish(self, ep: int, length: int, final_obs: np.ndarray, terminated: bool) -> None:
         self.lengths[ep], self.final[ep], self.terminated[ep] = length, final_obs.copy(), terminated
