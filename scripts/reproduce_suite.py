@@ -61,13 +61,19 @@ ENVS = {
     "acrobot": {"id": "Acrobot-v1", "target": None, "greedy": False, "random": -500.0},
     "pendulum": {"id": "Pendulum-v1", "target": -200.0, "greedy": True, "random": -1200.0},
     "mountaincar": {"id": "MountainCar-v0", "target": None, "greedy": False, "random": -200.0},
+    # ICU-Sepsis (pip install -e ".[icu]"): a patient is one user living one episode (group_size=1); the return
+    # is survival, evaluated on EVAL_EPISODES_OF episodes; target: 40% of the clinicians-to-optimal gap
+    "icu_sepsis": {"id": "icu_sepsis:Sepsis/ICU-Sepsis-v2", "target": 0.82, "greedy": False, "random": 0.780,
+                   "requires": "icu_sepsis", "eval_episodes": 2000, "curve_episodes": 200,
+                   "reference": os.path.join(ROOT, "runs", "reference", "icu_sepsis_reference.json"),
+                   "rows": ("PPO", "DP-PPO", "DP-NPG"), "eps": {"DP-PPO": [5.0, 3.0, 1.0]}},
 }
 # (label, algo, eps values, experiment files that exist, eval_every): every private learner at eps 5 and 1
 DPPO_ROWS = [
-    ("PPO", "ppo", [None], ("cartpole", "acrobot", "pendulum", "mountaincar"), 1),
-    ("DP-PPO", "dp_ppo", [5.0, 1.0], ("cartpole", "acrobot", "pendulum", "mountaincar"), 1),
+    ("PPO", "ppo", [None], ("cartpole", "acrobot", "pendulum", "mountaincar", "icu_sepsis"), 1),
+    ("DP-PPO", "dp_ppo", [5.0, 1.0], ("cartpole", "acrobot", "pendulum", "mountaincar", "icu_sepsis"), 1),
     ("NPG", "npg", [None], ("cartpole", "acrobot", "pendulum", "mountaincar"), 10),
-    ("DP-NPG", "dp_npg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum", "mountaincar"), 10),
+    ("DP-NPG", "dp_npg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum", "mountaincar", "icu_sepsis"), 10),
     ("PG", "pg", [None], ("cartpole", "acrobot", "pendulum"), 10),
     ("DP-PG", "dp_pg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum"), 10),
     # DP-PPO from an actor pretrained on a public simulator (conf/experiment/cartpole_dp_ppo_public_init.yaml)
@@ -89,14 +95,36 @@ SB3 = {
     ("pendulum", "SAC"): {"n_timesteps": 20_000, "n_envs": 1, "kwargs": dict(learning_rate=1e-3)},
     ("mountaincar", "PPO"): {"n_timesteps": 1_000_000, "n_envs": 16, "normalize": True, "kwargs": dict(
         n_steps=16, gae_lambda=0.98, gamma=0.99, n_epochs=4, ent_coef=0.0)},
+    # ICU-Sepsis: SB3's defaults (no zoo entry), one env instance (200 MB of tables each), about 110k patients
+    ("icu_sepsis", "PPO"): {"n_timesteps": 1_000_000, "n_envs": 1, "kwargs": dict()},
+    ("icu_sepsis", "DQN"): {"n_timesteps": 1_000_000, "n_envs": 1, "kwargs": dict()},
 }
-SB3_SEEDS = {("acrobot", "PPO"): 3, ("mountaincar", "PPO"): 3}   # the 1e6-step rows (cost, see docstring)
+SB3_SEEDS = {("acrobot", "PPO"): 3, ("mountaincar", "PPO"): 3, ("icu_sepsis", "PPO"): 3, ("icu_sepsis", "DQN"): 3}   # the 1e6-step rows (cost, see docstring)
 SB3_EVAL_POINTS = 50       # evaluation points along an SB3 run's curve
 RECORD_POINTS = 60         # curve points kept per run in the records file
 COST = {"sb3_1e6": 60.0, "npg": 4.0, "dp_npg": 4.0, "pg": 3.0, "dp_pg": 3.0}   # rough, for ordering only
 
 
 # ---- the jobs ------------------------------------------------------------------------------------
+def env_rows(env: str) -> list[tuple]:
+    """The dppo rows of ``env``: DPPO_ROWS, restricted to the env's ``rows`` and with its ``eps`` lists."""
+    spec = ENVS[env]
+    return [(label, algo, spec.get("eps", {}).get(label, eps_list), files, every)
+            for label, algo, eps_list, files, every in DPPO_ROWS
+            if (label not in FILE_ONLY or env in files) and label in spec.get("rows", (label,))]
+
+
+def available(env: str) -> bool:
+    """Whether the env's optional package (``requires``) is installed."""
+    import importlib.util
+
+    return ENVS[env].get("requires") is None or importlib.util.find_spec(ENVS[env]["requires"]) is not None
+
+
+def eval_episodes(env: str) -> int:
+    return int(ENVS[env].get("eval_episodes", EVAL_EPISODES))
+
+
 def row_name(label: str, eps) -> str:
     return label if eps is None else f"{label} eps={eps:g}"
 
@@ -111,7 +139,7 @@ def dppo_overrides(env: str, algo: str, eps, files, eval_every: int, seed: int) 
     if env == "pendulum" and env not in files:
         base += ["env=pendulum", "policy=gaussian", "reward_bound=16.3"]
     extra = [] if eps is None else [f"eps={eps}"]
-    return [*base, *extra, f"seed={seed}", f"eval_episodes={EVAL_EPISODES}", f"eval_every={eval_every}",
+    return [*base, *extra, f"seed={seed}", f"eval_episodes={eval_episodes(env)}", f"eval_every={eval_every}",
             f"eval.greedy={str(spec['greedy']).lower()}", "progress=false", "logger.tensorboard=false",
             "privacy.secure_rng=false"]
 
@@ -119,9 +147,10 @@ def dppo_overrides(env: str, algo: str, eps, files, eval_every: int, seed: int) 
 def jobs(args) -> list[tuple]:
     out = []
     for env in args.envs:
-        for label, algo, eps_list, files, every in DPPO_ROWS:
-            if label in FILE_ONLY and env not in files:
-                continue
+        if not available(env):
+            print(f"{env}: skipped ({ENVS[env]['requires']} is not installed: pip install -e \".[icu]\")")
+            continue
+        for label, algo, eps_list, files, every in env_rows(env):
             for eps in eps_list:
                 name = row_name(label, eps)
                 if args.rows and name not in args.rows and label not in args.rows:
@@ -204,7 +233,9 @@ def run_sb3(env: str, name: str, seed: int, spec: dict, path: str) -> None:
     if spec.get("normalize"):
         venv = VecNormalize(venv, norm_obs=True, norm_reward=False)
     kwargs = {k: _schedule(v) for k, v in spec["kwargs"].items()}
-    cls = {"SB3-PPO": PPO, "SB3-SAC": SAC}[name]
+    from stable_baselines3 import DQN
+
+    cls = {"SB3-PPO": PPO, "SB3-SAC": SAC, "SB3-DQN": DQN}[name]
     model = cls("MlpPolicy", venv, seed=seed, verbose=0, device="cpu", **kwargs)
     eval_env = gym.make(env_id)
 
@@ -234,12 +265,12 @@ def run_sb3(env: str, name: str, seed: int, spec: dict, path: str) -> None:
 
         def _on_step(self) -> bool:
             if self.num_timesteps >= self.next:
-                curve.append((self.num_timesteps, evaluate(CURVE_EPISODES, 0)))
+                curve.append((self.num_timesteps, evaluate(int(ENVS[env].get("curve_episodes", CURVE_EPISODES)), 0)))
                 self.next += every
             return True
 
     model.learn(total_timesteps=spec["n_timesteps"], callback=Curve())
-    final = evaluate(EVAL_EPISODES, 1000)
+    final = evaluate(eval_episodes(env), 1000)
     with open(os.path.join(path, "curve.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["env_steps", "eval_return"])
@@ -453,8 +484,7 @@ def report(args, wall: float | None) -> None:
         lines += [f"## {spec['id']}", "",
                   "| learner | seeds | users' env steps | final return (mean) | min | env steps to target | "
                   "eps spent | wall s/run |", "|---|---|---|---|---|---|---|---|"]
-        names = [row_name(l, e) for l, _, eps_list, files, _ in DPPO_ROWS for e in eps_list
-                 if l not in FILE_ONLY or env in files] + \
+        names = [row_name(l, e) for l, _, eps_list, _, _ in env_rows(env) for e in eps_list] + \
                 [f"SB3-{a}" for (e, a) in SB3 if e == env]
         for name in names:
             seeds = cached_seeds(args.out, env, name)
@@ -503,6 +533,7 @@ def report(args, wall: float | None) -> None:
             lines.append(f"| {name} | {_seed_list(seeds)} | {_fmt(sum(steps) / len(steps) if steps else None, 0)} | "
                          f"{sum(finals) / len(finals):.1f} | {min(finals):.1f} | {hit} | "
                          f"{'-' if not eps else f'{eps:.3g}'} | {wall_s:.0f} |")
+        lines += reference_lines(env)
         lines.append("")
         notes = sorted({n for name in rows_by_env.get(env, {}) if (n := public_init_note(env, name))})
         lines += [*notes, ""] if notes else []
@@ -524,6 +555,23 @@ def report(args, wall: float | None) -> None:
             json.dump(dict(sorted(kept.items())), f, indent=None, separators=(",", ":"))
             f.write("\n")
     plot(rows_by_env, args, carried_points)
+
+
+def reference_lines(env: str) -> list[str]:
+    """The env's reference rows (``ENVS[env]["reference"]``: a JSON written by ``scripts/icu_sepsis_reference.py
+    --json``): exact policies on the env's own tables, and tabular Q-learning at its checkpoints."""
+    path = ENVS[env].get("reference")
+    if not path or not os.path.isfile(path):
+        return [f"| reference rows | (`python scripts/icu_sepsis_reference.py --q-learning --seeds 0 1 2 3 4 5 6 7 8 9 "
+                f"--json {os.path.relpath(path, ROOT)}`) | | | | | | |"] if path else []
+    with open(path) as f:
+        ref = json.load(f)
+    out = [f"| {name} (exact) | - | - | {value:.4f} | {value:.4f} | - | - | - |" for name, value in ref["exact"].items()]
+    for patients, values in (ref.get("q_learning") or {}).items():
+        seeds = ref.get("q_learning_seeds") or list(range(len(values)))
+        out.append(f"| tabular Q-learning, {int(patients):,} patients | {_seed_list(seeds)} | - | "
+                   f"{sum(values) / len(values):.4f} | {min(values):.4f} | - | - | - |")
+    return out
 
 
 COLORS = {"SB3-PPO": "black", "SB3-SAC": "dimgray", "PPO": "tab:blue", "DP-PPO eps=5": "tab:cyan",
