@@ -88,33 +88,16 @@ widths are UBEV's with the noise added, not a new analysis: treat the regret as 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from dppo.algos.ucb import _UNVISITED_BONUS, TabularUCB
+from dppo.algos.tabular_plan import PlanArrays, Widths
+from dppo.algos.ucb import TabularUCB
 from dppo.errors import ConfigError
 from dppo.privacy.gaussian_counter import GRID, chi_union_quantile, gaussian_union_quantile, sqrt_factorization
 from dppo.privacy.tabular_counters import counter_kappa, counter_sigma, record_counter_releases, resolve_counter
 from dppo.privacy.tree_counter import TreeCounter
-
-
-class Widths(NamedTuple):
-    """Coefficients of the confidence widths of one release (module docstring): gate ``E``; reward
-    ``sqrt(r_noise^2 + (r_noise_n rbar)^2) + r_round + r_round_n rbar``; next state
-    ``t_noise sqrt(max(||W||^2, ||W||^2 - 2 w mix sum W + w^2 s2)) + t_round w``; all over ``n^``, the visits
-    estimate ``(1 - mix) n~ + mix sum_s' m~``."""
-
-    E: float = 0.0
-    r_noise: float = 0.0
-    r_noise_n: float = 0.0
-    r_round: float = 0.0
-    r_round_n: float = 0.0
-    t_noise: float = 0.0
-    t_round: float = 0.0
-    mix: float = 0.0
-    s2: float = 1.0
 
 
 class DPUBEV(TabularUCB):
@@ -308,139 +291,6 @@ class DPUBEV(TabularUCB):
         l, n, m = self.released_stats()
         st = self._plan_state
         if st is None or st.n is not n:
-            st = self._plan_state = _PlanArrays(l, n, m, self.H)
+            st = self._plan_state = PlanArrays(l, n, m, self.H)
         floor = self.count_floor.numpy() if self.running_lower_count else None
         return st.plan(self._log_term(), self.widths(), self.private, floor)
-
-
-class _PlanArrays:
-    """Work arrays of DP-UBEV's backward induction (allocated once; NumPy on CPU).
-
-    Per plan: ``aug[hc] = [m~/n^ | phi | t_noise/n^ | t_round/n^]`` ([S*A, S + 3]) so that one mat-vec with
-    ``[W_{h+1}, H - h, sqrt(max(||W||^2, ||W||^2 - 2 w mix sum W + w^2 s2)), w]`` gives the whole next-state
-    term but ``c`` of every (s, a); closed pairs get ``m~/n^ = 0`` and ``phi = _UNVISITED_BONUS``.
-    """
-
-    def __init__(self, l, n, m, H: int):
-        self.l, self.n, self.m = l, n, m
-        Hc, S, A = n.shape
-        self.H, self.S, self.A, self.Hc = H, S, A, Hc
-        self.aug = np.zeros((Hc, S * A, S + 3))
-        self.r = np.empty((Hc, S * A))
-        self.Q = np.empty((H, S, A))
-        self.va = np.zeros(S + 3)
-        self.y = np.empty(S * A)
-        self.h_left = [float(H - 1 - h) for h in range(H)]
-        self.cols = [[self.Q[h][:, a] for a in range(A)] for h in range(H)]
-        self.Q2 = self.Q.reshape(H, S * A)
-        self.small = S * A <= 64                        # scalar elementwise steps (``_induct_scalar``)
-        self.va_mv, self.y_mv = memoryview(self.va), memoryview(self.y)
-        self.rows = [None] * H
-        self.mix, self.s2 = 0.0, 1.0
-
-    def plan(self, log_term: float, wd: Widths, private: bool, floor: np.ndarray | None = None) -> np.ndarray:
-        Hc, S, A = self.Hc, self.S, self.A
-        n = self.n.reshape(Hc, S * A)
-        l = self.l.reshape(Hc, S * A)
-        m = self.m.reshape(Hc, S * A, S)
-        if wd.mix:                                      # n^ = (1 - b) n~ + b M~
-            n = (1 - wd.mix) * n + wd.mix * m.sum(-1)
-        self.mix, self.s2 = wd.mix, wd.s2
-        n_lo = n - wd.E
-        if floor is not None:                           # the running lower count (``running_lower_count``)
-            fl = floor.reshape(Hc, S * A)
-            np.maximum(n_lo, fl, out=n_lo)
-            fl[...] = n_lo
-            open_ = (n_lo > 0) & (n > 0)
-        else:
-            open_ = n_lo > 0
-        lo = np.where(open_, n_lo, 1.0)
-        phi = np.sqrt((2 * np.log(np.log(np.maximum(lo, math.e))) + log_term) / lo)
-        phi = np.where(open_, phi, _UNVISITED_BONUS)
-        inv = np.where(open_, 1.0 / np.where(open_, n, 1.0), 0.0)
-        aug = self.aug
-        np.multiply(m, inv[..., None], out=aug[..., :S])
-        aug[..., S] = phi
-        r = self.r
-        np.multiply(l, inv, out=r)
-        if private:                                     # the reward width (module docstring) / n^
-            aug[..., S + 1] = wd.t_noise * inv
-            aug[..., S + 2] = wd.t_round * inv
-            rbar = np.minimum((np.maximum(l, 0.0) + wd.r_noise + wd.r_round) / lo, 1.0)
-            r += (np.sqrt(wd.r_noise ** 2 + (wd.r_noise_n * rbar) ** 2) + wd.r_round + wd.r_round_n * rbar) * inv
-        r += phi
-        np.minimum(r, 1.0, out=r)
-        if self.small:
-            return self._induct_scalar()
-        return self._induct_arrays()
-
-    def _induct_arrays(self) -> np.ndarray:
-        """The backward induction with one NumPy call per operation (any S, A)."""
-        Hc, S, H = self.Hc, self.S, self.H
-        aug, r = self.aug, self.r
-        va, y, Q = self.va, self.y, self.Q
-        va[:] = 0.0
-        Q2 = Q.reshape(H, S * self.A)
-        W = va[:S]
-        cols = self.cols
-        dot, minimum, maximum, add = np.dot, np.minimum, np.maximum, np.add
-        vmax_r, vmin_r, sqrt = np.maximum.reduce, np.minimum.reduce, math.sqrt
-        mix, s2 = self.mix, self.s2
-        c = vmax = 0.0
-        for h in range(H - 1, -1, -1):
-            hc = 0 if Hc == 1 else h
-            va[S] = self.h_left[h]
-            dot(aug[hc], va, out=y)                     # m~.W / n~ + (H - h) phi + noise widths
-            y += c
-            minimum(y, vmax, out=y)
-            add(r[hc], y, out=Q2[h])
-            qa = cols[h]                                # V_h = max_a Q_h (columns), then W = V_h - min V_h
-            maximum(qa[0], qa[-1], out=W)
-            for col in qa[1:-1]:
-                maximum(W, col, out=W)
-            vmax = float(vmax_r(W))
-            c = float(vmin_r(W))
-            W -= c
-            w = vmax - c
-            ww = float(dot(W, W))
-            va[S + 1] = sqrt(max(ww, ww - 2 * w * mix * float(W.sum()) + w * w * s2))
-            va[S + 2] = w
-        return Q
-
-    def _induct_scalar(self) -> np.ndarray:
-        """The same induction for small ``S A``: the two products stay the same BLAS calls on the same
-        arrays (``aug[hc] @ va`` and ``W . W``), every elementwise step (``+ c``, ``min``, ``+ r``,
-        ``max_a``, ``- c``) runs on Python floats (IEEE double, the same correctly rounded operations
-        as NumPy's), which avoids ~10 NumPy calls per step h."""
-        Hc, S, A, H = self.Hc, self.S, self.A, self.H
-        SA = S * A
-        aug, va, vmv, y, ymv = self.aug, self.va, self.va_mv, self.y, self.y_mv
-        r_rows = self.r.tolist()
-        W = va[:S]
-        va[:] = 0.0
-        dot, sqrt = np.dot, math.sqrt
-        rows = self.rows
-        pairs = A == 2
-        starts = range(0, SA, A)
-        mix, s2 = self.mix, self.s2
-        c = vmax = 0.0
-        for h in range(H - 1, -1, -1):
-            hc = 0 if Hc == 1 else h
-            vmv[S] = self.h_left[h]
-            dot(aug[hc], va, out=y)                     # m~.W / n~ + (H - h) phi + noise widths
-            q = [ri + (t if (t := yi + c) < vmax else vmax) for ri, yi in zip(r_rows[hc], ymv.tolist())]
-            rows[h] = q                                 # Q_h = r + min(y + c, max V_{h+1})
-            if pairs:                                   # V_h = max_a Q_h
-                v = [a if a > b else b for a, b in zip(q[0::2], q[1::2])]
-            else:
-                v = [max(q[i:i + A]) for i in starts]
-            vmax = max(v)
-            c = min(v)
-            for i, x in enumerate(v):                   # W = V_h - min V_h, into va[:S]
-                vmv[i] = x - c
-            w = vmax - c
-            ww = float(dot(W, W))
-            vmv[S + 1] = sqrt(max(ww, ww - 2 * w * mix * float(W.sum()) + w * w * s2))
-            vmv[S + 2] = w
-        self.Q2[:] = rows
-        return self.Q

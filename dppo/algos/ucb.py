@@ -29,11 +29,10 @@ import torch
 from dppo.algos.base import Learner
 from dppo.envs.tabular import TabularMDP, make_tabular
 from dppo.errors import ConfigError
-from dppo.privacy.tabular_counters import (TabularLayout, build_counter, record_counter_releases,
+from dppo.algos.tabular_plan import PlanArrays, Widths, _backward, _ubev_phi, _UBEVPlanner
+from dppo.privacy.tabular_counters import (TabularLayout, build_counter, counter_arrays, record_counter_releases,
                                            reference_error_bound, release_schedule, resolve_counter)
-from dppo.privacy.tree_counter import TreeCounter, tree_levels
-
-_UNVISITED_BONUS = 1e30   # stands for an infinite bonus (n = 0), finite so that 0 * bonus = 0
+from dppo.privacy.tree_counter import TreeCounter
 
 
 @contextlib.contextmanager
@@ -103,14 +102,8 @@ class TabularUCB(torch.nn.Module, Learner):
         # release times (1-based episode counts); None: after every episode
         self.release_ends = None if block_growth is None else release_schedule(self.T, block_growth, max_block)
         capacity = self.T if self.release_ends is None else len(self.release_ends)
-        self.counter_kind = resolve_counter(counter, capacity)
-        levels = {"gaussian_sqrt": 64, "gaussian_opt": capacity}.get(self.counter_kind, tree_levels(capacity))  # noise rows
-        arrays = 3 + (0 if not private else 3 + levels)   # buffers + planning temporaries
-        need_gb = streams * arrays * 8 / 2 ** 30
-        if need_gb > max_memory_gb:
-            raise ConfigError(f"{self.name} on {getattr(self.mdp, 'name', 'this env')} (S={S}, A={A}, H={H}) needs "
-                              f"~{need_gb:.1f} GB for its S^2 A H statistics; lower env.horizon (or raise "
-                              f"algo.max_memory_gb={max_memory_gb})")
+        self.memory_gb = self._check_memory(streams, capacity, private, counter, max_memory_gb,
+                                            block_growth is not None)
         self.stats = build_counter(self.counter_kind, self.layout, capacity, privacy if private else None,
                                    users=self.T, row_weights=self._counter_row_weights(capacity, privacy)
                                    if private and self.counter_kind == "gaussian_opt" else None)
@@ -133,6 +126,31 @@ class TabularUCB(torch.nn.Module, Learner):
             self.optimal = self.mdp.optimal_value()
 
     # ---- statistics ----------------------------------------------------------------------
+    PLANNER_ARRAYS = 1      # the plan's work array the size of the transition statistics (m / n, or m~ / n^)
+
+    def _check_memory(self, streams: int, capacity: int, private: bool, counter: str, max_memory_gb: float,
+                      blocks: bool) -> float:
+        """Choose the counter (``counter=gaussian``: the most accurate one that fits) and refuse, before anything
+        is allocated, statistics larger than ``max_memory_gb``: the counter's arrays
+        (``dppo.privacy.tabular_counters.counter_arrays``) and the planner's, one float64 per stream each, plus
+        the round's stored policies where the regret is computed. Returns the estimate in GB."""
+        stream_gb = streams * 8 / 2 ** 30
+        other_gb = stream_gb * self.PLANNER_ARRAYS + self._policies_gb(self.K)
+        self.counter_kind = resolve_counter(counter, capacity, streams, max_memory_gb - other_gb)
+        need_gb = stream_gb * counter_arrays(self.counter_kind, capacity, private) + other_gb
+        if need_gb > max_memory_gb:
+            fixes = (["pool the steps (algo.pool_steps=true: a time-homogeneous MDP)"] if not self.layout.pooled else []) \
+                + (["release in blocks (algo.block_growth=1.05)"] if private and not blocks else []) \
+                + ["lower env.horizon", f"raise algo.max_memory_gb={max_memory_gb}"]
+            raise ConfigError(f"{self.name} on {getattr(self.mdp, 'name', 'this env')} (S={self.S}, A={self.A}, "
+                              f"H={self.H}) needs ~{need_gb:.3g} GB for its statistics ({streams:,} streams); "
+                              + ", or ".join(fixes))
+        return need_gb
+
+    def _policies_gb(self, episodes: int) -> float:
+        """The round's stored policies (int64 [K, H, S]), kept only to compute the exact regret."""
+        return episodes * self.H * self.S * 8 / 2 ** 30 if self.mdp.has_model else 0.0
+
     def _counter_row_weights(self, capacity: int, privacy) -> tuple | None:
         """Which counter releases an optimized factorization (``counter=gaussian_opt``) is tuned for; None:
         all equally (a learner that reads some releases more overrides this; public quantities only)."""
@@ -244,16 +262,18 @@ class TabularUCB(torch.nn.Module, Learner):
         U = self.mdp.uniforms(K, self.sim_gen).numpy() if model else None
         chunk = max(1, min(K, (1 << 20) // (self.H * self.S * self.A)))
         cpu = self._xp() is np
-        policies = np.empty((K, self.H, self.S), dtype=np.int64)     # every episode's policy, for the regret
+        exact = self.optimal is not None       # every episode's policy is kept for the regret
+        policies = np.empty((K if exact else 1, self.H, self.S), dtype=np.int64)
         returns = []
         with _one_torch_thread():
             for k in range(K):
                 if k % chunk == 0:
                     jit = self._jitter(min(chunk, K - k))
+                row = k if exact else 0
                 if cpu:
-                    pi = self._greedy_into(jit[k % chunk], policies[k])
+                    pi = self._greedy_into(jit[k % chunk], policies[row])
                 else:
-                    pi = policies[k] = self.greedy_policy(jit[k % chunk]).cpu().numpy()
+                    pi = policies[row] = self.greedy_policy(jit[k % chunk]).cpu().numpy()
                 pl = pi.tolist()
                 if model:
                     states, actions, rewards = self.mdp.episode_from_uniforms(pl, U[k].tolist())
@@ -337,12 +357,14 @@ class UBEV(TabularUCB):
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
-                 reward_bound: float = 1.0, max_memory_gb: float = 4.0):
+                 reward_bound: float = 1.0, max_memory_gb: float = 4.0, pool_steps: bool = False,
+                 pool_cap: int | None = None, block_growth: float | None = None, max_block: int | None = None):
         if privacy is not None and privacy.private:
             raise ConfigError("ubev is not private; use algo=pucb for eps-JDP, or set eps=null")
         super().__init__(env, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
-                         failure_prob=failure_prob, reward_bound=reward_bound, max_memory_gb=max_memory_gb)
+                         failure_prob=failure_prob, reward_bound=reward_bound, max_memory_gb=max_memory_gb,
+                         pool_steps=pool_steps, pool_cap=pool_cap, block_growth=block_growth, max_block=max_block)
         self._planner = None                  # the CPU planner's work arrays (made at the first plan)
 
     @classmethod
@@ -356,8 +378,11 @@ class UBEV(TabularUCB):
         l, n, m = self.released_stats()
         planner = self._planner
         if planner is not None and planner.l is l:       # same NumPy views as last time
-            return planner.plan()
+            return planner.plan(self._log_term(), Widths(), False) if self.layout.pooled else planner.plan()
         xp = self._xp()
+        if xp is np and self.layout.pooled:              # pooled over h: every step reads the same counts
+            planner = self._planner = PlanArrays(l, n, m, self.H)
+            return planner.plan(self._log_term(), Widths(), False)
         if xp is np:
             planner = self._planner = _UBEVPlanner(l, n, m, self._log_term())
             return planner.plan()
@@ -365,7 +390,7 @@ class UBEV(TabularUCB):
         phi = _ubev_phi(xp, n, self._log_term())
         r_part = (l / nn + phi).clamp(max=1.0)
         width = self._h_left(xp) * phi                    # (H - h) phi
-        return _backward(xp, m, 1.0 / nn, width, r_part, mode="ubev")
+        return _backward(xp, m, 1.0 / nn, width, r_part, mode="ubev", H=self.H)
 
 
 class PUCB(TabularUCB):
@@ -395,13 +420,15 @@ class PUCB(TabularUCB):
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
                  reward_bound: float = 1.0, count_error_bound: str = "reference", max_memory_gb: float = 4.0,
-                 counter: str = "laplace_tree"):
+                 counter: str = "laplace_tree", pool_steps: bool = False, pool_cap: int | None = None,
+                 block_growth: float | None = None, max_block: int | None = None):
         if count_error_bound not in ("reference", "tree"):
             raise ConfigError(f"count_error_bound must be 'reference' or 'tree', got '{count_error_bound}'")
         super().__init__(env, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
                          failure_prob=failure_prob, reward_bound=reward_bound, max_memory_gb=max_memory_gb,
-                         counter=counter)
+                         counter=counter, pool_steps=pool_steps, pool_cap=pool_cap, block_growth=block_growth,
+                         max_block=max_block)
         self.eps = privacy.eps if privacy is not None and privacy.private else None
         self.eps_stream = getattr(self.stats, "eps_stream", None)
         self.beta_prime = self.failure_prob / 2
@@ -446,7 +473,7 @@ class PUCB(TabularUCB):
     def gate_open_fraction(self) -> float:
         """Share of (s, a, h) with ``n~ >= 2E`` (a post-processing of the released counts, so loggable)."""
         _, n, _ = self.released_stats()
-        return float((n >= 2 * self.E).sum()) / self.hsa
+        return float((n >= 2 * self.E).sum()) / math.prod(n.shape)
 
     def train_round(self, round_idx: int) -> dict:
         metrics = super().train_round(round_idx)
@@ -466,130 +493,10 @@ class PUCB(TabularUCB):
         gate = n >= 2 * E
         if not gate.any():
             # every conf is H and Q~ >= 0, so Q~+ = min(H, Q~ + H) = H everywhere: skip the induction
-            return xp.full_like(n, float(H))
+            full = xp.full_like(n, float(H))
+            return full if full.shape[0] == H else (full.repeat(H, 0) if xp is np else full.repeat(H, 1, 1))
         safe = xp.where(gate & (n > 0), n, 1.0)
         phi = xp.sqrt(2 * math.log(self.T / self.beta_prime) / (n - E).clip(min=1.0))
         psi = (1 + S * H) * (3 * E / safe + 2 * E * E / (safe * safe))
         conf = xp.where(gate, (H + 1) * phi + psi, float(H))
-        return _backward(xp, m, 1.0 / safe, conf, l, mode="pucb", cap=float(H))
-
-
-def _ubev_phi(xp, n, log_term: float):
-    """UBEV's bonus ``phi = sqrt((2 ln ln max(e, n) + ln(18 S A H / delta)) / n)`` elementwise, with
-    ``_UNVISITED_BONUS`` where ``n = 0`` (``log_term`` = ``ln(18 S A H / delta)``)."""
-    nn = xp.where(n > 0, n, 1.0)
-    lnln = xp.log(xp.log(xp.where(n > math.e, n, math.e)))
-    phi = xp.sqrt((2 * lnln + log_term) / nn)
-    return xp.where(n > 0, phi, _UNVISITED_BONUS)
-
-
-class _UBEVPlanner:
-    """UBEV's per-episode plan on CPU: the same arithmetic as ``_backward(mode="ubev")`` (bit for bit),
-    with every work array allocated once and about 6 NumPy calls per step h.
-
-    UBEV's counts are exact integers, so ``phi`` is read from a table indexed by the count (built with
-    ``_ubev_phi`` itself, grown on demand) instead of evaluating two logs and a square root on every
-    entry of every plan. ``l, n, m`` are the learner's views of its statistics buffers (read each plan).
-    """
-
-    def __init__(self, l: np.ndarray, n: np.ndarray, m: np.ndarray, log_term: float):
-        H, S, A = n.shape
-        self.l, self.n, self.m, self.log_term = l, n, m, log_term
-        self.table = np.empty(0)
-        self.idx = np.empty((H, S, A), dtype=np.intp)
-        self.phi, self.nn, self.inv = (np.empty((H, S, A)) for _ in range(3))
-        self.r, self.width, self.Q = (np.empty((H, S, A)) for _ in range(3))
-        self.h_left = np.arange(H - 1, -1, -1, dtype=np.float64).reshape(H, 1, 1)     # H - h (1-based h)
-        self.mn = np.empty((H, S, A, S))                                                # m / n
-        self.V = np.zeros((H + 1, S))                                                   # V[H] = 0
-        self.y = np.empty(S * A)
-        self.v_max = np.zeros(())
-        mn, w, r, Q = self.mn.reshape(H, S * A, S), self.width.reshape(H, S * A), self.r.reshape(H, S * A), \
-            self.Q.reshape(H, S * A)
-        # per step h (backwards): the views its operations read and write, made once. max_a Q_h is
-        # chained np.maximum over the columns Q_h(., a) for A <= 4 (cheaper than a reduction).
-        self.by_columns = A <= 4
-        q_a = lambda h: [self.Q[h][:, a] for a in range(A)] if self.by_columns else self.Q[h]
-        self.steps = [(mn[h], self.V[h + 1], w[h], r[h], Q[h], self.V[h], q_a(h)) for h in range(H - 1, -1, -1)]
-        self.small_s = S <= 64        # max_s V_h via a Python list (cheaper than a reduction)
-
-    def _grow(self) -> None:
-        size = max(2 * self.table.size, int(self.n.max()) + 1, 1024)
-        self.table = _ubev_phi(np, np.arange(size, dtype=np.float64), self.log_term)
-
-    def plan(self) -> np.ndarray:
-        n = self.n
-        np.copyto(self.idx, n, casting="unsafe")         # exact counts: integers
-        try:
-            np.take(self.table, self.idx, out=self.phi)
-        except IndexError:                               # a count beyond the table
-            self._grow()
-            np.take(self.table, self.idx, out=self.phi)
-        nn, phi, r = self.nn, self.phi, self.r
-        np.maximum(n, 1.0, out=nn)                       # = where(n > 0, n, 1) for counts
-        np.divide(self.l, nn, out=r)
-        np.add(r, phi, out=r)
-        np.minimum(r, 1.0, out=r)                        # min(1, l/n + phi)
-        np.multiply(self.h_left, phi, out=self.width)    # (H - h) phi
-        np.divide(1.0, nn, out=self.inv)
-        np.multiply(self.m, self.inv[..., None], out=self.mn)
-        y, v_max, small_s, by_columns = self.y, self.v_max, self.small_s, self.by_columns
-        v_max[()] = 0.0
-        matmul, add, minimum, maximum, amax = np.matmul, np.add, np.minimum, np.maximum, np.maximum.reduce
-        for mn_h, v_next, w_h, r_h, q_h, v_h, q_a in self.steps:
-            matmul(mn_h, v_next, out=y)                  # m V_{h+1} / n
-            add(y, w_h, out=y)
-            minimum(y, v_max, out=y)                     # min(max V_{h+1}, m V / n + (H - h) phi)
-            add(r_h, y, out=q_h)                         # Q_h
-            if by_columns:                               # V_h = max_a Q_h (exact either way)
-                maximum(q_a[0], q_a[-1], out=v_h)
-                for c in q_a[1:-1]:
-                    maximum(v_h, c, out=v_h)
-            else:
-                amax(q_a, -1, out=v_h)
-            if small_s:                                  # max_s V_h
-                v_max[()] = max(v_h.tolist())
-            else:
-                amax(v_h, out=v_max)
-        return self.Q
-
-
-def _backward(xp, m, inv_n, bonus, r, *, mode: str, cap: float = 0.0):
-    """Backward induction over h = H-1..0 with ``V_H = 0``, vectorized over (s, a); the empirical
-    next-state value is ``(m(s,a,.,h) . V_{h+1}) / n`` (the normalized transition table is never formed):
-
-    * ``ubev``: ``Q_h = r + min(m V_{h+1} / n + bonus, max_s V_{h+1}(s))`` (``r`` = the clipped reward term);
-    * ``pucb``: ``Q_h = min(cap, max((r + m V_{h+1}) / n, 0) + bonus)`` (``r`` = the reward sums).
-
-    Args:
-        xp: ``numpy`` (CPU views) or ``torch``.
-        m: [H, S, A, S] transition counts; inv_n, bonus, r: [H, S, A].
-
-    Returns:
-        Q [H, S, A] (float64); ``V_h(s) = max_a Q_h(s, a)``.
-    """
-    H, S, A = r.shape
-    m_over_n = (m * inv_n[..., None]).reshape(H, S * A, S)       # one pass, then one matvec per step
-    b2 = bonus.reshape(H, S * A)
-    r2 = r.reshape(H, S * A) if mode == "ubev" else (r * inv_n).reshape(H, S * A)
-    Q = xp.zeros_like(r2)
-    Q3 = Q.reshape(H, S, A)
-    V = xp.zeros_like(r2[0, :S])
-    amax = np.maximum.reduce if xp is np else torch.amax
-    zero, top = V[0] * 0, V[0] * 0 + cap
-    v_max = zero
-    for h in range(H - 1, -1, -1):
-        y = m_over_n[h] @ V
-        if mode == "ubev":
-            y += b2[h]
-            xp.minimum(y, v_max, out=y)
-            xp.add(r2[h], y, out=Q[h])
-            V = amax(Q3[h], -1)
-            v_max = amax(V, 0)
-        else:
-            y += r2[h]
-            xp.maximum(y, zero, out=y)
-            y += b2[h]
-            xp.minimum(y, top, out=Q[h])
-            V = amax(Q3[h], -1)
-    return Q3
+        return _backward(xp, m, 1.0 / safe, conf, l, mode="pucb", cap=float(H), H=H)

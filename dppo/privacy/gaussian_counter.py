@@ -51,6 +51,7 @@ independent. Rounding adds at most ``Lambda / 2`` to the error bound.
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 
@@ -225,6 +226,48 @@ def tree_var_factor(t: int) -> float:
 
 
 # ---- the counters ---------------------------------------------------------------------------------
+class StreamRanges:
+    """A per-stream value that is constant on contiguous ranges of streams (a group id, a noise multiplier):
+    stream ``i`` with ``starts[g] <= i < starts[g + 1]`` has ``values[g]``. Held as G numbers instead of one
+    number per stream, so a layout of 10^7 streams costs nothing here."""
+
+    def __init__(self, starts, values, num_streams: int):
+        self.starts = np.asarray(starts, np.int64)
+        self.values = np.asarray(values)
+        self.num_streams = int(num_streams)
+        if self.starts.ndim != 1 or self.starts.size != self.values.size or self.starts.size == 0 \
+                or self.starts[0] != 0 or (np.diff(self.starts) <= 0).any() or self.starts[-1] >= self.num_streams:
+            raise ConfigError("stream ranges must start at 0 and increase strictly within the streams")
+        self._bounds = self.starts.tolist()[1:]
+        self._list = self.values.tolist()
+
+    @classmethod
+    def from_array(cls, per_stream) -> "StreamRanges | None":
+        """The ranges of a per-stream array that is constant on contiguous runs; None if it has too many runs
+        to be worth it (more than 1/8 of the streams)."""
+        a = np.asarray(per_stream)
+        if a.ndim != 1 or a.size == 0:
+            return None
+        starts = np.concatenate([[0], np.flatnonzero(a[1:] != a[:-1]) + 1])
+        if starts.size > max(1, a.size // 8):
+            return None
+        return cls(starts, a[starts], a.size)
+
+    def of(self, idx):
+        """The value of every stream in ``idx`` (an integer array)."""
+        return self.values[np.searchsorted(self.starts, idx, side="right") - 1]
+
+    def of_one(self, i: int):
+        return self._list[bisect.bisect_right(self._bounds, i)]
+
+    def pieces(self, lo: int, hi: int):
+        """``(a, b, value)`` for the ranges covering streams ``[lo, hi)``, clipped to it."""
+        ends = self._bounds + [self.num_streams]
+        for a, b, v in zip(self.starts.tolist(), ends, self._list):
+            if b > lo and a < hi:
+                yield max(a, lo), min(b, hi), v
+
+
 class _GaussianCounter(torch.nn.Module):
     """Shared state and feeding of the Gaussian continual counters (CPU: NumPy views of the buffers).
 
@@ -245,6 +288,7 @@ class _GaussianCounter(torch.nn.Module):
     """
 
     kind = "gaussian"
+    STORES_NOISE = True         # a ``noise_now`` buffer (the tree sums its levels into the release instead)
 
     def __init__(self, num_streams: int, capacity: int, sigma: float | None = None, *, noise=None,
                  groups=None, group_mass=None, stream_max: float | None = None, stream_noise=None,
@@ -257,15 +301,21 @@ class _GaussianCounter(torch.nn.Module):
         if self.sigma is not None and noise is None:
             raise ConfigError("a private Gaussian counter needs a NoiseSource")
         self.noise = noise
-        self.groups = np.zeros(self.num_streams, dtype=np.int64) if groups is None else np.asarray(groups, np.int64)
+        n = self.num_streams
+        if groups is None:
+            groups = StreamRanges([0], [0], n)
+        elif not isinstance(groups, StreamRanges):
+            groups = StreamRanges.from_array(np.asarray(groups, np.int64)) or np.asarray(groups, np.int64)
+        self.groups = groups                # StreamRanges (contiguous groups, no per-stream array) or an array
         self.group_mass = np.array([1.0]) if group_mass is None else np.asarray(group_mass, np.float64)
         self.stream_max = float(self.group_mass.max() if stream_max is None else stream_max)
         self.max_chunk = int(max_chunk)
-        n = self.num_streams
         self.stream_noise = None
         if stream_noise is not None:
-            sn = np.asarray(stream_noise, np.float64)
-            if sn.shape != (n,) or not (sn > 0).all() or not np.isfinite(sn).all():
+            sn = stream_noise if isinstance(stream_noise, StreamRanges) else np.asarray(stream_noise, np.float64)
+            vals = np.asarray(sn.values if isinstance(sn, StreamRanges) else sn, np.float64)
+            if (not isinstance(sn, StreamRanges) and sn.shape != (n,)) or not (vals > 0).all() \
+                    or not np.isfinite(vals).all():
                 raise ConfigError(f"stream_noise must hold {n} positive finite multipliers")
             self.stream_noise = sn
         self.register_buffer("counts", torch.zeros(n, dtype=torch.float64))
@@ -274,7 +324,8 @@ class _GaussianCounter(torch.nn.Module):
         self.register_buffer("pending_users", torch.zeros((), dtype=torch.long))
         if self.private:
             self.register_buffer("released_buf", torch.zeros(n, dtype=torch.float64))
-            self.register_buffer("noise_now", torch.zeros(n, dtype=torch.float64))
+            if self.STORES_NOISE:
+                self.register_buffer("noise_now", torch.zeros(n, dtype=torch.float64))
         self._chunk, self._pos, self._planned = None, 0, 0
 
     @property
@@ -333,17 +384,36 @@ class _GaussianCounter(torch.nn.Module):
             self._vkey = key
         return self._v
 
-    def _next_noise(self) -> np.ndarray:
+    def _next_noise(self, out: np.ndarray) -> np.ndarray:
+        """The next step's node noise ``z`` (one value per stream), written into ``out`` (a row of the state)."""
         d = self.__dict__               # plain attributes: skip torch.nn.Module.__setattr__ on every step
+        n = self.num_streams
+        if n > self.max_chunk:          # drawn in pieces of max_chunk streams straight into ``out``
+            for a in range(0, n, self.max_chunk):
+                b = min(n, a + self.max_chunk)
+                out[a:b] = self.noise.gaussian((b - a,), self.sigma).numpy()
+            self._scale_streams(out, 0)
+            return out
         if self._chunk is None or self._pos >= self._chunk.shape[0]:
-            rows = max(1, min(self._planned, self.max_chunk // max(1, self.num_streams)))
-            d["_chunk"] = self.noise.gaussian((rows, self.num_streams), self.sigma).numpy()
-            if self.stream_noise is not None:
-                self._chunk *= self.stream_noise          # node noise c_i sigma (data independent)
+            rows = max(1, min(self._planned, self.max_chunk // max(1, n)))
+            d["_chunk"] = self.noise.gaussian((rows, n), self.sigma).numpy()
+            self._scale_streams(self._chunk, 0)
             d["_pos"] = 0
-        z = self._chunk[self._pos]
+        out[:] = self._chunk[self._pos]
         d["_pos"] = self._pos + 1
-        return z
+        return out
+
+    def _scale_streams(self, noise: np.ndarray, lo: int) -> None:
+        """Node noise ``c_i sigma`` (``stream_noise``; data independent), in place, on streams ``lo..``."""
+        sn = self.stream_noise
+        if sn is None:
+            return
+        if not isinstance(sn, StreamRanges):
+            noise *= sn[lo:lo + noise.shape[-1]]
+            return
+        for a, b, c in sn.pieces(lo, lo + noise.shape[-1]):
+            if c != 1.0:
+                noise[..., a - lo:b - lo] *= c
 
     def clip_increment(self, idx, vals):
         """Enforce the sensitivity premise: values on the grid, in ``[0, min(mass, stream_max)]``, each
@@ -351,12 +421,14 @@ class _GaussianCounter(torch.nn.Module):
         if isinstance(idx, list) and len(idx) <= 256:
             lists = self.__dict__.get("_lists")
             if lists is None:
-                lists = self._lists = (self.groups.tolist(), self.group_mass.tolist())
-            groups, mass = lists
+                gr = self.groups
+                lists = self._lists = (gr.of_one if isinstance(gr, StreamRanges) else gr.tolist().__getitem__,
+                                       self.group_mass.tolist())
+            group_of, mass = lists
             cap, floor, grid = self.stream_max, math.floor, GRID
-            out, sums = [], {}
+            out, sums, groups = [], {}, {}
             for i, v in zip(idx, vals):
-                g = groups[i]
+                g = groups[i] = group_of(i)
                 v = min(max(float(v), 0.0), cap, mass[g])
                 out.append(v)
                 sums[g] = sums.get(g, 0.0) + v
@@ -365,7 +437,7 @@ class _GaussianCounter(torch.nn.Module):
             return [floor(v / grid) * grid for v in out]
         idx, vals = np.asarray(idx, np.int64), np.asarray(vals, np.float64)
         mass = self.group_mass
-        g = self.groups[idx]
+        g = self.groups.of(idx) if isinstance(self.groups, StreamRanges) else self.groups[idx]
         vals = np.minimum(np.maximum(vals, 0.0), np.minimum(mass[g], self.stream_max))
         sums = np.bincount(g, weights=vals, minlength=mass.size)
         scale = np.where(sums > mass, mass / np.maximum(sums, 1e-300), 1.0)
@@ -432,8 +504,7 @@ class _GaussianCounter(torch.nn.Module):
 
     def _release(self, v: dict, t: int) -> None:
         if self.private:
-            self._advance_noise(v, t, self._next_noise())
-            noise = v["noise_now"]
+            noise = self._advance_noise(v, t)
             out = v["released_buf"]
             np.divide(noise, GRID, out=out)
             np.round(out, out=out)
@@ -441,7 +512,9 @@ class _GaussianCounter(torch.nn.Module):
             out += v["counts"]                      # exact: both are grid points (module docstring)
             self.__dict__["_planned"] = max(0, self._planned - 1)      # (plain attribute, per step)
 
-    def _advance_noise(self, v: dict, t: int, z: np.ndarray) -> None:
+    def _advance_noise(self, v: dict, t: int) -> np.ndarray:
+        """Draw step t's node noise (``_next_noise``) into the state; return the release noise ``e(t)`` (may be
+        ``released_buf`` itself)."""
         raise NotImplementedError
 
 
@@ -457,6 +530,13 @@ class GaussianTreeCounter(_GaussianCounter):
         if self.private:
             self.register_buffer("level_noise", torch.zeros(self.levels, self.num_streams, dtype=torch.float64))
 
+    STORES_NOISE = False
+
+    @property
+    def noise_now(self) -> torch.Tensor:
+        """The current release noise ``e(t)``: the sum of the levels (not stored)."""
+        return self.level_noise.sum(0)
+
     @property
     def kappa(self) -> float:
         return math.sqrt(self.levels)
@@ -468,12 +548,12 @@ class GaussianTreeCounter(_GaussianCounter):
         return 0.0 if not self.private else self.sigma * math.sqrt(self.levels if self.capacity >= 2 ** self.levels - 1
                                                                     else self.levels - 1)
 
-    def _advance_noise(self, v, t, z):
+    def _advance_noise(self, v, t):
         i = (t & -t).bit_length() - 1               # the node closing at t; its children leave [1, t]
         levels = v["level_noise"]
         levels[:i] = 0.0
-        levels[i] = z
-        levels.sum(0, out=v["noise_now"])           # unused levels are 0: the sum over set bits of t
+        self._next_noise(levels[i])
+        return levels.sum(0, out=v["released_buf"])     # unused levels are 0: the sum over set bits of t
 
 
 class SqrtFactorizationCounter(_GaussianCounter):
@@ -504,13 +584,13 @@ class SqrtFactorizationCounter(_GaussianCounter):
     def max_release_std(self) -> float:
         return 0.0 if not self.private else self.sigma * math.sqrt(float(self._var[-1]))
 
-    def _advance_noise(self, v, t, z):
+    def _advance_noise(self, v, t):
         s, zp = v["decay_state"], v["z_prev"]
         s += zp
         s *= self._theta_col
         np.dot(self.w, s, out=v["noise_now"])
-        v["noise_now"] += z
-        zp[:] = z
+        v["noise_now"] += self._next_noise(zp)      # z_t, kept as the next step's z_prev
+        return v["noise_now"]
 
 
 class OptimizedFactorizationCounter(_GaussianCounter):
@@ -555,10 +635,11 @@ class OptimizedFactorizationCounter(_GaussianCounter):
     def max_release_std(self) -> float:
         return 0.0 if not self.private else self.sigma * math.sqrt(float(self._var.max()))
 
-    def _advance_noise(self, v, t, z):
+    def _advance_noise(self, v, t):
         hist = v["z_hist"]
-        hist[t - 1] = z
+        self._next_noise(hist[t - 1])
         np.dot(self._B[t - 1, :t], hist[:t], out=v["noise_now"])
+        return v["noise_now"]
 
 
 COUNTERS = {"gaussian_tree": GaussianTreeCounter, "gaussian_sqrt": SqrtFactorizationCounter,

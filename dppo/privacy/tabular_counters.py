@@ -61,8 +61,9 @@ from dppo.errors import ConfigError
 from dppo.privacy.accountants.zcdp import rho_for_target
 from dppo.privacy.calibration import analytic_gaussian_sigma
 from dppo.privacy.gaussian_counter import (COUNTERS, DENSE_MAX_STEPS, GAUSSIAN_ALIASES, GaussianTreeCounter,
-                                           optimized_factorization, sigma_for_rho, sqrt_factorization)
-from dppo.privacy.tree_counter import TreeCounter
+                                           StreamRanges, optimized_factorization, sigma_for_rho, sqrt_decoder,
+                                           sqrt_factorization)
+from dppo.privacy.tree_counter import TreeCounter, tree_levels
 
 COUNTER_CHOICES = ("laplace_tree", "gaussian", *COUNTERS)
 SETS = ("rewards", "visits", "transitions")
@@ -98,6 +99,20 @@ class TabularLayout:
             h_of = lambda k, per: np.arange(k) // per         # streams are h-major
             groups = [i * self.H + h_of(k, k // self.H) for i, k in enumerate(self.set_sizes)]
         return np.concatenate(groups).astype(np.int64)
+
+    def group_ranges(self) -> StreamRanges:
+        """``groups`` as contiguous ranges (G numbers, not one per stream): per set pooled, per (set, h) per step."""
+        per = 1 if self.pooled else self.H
+        starts, at = [], 0
+        for k in self.set_sizes:
+            starts += [at + j * (k // per) for j in range(per)]
+            at += k
+        return StreamRanges(starts, np.arange(len(starts)), self.num_streams)
+
+    def stream_noise_ranges(self) -> StreamRanges:
+        """``stream_noise()`` as three ranges (one multiplier per set)."""
+        return StreamRanges([0, self.set_sizes[0], self.set_sizes[0] + self.set_sizes[1]], self.set_noise,
+                             self.num_streams)
 
     @property
     def group_sq_norm(self) -> float:
@@ -192,15 +207,36 @@ def counter_kappa(kind: str, capacity: int, row_weights: tuple | None = None) ->
     return sqrt_factorization(int(capacity))["kappa"]
 
 
-def resolve_counter(kind: str, capacity: int | None = None) -> str:
-    """The counter kind ``kind`` names. ``gaussian`` is the best Gaussian counter for the number of counter
-    steps: the optimized factorization (``gaussian_opt``) for at most ``DENSE_MAX_STEPS`` steps (block
-    releases), the square-root factorization beyond (or when ``capacity`` is not given)."""
+def counter_arrays(kind: str, capacity: int, private: bool) -> int:
+    """Arrays of one float64 per stream a counter holds (its memory is this times ``8 num_streams`` bytes):
+    the exact counts and the open step; private, also the release and the noise state - the tree's levels
+    (Laplace: and its running total and a row of fresh noise), the square-root decoder's buffers, last draw
+    and current noise, the optimized factorization's whole history of draws (``capacity`` rows) and current
+    noise. Fresh Gaussian noise is drawn into its row of the state, in pieces."""
+    if not private:
+        return 2
+    kind = GAUSSIAN_ALIASES.get(kind, kind)
+    state = {"laplace_tree": tree_levels(capacity) + 2, "gaussian_tree": int(capacity).bit_length(),
+             "gaussian_sqrt": sqrt_decoder(int(capacity))[0].size + 2, "gaussian_opt": int(capacity) + 1}[kind]
+    return 2 + 1 + state
+
+
+def resolve_counter(kind: str, capacity: int | None = None, streams: int | None = None,
+                    budget_gb: float | None = None) -> str:
+    """The counter kind ``kind`` names. ``gaussian`` is the most accurate Gaussian counter for the number of
+    counter steps whose state fits ``budget_gb`` for ``streams`` streams (both public): the optimized
+    factorization (``gaussian_opt``, state ``capacity`` rows) for at most ``DENSE_MAX_STEPS`` steps, else the
+    square-root factorization (``gaussian_sqrt``, about ``2 log2(8 capacity)`` rows), else the binary tree
+    (``gaussian_tree``, ``log2 capacity`` rows). Without a capacity: the square-root factorization."""
     if kind not in COUNTER_CHOICES:
         raise ConfigError(f"algo.counter must be one of {list(COUNTER_CHOICES)}, got '{kind}'")
-    if kind == "gaussian" and capacity is not None and int(capacity) <= DENSE_MAX_STEPS:
+    if kind != "gaussian" or capacity is None:
+        return GAUSSIAN_ALIASES.get(kind, kind)
+    fits = lambda k: streams is None or budget_gb is None or \
+        counter_arrays(k, capacity, True) * 8 * int(streams) <= budget_gb * 2 ** 30
+    if int(capacity) <= DENSE_MAX_STEPS and fits("gaussian_opt"):
         return "gaussian_opt"
-    return GAUSSIAN_ALIASES.get(kind, kind)
+    return "gaussian_sqrt" if fits("gaussian_sqrt") or not fits("gaussian_tree") else "gaussian_tree"
 
 
 def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy, users: int | None = None,
@@ -220,15 +256,16 @@ def build_counter(kind: str, layout: TabularLayout, capacity: int, privacy, user
                            noise=privacy.noise if eps is not None else None, users=users)
     cls = COUNTERS[kind]
     extra = {"row_weights": row_weights} if kind == "gaussian_opt" else {}
+    groups = layout.group_ranges()
     if eps is None:
-        return cls(n, capacity, None, groups=layout.groups, group_mass=layout.group_mass,
+        return cls(n, capacity, None, groups=groups, group_mass=layout.group_mass,
                    stream_max=layout.stream_max, **extra)
     kappa = counter_kappa(kind, capacity, row_weights)
     sigma = counter_sigma(privacy, layout.weighted_l2_sensitivity, kappa)
     rho = (rho_for_target(eps, privacy.delta) if getattr(privacy.accountant, "name", None) != "gdp"
            else (layout.weighted_l2_sensitivity * kappa) ** 2 / (2 * sigma ** 2))   # the zCDP it is (B&S Prop. 1.6)
-    counter = cls(n, capacity, sigma, noise=privacy.noise, groups=layout.groups, group_mass=layout.group_mass,
-                  stream_max=layout.stream_max, stream_noise=None if layout.equal_noise else layout.stream_noise(),
+    counter = cls(n, capacity, sigma, noise=privacy.noise, groups=groups, group_mass=layout.group_mass,
+                  stream_max=layout.stream_max, stream_noise=None if layout.equal_noise else layout.stream_noise_ranges(),
                   **extra)
     counter.rho = rho
     return counter

@@ -205,6 +205,14 @@ class TreeCounter(torch.nn.Module):
 
     def _next_noise(self):
         pending = self._pending
+        n = self.num_streams
+        if n > self.max_chunk and self.counts.device.type == "cpu":   # one step, in pieces of max_chunk streams
+            if pending.chunk is None or pending.chunk.shape != (1, n):
+                pending.chunk = np.empty((1, n))
+            for a in range(0, n, self.max_chunk):
+                b = min(n, a + self.max_chunk)
+                pending.chunk[0, a:b] = self.noise.laplace((b - a,), self.scale).numpy()
+            return pending.chunk[0]
         if pending.chunk is None or pending.pos >= pending.chunk.shape[0]:
             rows = max(1, min(pending.planned, self.max_chunk // max(1, self.num_streams)))
             chunk = self.noise.laplace((rows, self.num_streams), self.scale).to(self.counts.device)
@@ -295,7 +303,11 @@ class TreeCounter(torch.nn.Module):
         z = self._next_noise()
         if cpu:
             levels, total = views["level_noise"], views["noise_total"]
-            if i > 0:                           # its children (levels < i) leave the decomposition
+            if i > 0 and self.num_streams > self.max_chunk:     # no temporary the size of the streams
+                for j in range(i):
+                    total -= levels[j]
+                levels[:i] = 0.0
+            elif i > 0:                         # its children (levels < i) leave the decomposition
                 total -= levels[:i].sum(0)
                 levels[:i] = 0.0
             levels[i] = z

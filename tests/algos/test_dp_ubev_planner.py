@@ -2,7 +2,7 @@
 
 ``reference_plan`` below is the plain form of the induction in ``dppo/algos/dp_ubev.py``'s module
 docstring: one NumPy expression per formula, fresh arrays, ``np.matmul`` for the next-state term.
-The learner's ``_PlanArrays`` (preallocated, Python floats for the elementwise steps of small S A)
+The learner's ``PlanArrays`` (preallocated, Python floats for the elementwise steps of small S A)
 must agree with it bit for bit, and so must the regret of a seeded run.
 """
 import math
@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from dppo.algos import dp_ubev
-from dppo.algos.dp_ubev import DPUBEV, Widths, _PlanArrays
+from dppo.algos import tabular_plan
+from dppo.algos.dp_ubev import DPUBEV
+from dppo.algos.tabular_plan import PlanArrays, Widths
 from dppo.envs.tabular import random_mdp, riverswim
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
@@ -86,7 +87,7 @@ def test_planner_matches_reference_bit_for_bit_on_random_counts(small):
         else:
             wd = Widths()
         args = (float(rng.uniform(1, 10)), wd, private)
-        planner = _PlanArrays(l, n, m, H)
+        planner = PlanArrays(l, n, m, H)
         planner.small = small
         want = reference_plan(l, n, m, H, *args)
         for _ in range(2):                       # twice: the work arrays are reused
@@ -119,7 +120,7 @@ def test_seeded_run_regret_equals_the_reference_planner_run(kw, monkeypatch):
         return learner.episode_regret.clone()
 
     fast = run()
-    monkeypatch.setattr(dp_ubev._PlanArrays, "plan", lambda self, *a: reference_plan(self.l, self.n, self.m, self.H, *a))
+    monkeypatch.setattr(tabular_plan.PlanArrays, "plan", lambda self, *a: reference_plan(self.l, self.n, self.m, self.H, *a))
     ref = run()
     assert torch.isfinite(fast).all()
     assert torch.equal(fast, ref)

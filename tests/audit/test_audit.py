@@ -200,8 +200,11 @@ def test_gaussian_counter_bound_has_power(kind):
 
 
 class _GaussianLevelZeroDropped(GaussianTreeCounter):
-    def _advance_noise(self, v, t, z):
-        super()._advance_noise(v, t, z * 0.0 if t & 1 else z)       # leaf nodes (level 0) without noise
+    def _next_noise(self, out):
+        z = super()._next_noise(out)
+        if int(self._views()["t"]) & 1:                               # leaf nodes (level 0) without noise
+            z *= 0.0
+        return z
 
 
 def test_gaussian_tree_counter_with_a_level_without_noise_is_caught():
