@@ -73,10 +73,10 @@ def main() -> None:
         for name in ROWS:
             r = run_row(args.env, name, horizon, args.episodes)
             if "error" in r:
-                print(f"| {name} | {horizon} | refused: {r['error'].removeprefix('dppo: error: ')} | | | |", flush=True)
+                print(f"| {name} | {horizon} | refused: {r['error'].split('Error: ', 1)[-1]} | | | |", flush=True)
             else:
                 print(f"| {name} | {horizon} | {r['peak_mib']:.0f} | {r['episodes_per_s']:.0f} | "
-                      f"{r['counter'] or 'exact'} | {r['final_return']:.3f} |", flush=True)
+                      f"{r['counter']} | {r['final_return']:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

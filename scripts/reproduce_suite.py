@@ -66,7 +66,8 @@ ENVS = {
     "icu_sepsis": {"id": "icu_sepsis:Sepsis/ICU-Sepsis-v2", "target": 0.82, "greedy": False, "random": 0.780,
                    "requires": "icu_sepsis", "eval_episodes": 2000, "curve_episodes": 200,
                    "reference": os.path.join(ROOT, "runs", "reference", "icu_sepsis_reference.json"),
-                   "rows": ("PPO", "DP-PPO", "DP-NPG"), "eps": {"DP-PPO": [5.0, 3.0, 1.0]}},
+                   "rows": ("PPO", "DP-PPO", "DP-NPG", "UBEV", "DP-UBEV"),
+                   "eps": {"DP-PPO": [5.0, 3.0, 1.0], "DP-UBEV": [3.0]}},
 }
 # (label, algo, eps values, experiment files that exist, eval_every): every private learner at eps 5 and 1
 DPPO_ROWS = [
@@ -78,9 +79,12 @@ DPPO_ROWS = [
     ("DP-PG", "dp_pg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum"), 10),
     # DP-PPO from an actor pretrained on a public simulator (conf/experiment/cartpole_dp_ppo_public_init.yaml)
     ("DP-PPO public-init", "dp_ppo_public_init", [5.0, 1.0], ("cartpole",), 1),
+    # the tabular learners, on the tabular env (pooled statistics, H = 20: conf/experiment/icu_sepsis_*ubev.yaml)
+    ("UBEV", "ubev", [None], ("icu_sepsis",), 10),
+    ("DP-UBEV", "dp_ubev", [3.0], ("icu_sepsis",), 10),
 ]
 # rows that run only where their experiment file exists (no algorithm defaults to fall back to)
-FILE_ONLY = {"DP-PPO public-init"}
+FILE_ONLY = {"DP-PPO public-init", "UBEV", "DP-UBEV"}
 # rl-baselines3-zoo (hyperparams/ppo.yml, sac.yml; the norm_obs-only VecNormalize of the zoo's published
 # Acrobot / MountainCar agents); "lin_x" = linear decay from x to 0, as the zoo's schedules
 SB3 = {

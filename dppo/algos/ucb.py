@@ -264,7 +264,7 @@ class TabularUCB(torch.nn.Module, Learner):
         cpu = self._xp() is np
         exact = self.optimal is not None       # every episode's policy is kept for the regret
         policies = np.empty((K if exact else 1, self.H, self.S), dtype=np.int64)
-        returns = []
+        returns, steps = [], 0
         with _one_torch_thread():
             for k in range(K):
                 if k % chunk == 0:
@@ -281,6 +281,7 @@ class TabularUCB(torch.nn.Module, Learner):
                     states, actions, rewards = self.mdp.run_episode(pl)
                 self._feed(states, actions, rewards)
                 returns.append(sum(rewards))
+                steps += len(actions)
             if self.optimal is not None:           # exact value of every episode's policy (repeats once)
                 values = self.mdp.policy_value_batch(torch.from_numpy(policies))
         t0 = self.episodes_done
@@ -288,7 +289,7 @@ class TabularUCB(torch.nn.Module, Learner):
         native = self.mdp.to_native_return(torch.tensor(returns, dtype=torch.float64))
         self.episode_return[t0:t0 + K] = native
         metrics = {"diag/return": float(native.mean()), "rollout/users": float(K),
-                   "rollout/episodes": float(K),
+                   "rollout/episodes": float(K), "diag/env_steps": float(steps),    # episodes may end before H
                    "counters/error_bound": float(self.count_error_bound())}
         if self.optimal is not None:
             regret = self.mdp.to_native_regret(self.optimal - values)
@@ -316,6 +317,7 @@ class TabularUCB(torch.nn.Module, Learner):
         regret = None if self.optimal is None else float(self.episode_regret[:done].sum())
         out = {"cumulative_regret": regret, "regret_available": self.optimal is not None,
                "episodes": done, "env_name": getattr(self.mdp, "name", None),
+               "counter": self.counter_kind if self.stats.private else "exact",
                "count_error_bound": float(self.count_error_bound())}
         if self.optimal is not None:
             out["optimal_value"] = float(self.mdp.to_native_return(self.optimal))

@@ -63,6 +63,7 @@ from scipy.special import ndtri
 from scipy.stats import chi2
 
 from dppo.errors import ConfigError, PrivacyError
+from dppo.privacy.noise import PIECE
 
 GRID = 2.0 ** -16          # release / increment grid (module docstring, floating point)
 
@@ -388,9 +389,9 @@ class _GaussianCounter(torch.nn.Module):
         """The next step's node noise ``z`` (one value per stream), written into ``out`` (a row of the state)."""
         d = self.__dict__               # plain attributes: skip torch.nn.Module.__setattr__ on every step
         n = self.num_streams
-        if n > self.max_chunk:          # drawn in pieces of max_chunk streams straight into ``out``
-            for a in range(0, n, self.max_chunk):
-                b = min(n, a + self.max_chunk)
+        if n > self.max_chunk:          # drawn in pieces straight into ``out`` (transients of PIECE values)
+            for a in range(0, n, PIECE):
+                b = min(n, a + PIECE)
                 out[a:b] = self.noise.gaussian((b - a,), self.sigma).numpy()
             self._scale_streams(out, 0)
             return out

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 SEED_OFFSET = 7919
+PIECE = 1 << 20      # a release larger than a counter's chunk draws its noise this many values at a time (transients)
 _TWO_53 = float(1 << 53)
 
 

@@ -39,6 +39,7 @@ from scipy.optimize import minimize_scalar
 
 from dppo.errors import ConfigError, PrivacyError
 from dppo.privacy.calibration import laplace_scale
+from dppo.privacy.noise import PIECE
 
 
 def tree_levels(capacity: int) -> int:
@@ -153,12 +154,17 @@ class TreeCounter(torch.nn.Module):
         g, bound = self.snap_grid, self.clamp_bound
         views = self._numpy_views()
         if views is not None:       # the same operations in NumPy (round half to even, as torch.round)
-            out = np.divide(views["noisy_counts"], g)
-            np.round(out, out=out)
-            np.multiply(out, g, out=out)
-            np.maximum(out, -bound, out=out)
-            np.minimum(out, bound, out=out)
-            return torch.from_numpy(out)
+            key = (int(views["t"]), views["noisy_counts"].ctypes.data)
+            cache = self.__dict__.get("_snapped")          # one array, refreshed once per release
+            if cache is None or cache[0] != key:
+                out = np.empty_like(views["noisy_counts"]) if cache is None else cache[1]
+                np.divide(views["noisy_counts"], g, out=out)
+                np.round(out, out=out)
+                np.multiply(out, g, out=out)
+                np.maximum(out, -bound, out=out)
+                np.minimum(out, bound, out=out)
+                cache = self.__dict__["_snapped"] = (key, out)
+            return torch.from_numpy(cache[1])
         return torch.clamp(torch.round(self.noisy_counts / g) * g, -bound, bound)
 
     def error_bound(self, beta: float, uniform: bool = True) -> float:
@@ -206,11 +212,11 @@ class TreeCounter(torch.nn.Module):
     def _next_noise(self):
         pending = self._pending
         n = self.num_streams
-        if n > self.max_chunk and self.counts.device.type == "cpu":   # one step, in pieces of max_chunk streams
+        if n > self.max_chunk and self.counts.device.type == "cpu":   # one step, in pieces of PIECE streams
             if pending.chunk is None or pending.chunk.shape != (1, n):
                 pending.chunk = np.empty((1, n))
-            for a in range(0, n, self.max_chunk):
-                b = min(n, a + self.max_chunk)
+            for a in range(0, n, PIECE):
+                b = min(n, a + PIECE)
                 pending.chunk[0, a:b] = self.noise.laplace((b - a,), self.scale).numpy()
             return pending.chunk[0]
         if pending.chunk is None or pending.pos >= pending.chunk.shape[0]:
