@@ -265,7 +265,11 @@ def _backward(xp, m, inv_n, bonus, r, *, mode: str, cap: float = 0.0, H: int | N
     """
     Hc, S, A = r.shape
     H = Hc if H is None else int(H)
-    m_over_n = (m * inv_n[..., None]).reshape(Hc, S * A, S)      # one pass, then one matvec per step
+    pooled = Hc == 1 < H
+    if pooled:      # no second table the size of m: (m V) / n per step (a pooled plan has H mat-vecs on one table)
+        m2, inv2 = m.reshape(1, S * A, S), inv_n.reshape(1, S * A)
+    else:
+        m_over_n = (m * inv_n[..., None]).reshape(Hc, S * A, S)  # one pass, then one matvec per step
     b2 = bonus.reshape(-1, S * A)
     r2 = r.reshape(Hc, S * A) if mode == "ubev" else (r * inv_n).reshape(Hc, S * A)
     Q = xp.zeros_like(r2) if Hc == H else (np.zeros((H, S * A)) if xp is np else
@@ -277,7 +281,7 @@ def _backward(xp, m, inv_n, bonus, r, *, mode: str, cap: float = 0.0, H: int | N
     v_max = zero
     for h in range(H - 1, -1, -1):
         hc, hb = (h if Hc > 1 else 0), (h if b2.shape[0] > 1 else 0)
-        y = m_over_n[hc] @ V
+        y = (m2[0] @ V) * inv2[0] if pooled else m_over_n[hc] @ V
         if mode == "ubev":
             y += b2[hb]
             xp.minimum(y, v_max, out=y)

@@ -128,6 +128,10 @@ class TabularUCB(torch.nn.Module, Learner):
     # ---- statistics ----------------------------------------------------------------------
     PLANNER_ARRAYS = 1      # the plan's work array the size of the transition statistics (m / n, or m~ / n^)
 
+    @property
+    def planner_arrays(self) -> int:
+        """``PLANNER_ARRAYS``; PUCB's pooled plan multiplies by 1 / n after each mat-vec instead (none)."""
+        return self.PLANNER_ARRAYS
     def _check_memory(self, streams: int, capacity: int, private: bool, counter: str, max_memory_gb: float,
                       blocks: bool) -> float:
         """Choose the counter (``counter=gaussian``: the most accurate one that fits) and refuse, before anything
@@ -135,7 +139,7 @@ class TabularUCB(torch.nn.Module, Learner):
         (``dppo.privacy.tabular_counters.counter_arrays``) and the planner's, one float64 per stream each, plus
         the round's stored policies where the regret is computed. Returns the estimate in GB."""
         stream_gb = streams * 8 / 2 ** 30
-        other_gb = stream_gb * self.PLANNER_ARRAYS + self._policies_gb(self.K)
+        other_gb = stream_gb * self.planner_arrays + self._policies_gb(self.K)
         self.counter_kind = resolve_counter(counter, capacity, streams, max_memory_gb - other_gb)
         need_gb = stream_gb * counter_arrays(self.counter_kind, capacity, private) + other_gb
         if need_gb > max_memory_gb:
@@ -471,6 +475,10 @@ class PUCB(TabularUCB):
 
     def count_error_bound(self) -> float:
         return self.E
+
+    @property
+    def planner_arrays(self) -> int:
+        return 0 if self.layout.pooled and self.H > 1 else self.PLANNER_ARRAYS
 
     def gate_open_fraction(self) -> float:
         """Share of (s, a, h) with ``n~ >= 2E`` (a post-processing of the released counts, so loggable)."""

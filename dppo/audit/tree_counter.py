@@ -32,7 +32,8 @@ ENTRY = "dppo.privacy.tree_counter.TreeCounter.step (one stream per trial)"
 def _released_nodes(counter, first: float, others: torch.Tensor, n: int, raw: bool = False) -> torch.Tensor:
     """Feed ``first`` then ``others`` to every stream; return (n, L) node releases minus the others' count.
 
-    ``raw``: read the exact noisy values before snapping (``noisy_counts``; the real-number calibration),
+    ``raw``: read the exact noisy values before snapping (``counts + noise_total``, the sum the release snaps;
+    the real-number calibration),
     else what a learner can read (``released``: snapped and clamped)."""
     idx = torch.arange(n)
     counter.reserve(counter.capacity)
@@ -42,7 +43,7 @@ def _released_nodes(counter, first: float, others: torch.Tensor, n: int, raw: bo
         counter.step(idx, torch.full((n,), value, dtype=torch.float64))
         running += 0.0 if t == 1 else min(max(value, 0.0), counter.sensitivity)
         if t & (t - 1) == 0:                        # t = 2^j: the release is the level-j node over [1, t]
-            out = counter.noisy_counts if raw and counter.private else counter.released
+            out = counter.counts + counter.noise_total if raw and counter.private else counter.released
             rows.append(out.clone() - running)
     return torch.stack(rows, 1)
 

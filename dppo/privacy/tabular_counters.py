@@ -210,13 +210,14 @@ def counter_kappa(kind: str, capacity: int, row_weights: tuple | None = None) ->
 def counter_arrays(kind: str, capacity: int, private: bool) -> int:
     """Arrays of one float64 per stream a counter holds (its memory is this times ``8 num_streams`` bytes):
     the exact counts and the open step; private, also the release and the noise state - the tree's levels
-    (Laplace: and its running total, a row of fresh noise and the snapped release), the square-root decoder's buffers, last draw
+    (Laplace: and its running total), the square-root decoder's buffers, last draw
     and current noise, the optimized factorization's whole history of draws (``capacity`` rows) and current
-    noise. Fresh Gaussian noise is drawn into its row of the state, in pieces."""
+    noise. Fresh noise is drawn into its row of the state, in pieces (Laplace: where the streams outnumber
+    its ``max_chunk``; else a chunk of at most ``max_chunk`` values)."""
     if not private:
         return 2
     kind = GAUSSIAN_ALIASES.get(kind, kind)
-    state = {"laplace_tree": tree_levels(capacity) + 3, "gaussian_tree": int(capacity).bit_length(),
+    state = {"laplace_tree": tree_levels(capacity) + 1, "gaussian_tree": int(capacity).bit_length(),
              "gaussian_sqrt": sqrt_decoder(int(capacity))[0].size + 2, "gaussian_opt": int(capacity) + 1}[kind]
     return 2 + 1 + state
 

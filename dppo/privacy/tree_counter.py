@@ -26,8 +26,9 @@ the low-order bits of the result (our audit measured eps_LB = 3.8 at claimed eps
 outputs). So the *released* value is ``clamp(round_Lambda(c(t) + noise), 0 - B, B)`` with ``Lambda`` the
 smallest power of two >= b and ``B = T Delta`` (the largest possible count; T users): multiples of a power of
 two >= the noise scale, as in the snapping mechanism, whose analysis charges the float rounding of the
-noisy sum an eps increase of order ``B 2^-52 / b`` (negligible here). The exact noisy value stays
-internal (``noisy_counts``); ``released`` is all a learner may read.
+noisy sum an eps increase of order ``B 2^-52 / b`` (negligible here). The exact noisy value
+``counts + noise_total`` stays internal; on CPU it is snapped in place into ``noisy_counts`` at every step (one
+array the size of the streams), and ``released`` is all a learner may read.
 """
 from __future__ import annotations
 
@@ -151,20 +152,10 @@ class TreeCounter(torch.nn.Module):
             return self.counts
         if self.snap_grid is None:
             return self.noisy_counts
-        g, bound = self.snap_grid, self.clamp_bound
         views = self._numpy_views()
-        if views is not None:       # the same operations in NumPy (round half to even, as torch.round)
-            key = (int(views["t"]), views["noisy_counts"].ctypes.data)
-            cache = self.__dict__.get("_snapped")          # one array, refreshed once per release
-            if cache is None or cache[0] != key:
-                out = np.empty_like(views["noisy_counts"]) if cache is None else cache[1]
-                np.divide(views["noisy_counts"], g, out=out)
-                np.round(out, out=out)
-                np.multiply(out, g, out=out)
-                np.maximum(out, -bound, out=out)
-                np.minimum(out, bound, out=out)
-                cache = self.__dict__["_snapped"] = (key, out)
-            return torch.from_numpy(cache[1])
+        if views is not None:       # on CPU the release is snapped in place at every step (``_advance``)
+            return self.noisy_counts
+        g, bound = self.snap_grid, self.clamp_bound
         return torch.clamp(torch.round(self.noisy_counts / g) * g, -bound, bound)
 
     def error_bound(self, beta: float, uniform: bool = True) -> float:
@@ -209,16 +200,16 @@ class TreeCounter(torch.nn.Module):
             self._views_key = key
         return self._views
 
-    def _next_noise(self):
+    def _next_noise(self, out: np.ndarray | None = None):
+        """The next step's node noise; with more than ``max_chunk`` streams (CPU), drawn in pieces into ``out``
+        (the state's row of the closing node)."""
         pending = self._pending
         n = self.num_streams
-        if n > self.max_chunk and self.counts.device.type == "cpu":   # one step, in pieces of PIECE streams
-            if pending.chunk is None or pending.chunk.shape != (1, n):
-                pending.chunk = np.empty((1, n))
+        if out is not None:
             for a in range(0, n, PIECE):
                 b = min(n, a + PIECE)
-                pending.chunk[0, a:b] = self.noise.laplace((b - a,), self.scale).numpy()
-            return pending.chunk[0]
+                out[a:b] = self.noise.laplace((b - a,), self.scale).numpy()
+            return out
         if pending.chunk is None or pending.pos >= pending.chunk.shape[0]:
             rows = max(1, min(pending.planned, self.max_chunk // max(1, self.num_streams)))
             chunk = self.noise.laplace((rows, self.num_streams), self.scale).to(self.counts.device)
@@ -306,7 +297,6 @@ class TreeCounter(torch.nn.Module):
         if not self.private:
             return
         i = (t & -t).bit_length() - 1          # level of the node closing at t (lowest set bit)
-        z = self._next_noise()
         if cpu:
             levels, total = views["level_noise"], views["noise_total"]
             if i > 0 and self.num_streams > self.max_chunk:     # no temporary the size of the streams
@@ -316,10 +306,22 @@ class TreeCounter(torch.nn.Module):
             elif i > 0:                         # its children (levels < i) leave the decomposition
                 total -= levels[:i].sum(0)
                 levels[:i] = 0.0
-            levels[i] = z
-            total += z
-            np.add(views["counts"], total, out=views["noisy_counts"])
+            if self.num_streams > self.max_chunk:   # level i is empty here (a higher node's close zeroed it)
+                total += self._next_noise(out=levels[i])
+            else:
+                levels[i] = z = self._next_noise()
+                total += z
+            noisy = views["noisy_counts"]
+            np.add(views["counts"], total, out=noisy)
+            if self.snap_grid is not None:      # the release, in place (round half to even, as torch.round)
+                g, bound = self.snap_grid, self.clamp_bound
+                np.divide(noisy, g, out=noisy)
+                np.round(noisy, out=noisy)
+                np.multiply(noisy, g, out=noisy)
+                np.maximum(noisy, -bound, out=noisy)
+                np.minimum(noisy, bound, out=noisy)
         else:
+            z = self._next_noise()
             if i > 0:
                 self.noise_total.sub_(self.level_noise[:i].sum(0))
                 self.level_noise[:i].zero_()
