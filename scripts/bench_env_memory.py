@@ -10,13 +10,12 @@ DummyVecEnv, one rollout of n_steps x n_envs steps and its update), on the same 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
+
+from peak_memory import print_child_result, run_child   # scripts/ is on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -48,13 +47,7 @@ def child_sb3(env_id: str, n_envs: int, horizon: int) -> dict:
 
 
 def run_row(kind: str, env_id: str, size: int, horizon: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", kind, "--env", env_id, "--size", str(size),
-                          "--horizon", str(horizon)], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONWARNINGS="ignore"))
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(lines[-1])
+    return run_child(__file__, [kind, "--env", env_id, "--size", str(size), "--horizon", str(horizon)])
 
 
 def main() -> None:
@@ -69,9 +62,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         fn = child_ours if args.child == "ours" else child_sb3
-        res = fn(args.env, args.size, args.horizon)
-        res["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(json.dumps(res))
+        print_child_result(fn(args.env, args.size, args.horizon))
         return
     rows = [("ours", u, 500) for u in args.users] + [("ours", 1000, h) for h in args.horizons if h != 500]
     try:

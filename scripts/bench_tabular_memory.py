@@ -12,13 +12,12 @@ before anything is allocated, with the memory it would need.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import resource
-import subprocess
 import sys
 import tempfile
 import time
+
+from peak_memory import print_child_result, run_child   # scripts/ is on sys.path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POOLED = ["algo.pool_steps=true", "algo.pool_cap=1", "algo.block_growth=1.05"]
@@ -44,13 +43,7 @@ def child(env_id: str, name: str, horizon: int, episodes: int) -> dict:
 
 
 def run_row(env_id: str, name: str, horizon: int, episodes: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", name, "--env", env_id, "--horizon", str(horizon),
-                          "--episodes", str(episodes)], capture_output=True, text=True,
-                         env=dict(os.environ, PYTHONWARNINGS="ignore"))
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if out.returncode != 0 or not lines:
-        return {"error": (out.stderr.strip().splitlines() or ["?"])[-1]}
-    return json.loads(lines[-1])
+    return run_child(__file__, [name, "--env", env_id, "--horizon", str(horizon), "--episodes", str(episodes)])
 
 
 def main() -> None:
@@ -62,9 +55,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=20000)
     args = ap.parse_args()
     if args.child:
-        res = child(args.env, args.child, args.horizon, args.episodes)
-        res["peak_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        print(json.dumps(res))
+        print_child_result(child(args.env, args.child, args.horizon, args.episodes))
         return
     print(f"{args.env}: {args.episodes:,} episodes, peak resident memory of one process\n")
     print("| learner | H | peak MiB | episodes/s | counter | return (200 episodes) |")
