@@ -178,7 +178,13 @@ class TreeCounter(torch.nn.Module):
         pending = self._pending
         pending.planned = int(steps)
         pending.chunk, pending.pos = None, 0
-        if self.private:
+        if self.private and self.num_streams > self.max_chunk:     # in place: no copy of the levels
+            self.noise_total.zero_()
+            t = int(self.t)
+            for j in range(self.levels):
+                if (t >> j) & 1:
+                    self.noise_total.add_(self.level_noise[j])
+        elif self.private:
             self.noise_total.copy_(self._exact_noise_total())
 
     def _exact_noise_total(self) -> torch.Tensor:
