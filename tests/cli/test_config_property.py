@@ -31,7 +31,7 @@ FIELDS = {
 def is_valid(v):
     finite_pos = lambda x: x is not None and x > 0 and math.isfinite(x)  # noqa: E731
     ok = (v["eps"] is None or finite_pos(v["eps"])) and 1e-100 <= v["delta"] < 1 and v["users_per_round"] >= 1
-    ok = ok and v["max_grad_norm"] > 0 and (v["reward_bound"] is None or v["reward_bound"] > 0)
+    ok = ok and finite_pos(v["max_grad_norm"]) and (v["reward_bound"] is None or finite_pos(v["reward_bound"]))
     ok = ok and v["rounds"] >= 1
     pop = v["privacy.population_size"]
     if ok and pop is not None:
