@@ -12,10 +12,8 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from dppo.errors import ConfigError
-from dppo.policies.observations import input_layers
+from dppo.policies.observations import mlp_body
 
-_ACT = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
 class ValueMLP(nn.Module):
@@ -32,14 +30,9 @@ class ValueMLP(nn.Module):
     def __init__(self, observation_space: gym.Space, hidden_sizes=(64, 64), activation: str = "tanh",
                  normalize_obs: bool = False):
         super().__init__()
-        if activation not in _ACT:
-            raise ConfigError(f"algo.critic_activation must be one of {sorted(_ACT)}, got '{activation}'")
-        layers, width, _ = input_layers(observation_space, normalize_obs)
-        sizes = [width] + [int(h) for h in hidden_sizes]
-        for a, b in zip(sizes[:-1], sizes[1:]):
-            layers += [nn.Linear(a, b), _ACT[activation]()]
-        self.body = nn.Sequential(*layers)
-        self.head = nn.Linear(sizes[-1], 1)
+        self.body, width, _ = mlp_body(observation_space, hidden_sizes, activation, normalize_obs,
+                                       key="algo.critic_activation")
+        self.head = nn.Linear(width, 1)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 

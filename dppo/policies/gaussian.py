@@ -26,9 +26,8 @@ from torch import nn
 
 from dppo.errors import ConfigError
 from dppo.policies.base import PredictMixin
-from dppo.policies.observations import input_layers
+from dppo.policies.observations import mlp_body
 
-_ACT = {"tanh": nn.Tanh, "relu": nn.ReLU}
 SQUASH = ("tanh", "clip")
 LOG_STD = ("param", "state")
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
@@ -57,8 +56,6 @@ class GaussianMLPPolicy(PredictMixin, nn.Module):
         if not isinstance(action_space, gym.spaces.Box) or len(action_space.shape) != 1:
             raise ConfigError(f"the Gaussian policy needs a 1-d Box action space, got {action_space}; "
                               f"for Discrete actions use policy=mlp")
-        if activation not in _ACT:
-            raise ConfigError(f"policy.activation must be one of {sorted(_ACT)}, got '{activation}'")
         if squash not in SQUASH or log_std not in LOG_STD:
             raise ConfigError(f"policy.squash must be one of {SQUASH} and policy.log_std one of {LOG_STD}")
         if not log_std_min < log_std_max:
@@ -66,25 +63,21 @@ class GaussianMLPPolicy(PredictMixin, nn.Module):
         low, high = np.asarray(action_space.low, np.float64), np.asarray(action_space.high, np.float64)
         if squash == "tanh" and not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
             raise ConfigError("policy.squash=tanh needs a bounded action Box; use policy.squash=clip")
-        layers, width, self.obs_layout = input_layers(observation_space, False)
+        self.body, width, self.obs_layout = mlp_body(observation_space, hidden_sizes, activation, False)
         self.observation_shape = tuple(observation_space.shape) if self.obs_layout.is_box else None
         self.action_dim = int(action_space.shape[0])
         self.squash, self.log_std_mode = squash, log_std
         self.log_std_min, self.log_std_max = float(log_std_min), float(log_std_max)
         self.register_buffer("low", torch.as_tensor(low, dtype=torch.float32), persistent=False)
         self.register_buffer("high", torch.as_tensor(high, dtype=torch.float32), persistent=False)
-        sizes = [width] + [int(h) for h in hidden_sizes]
-        for a, b in zip(sizes[:-1], sizes[1:]):
-            layers += [nn.Linear(a, b), _ACT[activation]()]
-        self.body = nn.Sequential(*layers)
-        self.mu = nn.Linear(sizes[-1], self.action_dim)
+        self.mu = nn.Linear(width, self.action_dim)
         nn.init.zeros_(self.mu.bias)
         with torch.no_grad():
             self.mu.weight.mul_(0.01)
         if log_std == "param":
             self.log_std = nn.Parameter(torch.full((self.action_dim,), float(log_std_init)))
         else:
-            self.log_std_head = nn.Linear(sizes[-1], self.action_dim)
+            self.log_std_head = nn.Linear(width, self.action_dim)
             nn.init.zeros_(self.log_std_head.weight)
             with torch.no_grad():  # the smooth map below sends this bias to log_std_init
                 frac = (float(log_std_init) - self.log_std_min) / (self.log_std_max - self.log_std_min)

@@ -7,9 +7,8 @@ from torch import nn
 
 from dppo.errors import ConfigError
 from dppo.policies.base import Policy
-from dppo.policies.observations import BoundsScaling, input_layers  # noqa: F401 - BoundsScaling: its old home
+from dppo.policies.observations import BoundsScaling, mlp_body  # noqa: F401 - BoundsScaling: its old home
 
-_ACT = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
 class MLPPolicy(Policy):
@@ -31,15 +30,9 @@ class MLPPolicy(Policy):
         if not isinstance(action_space, gym.spaces.Discrete):
             hint = "; for Box (continuous) actions use policy=gaussian" if isinstance(action_space, gym.spaces.Box) else ""
             raise ConfigError(f"the MLP policy needs a Discrete action space, got {type(action_space).__name__}{hint}")
-        if activation not in _ACT:
-            raise ConfigError(f"policy.activation must be one of {sorted(_ACT)}, got '{activation}'")
-        layers, width, self.obs_layout = input_layers(observation_space, normalize_obs)
+        self.body, width, self.obs_layout = mlp_body(observation_space, hidden_sizes, activation, normalize_obs)
         self.observation_shape = tuple(observation_space.shape) if self.obs_layout.is_box else None
-        sizes = [width] + [int(h) for h in hidden_sizes]
-        for a, b in zip(sizes[:-1], sizes[1:]):
-            layers += [nn.Linear(a, b), _ACT[activation]()]
-        self.body = nn.Sequential(*layers)
-        self.head = nn.Linear(sizes[-1], int(action_space.n))
+        self.head = nn.Linear(width, int(action_space.n))
         nn.init.zeros_(self.head.bias)
         with torch.no_grad():
             self.head.weight.mul_(0.01)

@@ -14,9 +14,8 @@ from torch import nn
 
 from dppo.errors import ConfigError
 from dppo.policies.base import PredictMixin, pad_rows
-from dppo.policies.observations import input_layers
+from dppo.policies.observations import mlp_body
 
-_ACT = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 
 def action_components(action_space: gym.Space) -> tuple[np.ndarray, np.ndarray] | None:
@@ -49,20 +48,14 @@ class MultiDiscreteMLPPolicy(PredictMixin, nn.Module):
         if comps is None:
             raise ConfigError(f"the MultiDiscrete policy needs a MultiDiscrete or MultiBinary action space, got "
                               f"{action_space}")
-        if activation not in _ACT:
-            raise ConfigError(f"policy.activation must be one of {sorted(_ACT)}, got '{activation}'")
         nvec, start = comps
         self.nvec, self.action_start = [int(n) for n in nvec], start
         self.action_shape = tuple(getattr(action_space, "shape", (len(nvec),)))
         self.action_dim = len(self.nvec)
         self.binary = isinstance(action_space, gym.spaces.MultiBinary)
-        layers, width, self.obs_layout = input_layers(observation_space, normalize_obs)
+        self.body, width, self.obs_layout = mlp_body(observation_space, hidden_sizes, activation, normalize_obs)
         self.observation_shape = tuple(observation_space.shape) if self.obs_layout.is_box else None
-        sizes = [width] + [int(h) for h in hidden_sizes]
-        for a, b in zip(sizes[:-1], sizes[1:]):
-            layers += [nn.Linear(a, b), _ACT[activation]()]
-        self.body = nn.Sequential(*layers)
-        self.logits_layer = nn.Linear(sizes[-1], int(sum(self.nvec)))
+        self.logits_layer = nn.Linear(width, int(sum(self.nvec)))
         nn.init.zeros_(self.logits_layer.bias)
         with torch.no_grad():
             self.logits_layer.weight.mul_(0.01)

@@ -165,3 +165,19 @@ def input_layers(observation_space: gym.Space, normalize_obs: bool) -> tuple[lis
     if layout.is_box:
         return ([BoundsScaling(observation_space)] if normalize_obs else []), layout.raw_dim, layout
     return [ObservationEncoder(layout, normalize_obs)], layout.feature_dim, layout
+
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+def mlp_body(observation_space: gym.Space, hidden_sizes, activation: str, normalize_obs: bool,
+             key: str = "policy.activation") -> tuple[nn.Sequential, int, ObservationLayout]:
+    """The trunk every network here shares: ``input_layers``, then ``Linear + activation`` per hidden size.
+    Returns the trunk, its output width and the observation layout; ``key`` names the activation's config key."""
+    if activation not in ACTIVATIONS:
+        raise ConfigError(f"{key} must be one of {sorted(ACTIVATIONS)}, got '{activation}'")
+    layers, width, layout = input_layers(observation_space, normalize_obs)
+    sizes = [width] + [int(h) for h in hidden_sizes]
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(a, b), ACTIVATIONS[activation]()]
+    return nn.Sequential(*layers), sizes[-1], layout
