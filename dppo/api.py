@@ -17,7 +17,7 @@ from dppo.build import build
 from dppo.config import TrainConfig, compose, hydra_message
 from dppo.errors import ConfigError, DPPOError
 from dppo.training import distributed
-from dppo.training.rundir import check_fresh, write_layout
+from dppo.training.rundir import check_fresh, record_extension, write_layout
 
 GROUPS = ("algo", "env", "policy", "oracle", "logger", "callbacks")  # group choices (a string picks an option)
 _PLAIN = re.compile(r"[A-Za-z_/][\w\-./:]*")  # a string Hydra reads as the same string when unquoted
@@ -181,6 +181,8 @@ def start(cfg: DictConfig, run_dir: str | None, *, resume: bool = False, callbac
             # rank 0 loads the newest good checkpoint, or (none yet, or all damaged) starts again from the
             # initial state with the journal applied; fit() hands the state to the other ranks
             distributed.on_main(trainer.try_resume, dist)
+            if run_dir is not None and dist.is_main:
+                record_extension(run_dir, cfg)   # an accepted extension is what the run now is
         if run_dir is not None and write_config and not resume and dist.is_main:
             write_layout(run_dir, cfg, overrides)
     except BaseException:

@@ -57,7 +57,8 @@ def _start_and_finish(prepare) -> None:
         summary = finish(trainer, dist)
     except DPPOError as err:
         fail(err)
-    _report(summary, run_dir)
+    if trainer.nothing_to_do is None:    # a resume of a finished run said so in its one line
+        _report(summary, run_dir)
 
 
 def run_from_hydra(cfg, run_dir: str, multirun: bool = False) -> None:

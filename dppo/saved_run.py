@@ -36,7 +36,9 @@ class SavedRun:
     Attributes:
         policy: the trained policy (``predict``, ``sample``, ``log_prob``); None for tabular/GFA learners.
         config: the run's composed config.
-        summary: ``summary.json`` as a dict (empty if there is none next to the loaded files).
+        summary: ``summary.json`` as a dict; from a ``policy.pt`` with no ``summary.json`` beside it, the public part
+            the file carries (eps and delta spent, accountant, adjacency, noise source, rounds, the public
+            evaluation ``final_return``); empty for a checkpoint with no ``summary.json``.
         learner: the rebuilt learner with the trained state (``evaluate``; from ``policy.pt``: the policy's
             weights only, no optimizer or learner statistics).
         env: the env factory the run used.
@@ -147,7 +149,8 @@ def _load_policy_file(path: str, folder: str, overrides, inputs=None) -> SavedRu
     except (RuntimeError, TypeError, KeyError) as err:
         raise ConfigError(f"{path}: the weights do not fit the policy its config builds: "
                           f"{str(err).splitlines()[0]}") from None
-    return _saved(trainer, cfg, folder, path, int(saved.get("rounds_done") or 0), saved.get("provenance"))
+    return _saved(trainer, cfg, folder, path, int(saved.get("rounds_done") or 0), saved.get("provenance"),
+                  saved.get("summary"))
 
 
 def _without_init_source(cfg):
@@ -175,8 +178,9 @@ def _build(cfg, inputs=None):
         set_rng_state(saved_rng)
 
 
-def _saved(trainer, cfg, folder: str, path: str, rounds: int, provenance) -> SavedRun:
-    summary = {}
+def _saved(trainer, cfg, folder: str, path: str, rounds: int, provenance, carried: dict | None = None) -> SavedRun:
+    """``summary``: the folder's ``summary.json``, else the public part a ``policy.pt`` carries (``carried``)."""
+    summary = dict(carried) if isinstance(carried, dict) else {}
     spath = os.path.join(folder, "summary.json")
     if os.path.isfile(spath):
         with open(spath) as f:

@@ -44,6 +44,31 @@ def write_layout(run_dir: str, cfg, overrides: list[str] | None = None) -> None:
         yaml.safe_dump(list(overrides or []), f)
 
 
+def record_extension(run_dir: str, cfg, keys=("rounds", "episodes")) -> None:
+    """A resume that raised ``rounds`` / ``episodes`` (an extension the trainer accepted) writes the new value
+    into ``.hydra/config.yaml`` (and the override into ``overrides.yaml``), so that the next resume of the
+    extended run (after a crash, or to extend it again) starts from what the run now is."""
+    d = os.path.join(run_dir, ".hydra")
+    path = os.path.join(d, "config.yaml")
+    if not os.path.isfile(path):
+        return
+    saved = OmegaConf.load(path)
+    raised = [k for k in keys if OmegaConf.select(cfg, k, default=None) is not None
+              and OmegaConf.select(saved, k, default=None) != OmegaConf.select(cfg, k)]
+    if not raised:
+        return
+    for k in raised:
+        OmegaConf.update(saved, k, OmegaConf.select(cfg, k), force_add=True)
+    OmegaConf.save(saved, path)
+    opath = os.path.join(d, "overrides.yaml")
+    overrides = []
+    if os.path.isfile(opath):
+        with open(opath) as f:
+            overrides = [o for o in (yaml.safe_load(f) or []) if o.split("=", 1)[0] not in raised]
+    with open(opath, "w") as f:
+        yaml.safe_dump([*overrides, *(f"{k}={OmegaConf.select(cfg, k)}" for k in raised)], f)
+
+
 def launch_train(root: str, overrides: list[str], path: str) -> tuple[str, int, float]:
     """Run ``python train.py OVERRIDES hydra.run.dir=PATH`` in a one-thread subprocess, or ``resume=PATH``
     when PATH already holds an interrupted run (a new run may not reuse its directory). Used by the

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import glob
+import json
 import math
 import os
 import sys
@@ -23,6 +24,10 @@ SEEDED_WARNING = ("dppo: warning: privacy.secure_rng=false: the noise is seeded 
 SEEDED_NOTE = ("seeded noise (privacy.secure_rng=false): reproducible, and the guarantee does not hold against "
                "anyone who knows the seed")
 POLICY_FORMAT = "dppo-policy-1"   # policy.pt: {"format", "policy": state_dict, "config", "provenance", ...}
+# the part of summary.json that policy.pt carries: the run's guarantee as the accountant states it and the public
+# evaluation (released or public quantities only), so that a policy.pt shared alone still says what it cost
+POLICY_SUMMARY_KEYS = ("algo", "env_id", "eps", "delta", "epsilon_spent", "delta_spent", "accountant", "adjacency",
+                       "noise_source", "noise_note", "rounds_done", "complete", "final_return")
 
 
 class CheckpointCallback(Callback):
@@ -59,6 +64,7 @@ class Trainer:
         # per key a resume may raise (rounds, episodes): why more would change the guarantee (None: it would not)
         self.extend_refusal = extend_refusal
         self.allow_over_target = bool(allow_over_target)
+        self.nothing_to_do = None   # a resume of a finished run: the one line that says so (``fit``)
         self.capacity_limit = capacity_limit      # an env's finite population: ids at or above it do not exist
         self.journal = None if run_dir is None else UserJournal(os.path.join(run_dir, JOURNAL_NAME))
         # the run's secret (dppo/training/secret.py): its key and the keyed fingerprint of its private rows (for
@@ -301,6 +307,14 @@ class Trainer:
             if lock:
                 lock.acquire()
                 self.remove_stale_temp_files()
+                finished = None if self.dist.enabled else self.finished_summary()
+                if finished is not None:
+                    # a resume of a finished run with no more rounds to do: nothing is run, written or charged
+                    self.nothing_to_do = self.nothing_to_do_line()
+                    if self.dist.is_main:
+                        print(self.nothing_to_do, file=sys.stderr, flush=True)
+                    self.summary = finished
+                    return finished
             if self.privacy.private and not self.privacy.noise.secure and self.dist.is_main:
                 print(SEEDED_WARNING, file=sys.stderr, flush=True)
             if self.journal is not None:
@@ -324,6 +338,30 @@ class Trainer:
             if self.journal is not None:
                 self.journal.close()
             self.logger.close()
+
+    def finished_summary(self) -> dict | None:
+        """The run directory's ``summary.json`` when this (resumed) run is already complete at its planned
+        rounds, else None."""
+        if not getattr(self, "_resumed", False) or self.round < self.learner.num_rounds:
+            return None
+        try:
+            with open(os.path.join(self.run_dir, "summary.json")) as f:
+                summary = json.load(f)
+        except (OSError, ValueError):
+            return None     # the run ended its rounds but not its summary: fit finishes it
+        return summary if summary.get("complete") and summary.get("rounds_done") == self.round else None
+
+    def nothing_to_do_line(self) -> str:
+        """One line for a resume with nothing to do: what is done and how to extend the run (or why not)."""
+        rules = self.extend_refusal if isinstance(self.extend_refusal, dict) else {"rounds": self.extend_refusal}
+        planned = {"rounds": self.learner.num_rounds,
+                   "episodes": getattr(self.learner, "T", None) or getattr(self.learner, "K", None)}
+        unit = "episodes" if "episodes" in rules and planned["episodes"] else "rounds"
+        done = f"dppo: nothing to do: {self.run_dir} has done all {planned[unit]} of its {unit}"
+        if rules.get(unit):
+            return f"{done}; it cannot be extended ({rules[unit]}): start a new run"
+        return (f"{done}; to extend it with new users, raise {unit}: python train.py resume={self.run_dir} "
+                f"{unit}={2 * int(planned[unit])}")
 
     def sync_from_main(self) -> None:
         """Multi-process run: every rank starts from rank 0's learner state and round (after its resume)."""
@@ -412,7 +450,8 @@ class Trainer:
         ``{"format": "dppo-policy-1", "policy": state_dict, "config": the run's public config (policy, env,
         algo: enough to rebuild and run it), "provenance": the users its training consumed in public form
         (``provenance.public_record``: no member of a population of private rows), "rounds_done",
-        "algo", "env_id"}``, and an actor-critic learner's ``"critic"`` state_dict (released like the policy:
+        "algo", "env_id", "summary": summary.json's public part (``POLICY_SUMMARY_KEYS``: eps and delta spent,
+        accountant, adjacency, noise source, rounds, the public evaluation)}``, and an actor-critic learner's ``"critic"`` state_dict (released like the policy:
         ``policy.init_from`` starts a new run's critic from it); no optimizer, RNG or noise state, no ledger, no
         journal. Loads with ``torch.load(weights_only=True)``.
         """
@@ -427,7 +466,9 @@ class Trainer:
         saved = {"format": POLICY_FORMAT,
                  "policy": {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()},
                  "config": copy.deepcopy(self.config), "provenance": provenance.public_record(self.provenance()),
-                 "rounds_done": int(self.round), "algo": self.meta.get("algo"), "env_id": self.meta.get("env_id")}
+                 "rounds_done": int(self.round), "algo": self.meta.get("algo"), "env_id": self.meta.get("env_id"),
+                 "summary": {k: copy.deepcopy(v) for k, v in (getattr(self, "summary", None) or {}).items()
+                             if k in POLICY_SUMMARY_KEYS}}
         critic = getattr(self.learner, "critic", None)
         if hasattr(critic, "state_dict"):
             saved["critic"] = {k: v.detach().cpu().clone() for k, v in critic.state_dict().items()}

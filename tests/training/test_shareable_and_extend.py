@@ -57,6 +57,59 @@ def test_the_shareable_files_alone_load_act_and_evaluate(finished, tmp_path, fil
     assert f"mean return {summary['final_return']:.6g} over 3 held-out episodes" in capsys.readouterr().out
 
 
+def test_a_lone_policy_pt_carries_the_public_part_of_the_summary(finished, tmp_path):
+    """``dppo.load`` on a policy.pt with nothing beside it says what the run spent and its public evaluation:
+    the same values as summary.json, and no key that summary.json does not hold (no count, no ledger)."""
+    from dppo.training.trainer import POLICY_SUMMARY_KEYS
+
+    run, summary = finished
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    shutil.copy(os.path.join(run, "policy.pt"), lone)
+    carried = dppo.load(str(lone / "policy.pt")).summary
+    assert carried["epsilon_spent"] == summary["epsilon_spent"] == pytest.approx(5.0)
+    assert {k: summary[k] for k in POLICY_SUMMARY_KEYS if k in summary} == carried
+    assert {"epsilon_spent", "delta_spent", "accountant", "adjacency", "noise_source", "rounds_done",
+            "final_return"} <= set(carried)
+    assert not {"ledger", "users_seen", "users_burned", "diag", "env_steps", "wall_time_s"} & set(carried)
+
+
+def test_a_resume_with_nothing_to_do_says_so_in_one_line_and_changes_nothing(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    dppo.train(["algo=dp_pg", "privacy.secure_rng=false", *TINY], run_dir=run)
+    before = {name: open(os.path.join(run, name), "rb").read() for name in ("summary.json", "policy.pt", JOURNAL_NAME)}
+    capsys.readouterr()
+    entry(_never, [f"resume={run}"])                  # `python train.py resume=<finished run>`: exit 0
+    out = capsys.readouterr()
+    lines = [ln for ln in (out.out + out.err).splitlines() if ln.strip() and "seeded" not in ln.lower()]
+    assert lines == [f"dppo: nothing to do: {run} has done all 2 of its rounds; to extend it with new users, "
+                     f"raise rounds: python train.py resume={run} rounds=4"]
+    assert before == {name: open(os.path.join(run, name), "rb").read() for name in before}
+
+
+def test_an_extended_run_resumes_as_what_it_now_is(tmp_path, capsys):
+    """After ``rounds=4`` extends a 2-round run, ``resume=`` alone has nothing to do (it is not refused as
+    shortening the run): the extension is written into ``.hydra/config.yaml`` and ``overrides.yaml``."""
+    run = str(tmp_path / "run")
+    dppo.train(["algo=dp_pg", "privacy.secure_rng=false", *TINY], run_dir=run)
+    entry(_never, [f"resume={run}", "rounds=4"])
+    capsys.readouterr()
+    entry(_never, [f"resume={run}"])
+    assert "has done all 4 of its rounds" in capsys.readouterr().err
+    assert "rounds=4" in open(os.path.join(run, ".hydra", "overrides.yaml")).read()
+    assert dppo.load(run).config.rounds == 4
+
+
+def test_a_finished_run_that_cannot_grow_says_why_and_to_start_a_new_run(tmp_path, capsys):
+    run = str(tmp_path / "run")
+    dppo.train(["algo=pucb", "env=riverswim", "episodes=20", "algo.episodes_per_round=10", *BASE], run_dir=run)
+    capsys.readouterr()
+    entry(_never, [f"resume={run}"])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"dppo: nothing to do: {run} has done all 20 of its episodes; it cannot be extended (")
+    assert err.endswith("start a new run") and len(err.splitlines()) == 1
+
+
 def test_sb3_style_predict_returns_actions_and_a_state(finished):
     run = dppo.load(finished[0])
     obs = np.zeros(4, dtype=np.float32)

@@ -62,6 +62,8 @@ def _policy_pt(path):
     saved = torch.load(path, weights_only=True)
     out = {k: v for k, v in saved.items() if k not in ("policy", "critic")}
     out.update({k: _mask_tensors(saved[k]) for k in ("policy", "critic") if k in saved})
+    if isinstance(out.get("summary"), dict):   # summary.json's public part: the same released figures masked
+        out["summary"] = {k: MASK if k in RELEASED_SUMMARY else v for k, v in out["summary"].items()}
     assert not any(torch.is_tensor(v) for v in out.values())
     return json.dumps(out, sort_keys=True, default=repr)
 
