@@ -95,8 +95,10 @@ def _report(summary: dict, run_dir: str) -> None:
         spent = f"eps_spent={summary['epsilon_spent']:.4g} delta_spent={summary['delta_spent']:.3g}"
     final = summary["final_return"]
     final = f"{final:.6g}" if isinstance(final, float) else final
+    # the training time where the summary holds it (diagnostics on: timing reveals episode lengths)
+    took = f" in {summary['wall_time_s']:.1f} s" if isinstance(summary.get("wall_time_s"), (int, float)) else ""
     print(f"done: {summary['algo']} on {summary['env_id']} final_return={final} {spent} "
-          f"rounds={summary['rounds_done']} -> {run_dir}/summary.json")
+          f"rounds={summary['rounds_done']}{took} -> {run_dir}/summary.json")
 
 
 def entry(hydra_main, args: list[str]) -> None:
