@@ -8,6 +8,7 @@ same layout as a CLI run (``.hydra/config.yaml``, ``.hydra/overrides.yaml``) and
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 
@@ -135,6 +136,35 @@ def validate_dictconfig(cfg: DictConfig) -> DictConfig:
     return merged
 
 
+# what TRL's inputs (train_dataset, reward_funcs, ...) imply for a group left at its default choice: prompts as
+# users, a causal LM, DP-PG in the GRPO form (the one algorithm with no need for public prompts)
+PROMPTS_CHOICES = (("env", "prompts"), ("policy", "lm"), ("algo", "dp_pg"))
+
+
+@functools.lru_cache(maxsize=1)
+def _default_choices() -> dict:
+    return dict(compose([], hydra=True).hydra.runtime.choices)
+
+
+def prompts_overrides(overrides: list[str] | None, inputs: dict) -> list[str] | None:
+    """``overrides`` with the group choices of a prompts run put first (``PROMPTS_CHOICES``: env=prompts,
+    policy=lm, algo=dp_pg) when TRL's inputs are given and the env is left at its default choice: each for a group
+    that neither an override nor an experiment chooses. An env chosen explicitly (``env=...``, or by an
+    experiment) is kept as it is (and refused by the build if it takes no prompts); a DictConfig given whole
+    (``overrides`` None) is used as it is."""
+    if overrides is None or all(v is None for v in inputs.values()):
+        return overrides
+    named = {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
+    groups = [o for o in overrides if "=" in o and o.split("=", 1)[0].lstrip("+~") in GROUPS + ("experiment",)]
+    try:   # the group choices only: a key of the prompts env (env.eval_path=...) is not a key of the default env
+        choices, defaults = dict(compose(groups, hydra=True).hydra.runtime.choices), _default_choices()
+    except Exception:  # noqa: BLE001 - the composition of the whole config reports it
+        return overrides
+    if "env" in named or choices.get("env") != defaults.get("env"):
+        return overrides
+    return [f"{g}={v}" for g, v in PROMPTS_CHOICES if g not in named and choices.get(g) == defaults.get(g)] + overrides
+
+
 def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbacks=(), reward_funcs=None,
           reward_weights=None, train_dataset=None, eval_dataset=None, **objects) -> dict:
     """Train from a config (list of ``key=value``, dict, ``TrainConfig`` or DictConfig); returns the summary.
@@ -157,10 +187,24 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
     name private rows only, evaluation uses the public ones. The run's config records the rewards' dotted names
     and ``env.path=<python rows>``, nothing about the rows; a resume (or ``dppo.load``) must pass the same objects
     again, checked against the rows' keyed fingerprint in the run's secret files.
+
+    These inputs imply ``env=prompts``, ``policy=lm`` and ``algo=dp_pg`` for each of those groups the config
+    leaves at its default choice (``prompts_overrides``; an explicit choice is kept), and the rows may stand
+    in for the config: ``dppo.train(rows, run_dir, reward_funcs=[f])`` is ``dppo.train(None, run_dir,
+    train_dataset=rows, reward_funcs=[f])``. Without a split column or an ``eval_dataset`` every row is a private
+    user and nothing is evaluated (``final_return`` null), said in one line on the console.
     """
-    composed, overrides = _config_and_overrides(cfg)
+    from dppo.envs.prompts import is_rows
+
+    if is_rows(cfg):   # dppo.train(rows, ...): TRL's dataset in the config's place
+        if train_dataset is not None:
+            raise ConfigError("the prompts were given twice: as the first argument and as train_dataset; give them "
+                              "once (the config goes first, e.g. dppo.train(['policy.path=...'], train_dataset=rows))")
+        cfg, train_dataset = None, cfg
     inputs = {"reward_funcs": reward_funcs, "reward_weights": reward_weights, "train_dataset": train_dataset,
               "eval_dataset": eval_dataset}
+    ovr = as_overrides(cfg)
+    composed, overrides = _config_and_overrides(cfg if ovr is None else prompts_overrides(ovr, inputs))
     trainer, dist = start(composed, run_dir, resume=resume, callbacks=callbacks, overrides=overrides,
                           env_inputs=inputs, **objects)
     return finish(trainer, dist)

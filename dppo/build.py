@@ -74,12 +74,18 @@ def build_env(cfg, inputs: dict | None = None):
     given = env_inputs(cfg, inputs)
     try:
         if not given:
-            return instantiate(cfg.env, _convert_="all")
-        # not through the config (OmegaConf would copy rows and callables into nodes)
-        env = instantiate(cfg.env, _convert_="all", _partial_=True)(**given)
+            env = instantiate(cfg.env, _convert_="all")
+        else:   # not through the config (OmegaConf would copy rows and callables into nodes)
+            env = instantiate(cfg.env, _convert_="all", _partial_=True)(**given)
     except Exception as err:  # noqa: BLE001 - hydra wraps the real error
         raise _unwrap(err, "env") from None
-    record_env_inputs(cfg, env, given)
+    if given:
+        record_env_inputs(cfg, env, given)
+    # e.g. a prompts file without a split column: every row is private, nothing is evaluated. The line may name
+    # the number of private rows: the console only (the operator's), never a run's files
+    note = getattr(env, "split_note", None)
+    if isinstance(note, str) and note and distributed.from_env().is_main:
+        print(f"dppo: note: {note}", file=sys.stderr, flush=True)
     return env
 
 
@@ -769,8 +775,10 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
             "seed": cfg.seed}
     hparams = resolved_hparams(cfg, privacy, learner)
     env_population = getattr(env, "population", None)
+    # an env with no held-out public data (prompts that are all private) is not evaluated: final_return null
+    evaluates = dist.is_main and getattr(env, "evaluates", True)
     trainer = Trainer(learner, privacy, logger, sampler=sampler, callbacks=cb, run_dir=run_dir,
-                      checkpoint_every=cfg.checkpoint_every, eval_episodes=cfg.eval_episodes if dist.is_main else 0,
+                      checkpoint_every=cfg.checkpoint_every, eval_episodes=cfg.eval_episodes if evaluates else 0,
                       eval_greedy=cfg.eval.greedy, progress=cfg.progress and dist.is_main, meta=meta,
                       fingerprint=fingerprint(cfg), eval_every=cfg.eval_every if dist.is_main else None,
                       hparams=hparams, population=population, inherited=inherited, config=public_config(cfg),

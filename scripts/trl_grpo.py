@@ -76,7 +76,7 @@ def main() -> None:
 
     from dppo.api import make_config
     from dppo.build import build_env
-    from dppo.policies.lm import LMPolicy, resolve_path
+    from dppo.policies.lm import LMPolicy, lora_targets, resolve_path
 
     cfg = make_config(list(args.overrides) + ["eps=null"])
     env = build_env(cfg)
@@ -105,7 +105,8 @@ def main() -> None:
         from peft import LoraConfig
 
         peft_config = LoraConfig(task_type="CAUSAL_LM", r=lora["r"], lora_alpha=lora.get("alpha", 2 * lora["r"]),
-                                 lora_dropout=lora.get("dropout", 0.0), target_modules=list(lora["target_modules"]),
+                                 lora_dropout=lora.get("dropout", 0.0),
+                                 target_modules=lora.get("target_modules") or lora_targets(model)[0],  # as dppo's
                                  bias="none")
     os.makedirs(args.out, exist_ok=True)
     config = GRPOConfig(

@@ -119,6 +119,11 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         # the public Fisher is collected only when the step or the oracle reads it
         self.uses_fisher = self.fisher_episodes > 0 and (step == "kl" or getattr(oracle, "uses_public_gram", False))
         self.public_per_round = self.fisher_episodes if self.uses_fisher else 0
+        if self.uses_fisher and getattr(self.collector, "has_public", True) is False:
+            raise ConfigError("the public Fisher matrix (algo.step=kl, or an oracle reading a public Gram matrix) "
+                              "needs public prompts and this run has none (every row is private): give evaluation "
+                              "prompts (env.eval_path / eval_dataset, or a split column), or set algo.step=norm with "
+                              "oracle=dp_gd, or use algo=dp_pg")
         self.direction = torch.zeros(self.space.dim, dtype=torch.float64)
         self.redraw_subspace = bool(redraw_subspace)
 

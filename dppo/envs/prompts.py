@@ -6,9 +6,13 @@ names). Each row has the prompt under ``prompt_key`` - a string, or a conversati
 ``{"role": ..., "content": ...}`` messages, rendered by the tokenizer's chat template as TRL does) - and
 any extra columns, which are passed to the reward. Rows are split into a *public* part (evaluation and
 supervised fine-tuning; anything may be logged about them) and a *private* part (the users of RL): by the
-``split`` column (values ``public`` / ``private``) when every row has one; else, with an ``eval_dataset``,
-the training rows are private and the evaluation rows public; else the first ``public_size`` rows of a
-seeded shuffle are public. Evaluation (``eval/return``, logged completions) uses public rows only.
+``split`` column (values ``public`` / ``private``) when every row has one; else, with separate evaluation
+prompts (``eval_dataset`` from Python, ``env.eval_path``: a file), the training rows are all private and the
+evaluation rows public; else, when ``public_size`` is set, the first ``public_size`` rows of a seeded shuffle
+are public; else **every row is private** (a row is never public unless the user says so) and the run has no
+held-out evaluation (no ``eval/return``, ``final_return`` null), which the builder says in one line on the
+console (``split_note``, with the number of rows: a console line only, never written to a run's files).
+Evaluation (``eval/return``, logged completions) uses public rows only.
 
 Users: user id u (u = 0, 1, ... from the one-pass sampler) is private row ``order[u]`` of a seeded
 permutation; an id past the private population is refused (``PrivacyError``), so no prompt is ever used
@@ -64,11 +68,12 @@ def resolve_file(path: str) -> str:
     return path
 
 
-def load_rows(path: str) -> list[dict]:
-    """Rows of a JSONL file (``.gz``: gzip); one line error on a missing file or a bad line."""
+def load_rows(path: str, key: str = "env.path") -> list[dict]:
+    """Rows of a JSONL file (``.gz``: gzip); one line error (naming the config ``key``) on a missing file or a
+    bad line."""
     path = resolve_file(path)
     if not path or not os.path.isfile(path):
-        raise ConfigError(f"env.path={path} is not a file; give a JSONL file of prompts (one JSON object a line)")
+        raise ConfigError(f"{key}={path} is not a file; give a JSONL file of prompts (one JSON object a line)")
     opener = gzip.open if path.endswith(".gz") else open
     rows = []
     with opener(path, "rt") as f:
@@ -86,15 +91,25 @@ def load_rows(path: str) -> list[dict]:
 
 
 def dataset_rows(data, name: str) -> list[dict]:
-    """The rows of a ``datasets.Dataset`` (or any iterable of mappings, e.g. a list of dicts) as plain dicts."""
+    """The rows of a ``datasets.Dataset`` (its ``to_list()``; ``datasets`` itself is not imported) or of any
+    iterable of mappings (e.g. a list of dicts) as plain dicts."""
     if isinstance(data, (str, bytes)) or isinstance(data, Mapping):
         raise ConfigError(f"{name} must be a datasets.Dataset or a list of dicts (one per prompt), got "
                           f"{type(data).__name__}")
     try:
-        rows = [dict(r) for r in data]
+        to_list = getattr(data, "to_list", None)
+        rows = [dict(r) for r in (to_list() if callable(to_list) else data)]
     except (TypeError, ValueError):
         raise ConfigError(f"{name} must be a datasets.Dataset or a list of dicts (one per prompt)") from None
     return rows
+
+
+def is_rows(obj) -> bool:
+    """Whether ``obj`` is a dataset of prompts rather than a config: a ``datasets.Dataset`` (duck-typed: rows
+    by ``to_list()`` and ``column_names``) or a non-empty list / tuple of mappings (``{"prompt": ...}`` rows)."""
+    if callable(getattr(obj, "to_list", None)) and hasattr(obj, "column_names"):
+        return True
+    return isinstance(obj, (list, tuple)) and len(obj) > 0 and all(isinstance(r, Mapping) for r in obj)
 
 
 def canonical(value) -> bytes:
@@ -178,10 +193,12 @@ class PromptsEnv:
         reward_weights: one weight per reward function (TRL's ``reward_weights``; default 1 each).
         dataset: the prompts as a ``datasets.Dataset`` or a list of dicts (TRL's ``train_dataset``; Python only).
         eval_dataset: public evaluation prompts (TRL's ``eval_dataset``); ``dataset`` is then all private.
+        eval_path: a JSONL file of public evaluation prompts (the file form of ``eval_dataset``); the rows of
+            ``path`` are then all private.
         prompt_key: column holding the prompt (text, or a list of chat messages).
         split_key: column holding ``public`` / ``private`` (used when present in every row).
-        public_size: without a split column or ``eval_dataset``, the number of rows (after a seeded shuffle)
-            that are public.
+        public_size: without a split column or evaluation prompts, the number of rows (after a seeded
+            shuffle) that are public; null: none (every row is private, no held-out evaluation).
         eval_size: held-out public prompts of the final greedy evaluation (``final_greedy_return``) and of
             the logged completions (the first ``eval_size`` public rows).
         eval_samples: sampled completions per evaluation prompt (the mean reward over all of them).
@@ -196,11 +213,12 @@ class PromptsEnv:
     action_space = None
 
     def __init__(self, path: str | None = None, reward=None, *, reward_funcs=None, reward_weights=None,
-                 dataset=None, eval_dataset=None, prompt_key: str = "prompt", split_key: str = "split",
-                 public_size: int | None = None, eval_size: int = 256, eval_samples: int = 4,
-                 show_completions: int = 4, show_every: int = 10, seed: int = 0):
+                 dataset=None, eval_dataset=None, eval_path: str | None = None, prompt_key: str = "prompt",
+                 split_key: str = "split", public_size: int | None = None, eval_size: int = 256,
+                 eval_samples: int = 4, show_completions: int = 4, show_every: int = 10, seed: int = 0):
         self.prompt_key, self.seed = prompt_key, int(seed)
-        public, private, self.path = self.read(path, dataset, eval_dataset, split_key, public_size)
+        self.split_note = None   # a console line about the split (``read``), printed by the builder
+        public, private, self.path = self.read(path, dataset, eval_dataset, split_key, public_size, eval_path)
         self.source_rows = "the rows passed in (train_dataset / eval_dataset)" if dataset is not None else self.path
         self.set_rewards(reward, reward_funcs, reward_weights)
         rows = public + private
@@ -223,8 +241,13 @@ class PromptsEnv:
         self.order = np.random.default_rng([self.seed, 11]).permutation(self.population)
         self.id = f"prompts:{os.path.basename(self.path)}"
 
+    @property
+    def evaluates(self) -> bool:
+        """Whether there are held-out public prompts to evaluate on (else no ``eval/return``, ``final_return``)."""
+        return bool(self.public)
+
     # ---- rows ----------------------------------------------------------------------------------
-    def read(self, path, dataset, eval_dataset, split_key, public_size):
+    def read(self, path, dataset, eval_dataset, split_key, public_size, eval_path=None):
         """(public rows, private rows, source name) by the split rules of the module docstring."""
         if dataset is not None:
             rows, source = dataset_rows(dataset, "train_dataset"), PYTHON_ROWS
@@ -241,11 +264,20 @@ class PromptsEnv:
             rows, source = load_rows(path), path
         if not rows:
             raise ConfigError(f"{source} has no rows")
-        if eval_dataset is not None:
+        train_name = "train_dataset" if dataset is not None else f"env.path={source}"
+        if eval_dataset is not None and eval_path:
+            raise ConfigError(f"both eval_dataset and env.eval_path={eval_path} name the evaluation prompts; give one")
+        evals = "eval_dataset" if eval_dataset is not None else ("env.eval_path" if eval_path else None)
+        if evals:
             if any(split_key in r for r in rows):
-                raise ConfigError(f"train_dataset has a '{split_key}' column and an eval_dataset was given; use one "
-                                  f"way to name the public prompts")
-            public = dataset_rows(eval_dataset, "eval_dataset")
+                raise ConfigError(f"{train_name} has a '{split_key}' column and {evals} was given; use one way to "
+                                  f"name the public prompts")
+            public = (dataset_rows(eval_dataset, "eval_dataset") if eval_dataset is not None
+                      else load_rows(eval_path, "env.eval_path"))
+            marked = [i for i, r in enumerate(public) if r.get(split_key, "public") != "public"]
+            if marked:
+                raise ConfigError(f"{evals} row {marked[0]} has {split_key}={public[marked[0]][split_key]!r}; the "
+                                  f"evaluation prompts are public (scored, logged, shown): remove that row")
             private = rows
         elif all(split_key in r for r in rows):
             bad = {r[split_key] for r in rows} - {"public", "private"}
@@ -253,13 +285,22 @@ class PromptsEnv:
                 raise ConfigError(f"column '{split_key}' must be 'public' or 'private', found {sorted(bad)[:3]}")
             public = [r for r in rows if r[split_key] == "public"]
             private = [r for r in rows if r[split_key] == "private"]
-        else:
-            if public_size is None or not 0 <= public_size <= len(rows):
-                raise ConfigError(f"{source} has no '{split_key}' column: set env.public_size (0..{len(rows)})"
-                                  + (" or pass an eval_dataset" if dataset is not None else ""))
+        elif public_size is not None:
+            if not 0 <= public_size <= len(rows):
+                raise ConfigError(f"env.public_size={public_size} is not in 0..{len(rows)} (the rows of {source})")
             perm = np.random.default_rng([self.seed, 7]).permutation(len(rows))
             public = [rows[i] for i in perm[:public_size]]
             private = [rows[i] for i in perm[public_size:]]
+        else:
+            partial = next((i for i, r in enumerate(rows) if split_key not in r), None)
+            if partial is not None and any(split_key in r for r in rows):
+                raise ConfigError(f"column '{split_key}' is set on some rows of {source} and not on row {partial}: "
+                                  f"set it (public / private) on every row, or on none")
+            # nobody said a row is public: every row is a private user, and nothing is held out to evaluate on
+            public, private = [], rows
+            given = "eval_dataset" if dataset is not None else "env.eval_path"
+            self.split_note = (f"no '{split_key}' column and no {given}: all {len(rows)} rows of {source} are private "
+                               f"users; no held-out evaluation (give {given}=<public prompts> to evaluate)")
         if not private:
             raise ConfigError(f"{source} has no private prompts (split=private): RL has no users")
         return public, private, source
@@ -527,9 +568,15 @@ class PromptCollector:
         lines += [f"|`{p}`|`{c}`|{float(r):.3f}|" for p, c, r in zip(env.prompts(rows), comp.texts, rewards[:, 0])]
         logger.text("eval/completions", "\n".join(lines), round_idx)
 
+    @property
+    def has_public(self) -> bool:
+        return bool(self.env.public)
+
     def summary(self, policy) -> dict:
+        greedy = None   # no held-out public prompts: nothing to evaluate on (never a private one)
         try:  # public prompts; a reward that fails here has already failed the run (DataError)
-            greedy = self.evaluate(policy, self.env.eval_size, greedy=True)
+            if self.env.eval_size:
+                greedy = self.evaluate(policy, self.env.eval_size, greedy=True)
         except DataError:
             greedy = None
         return {"trainable_parameters": policy.num_trainable(), "eval_samples": self.env.eval_samples,

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +57,81 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+# a Linear / Conv1D layer is an attention projection when its block's name says so (``self_attn``, ``attn``,
+# ``attention``) or its own name is one of the usual projection names (``q_proj``, ``query_key_value``, ``Wqkv``, ...)
+ATTENTION_BLOCK = re.compile(r"attn|attention", re.IGNORECASE)
+ATTENTION_LAYER = re.compile(r"(w?(q|k|v|o|qkv)(_proj)?|query|key|value|query_key_value|c_attn|out_proj|in_proj"
+                             r"|(query|key|value)_proj)", re.IGNORECASE)
+
+
+def peft_lora_defaults() -> dict:
+    """peft's own map of ``model_type`` -> default LoRA target modules (what ``get_peft_model`` picks when
+    ``target_modules`` is None); {} when this peft does not expose it."""
+    try:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as mapping
+    except ImportError:
+        try:
+            from peft.utils import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as mapping
+        except ImportError:
+            return {}
+    return dict(mapping)
+
+
+def lora_targets(model) -> tuple[list[str] | str, str]:
+    """The LoRA target modules of ``model`` when ``policy.lora.target_modules`` names none, and where they come
+    from: peft's default for the model's ``config.model_type`` (``peft_lora_defaults``: ``c_attn`` for GPT-2,
+    ``q_proj``/``v_proj`` for Llama, ...), as peft itself would pick; for a model type peft does not list (or
+    whose listed names the model lacks), every ``nn.Linear`` / ``Conv1D`` layer of an attention block, named by
+    its block and its own name (``self_attn.q_proj``). A ``ConfigError`` when there is none."""
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    names = [n for n, _ in model.named_modules()]
+    targets = peft_lora_defaults().get(model_type)
+    if isinstance(targets, str):   # peft's regex form (matched against the full module names)
+        if any(re.fullmatch(targets, n) for n in names):
+            return targets, f"peft's default for model_type={model_type}"
+    elif targets:
+        leaves = {n.rsplit(".", 1)[-1] for n in names}
+        if any(t in leaves for t in targets):
+            return list(targets), f"peft's default for model_type={model_type}"
+    layer_types: tuple = (nn.Linear,)
+    try:
+        from transformers.pytorch_utils import Conv1D   # GPT-2's projections
+
+        layer_types += (Conv1D,)
+    except ImportError:
+        pass
+    found, linear = [], []
+    for name, module in model.named_modules():
+        if not isinstance(module, layer_types) or not name:
+            continue
+        parts = name.split(".")
+        linear.append(parts[-1])
+        block = parts[-2] if len(parts) > 1 else ""
+        if ATTENTION_BLOCK.search(block) or ATTENTION_LAYER.fullmatch(parts[-1]):
+            target = ".".join(parts[-2:])
+            if target not in found:
+                found.append(target)
+    if not found:
+        shown = sorted(set(linear))[:12]
+        raise ConfigError(f"policy.lora.target_modules is not set and the model (model_type={model_type}) has no "
+                          f"layer named like an attention projection; name the layers to adapt, e.g. "
+                          f"policy.lora.target_modules=[{','.join(shown[:2]) or 'name'}] (its linear layers: {shown})")
+    return found, f"the attention projections of model_type={model_type} (peft lists no default for it)"
+
+
+def conv1d_targets(model, targets) -> bool:
+    """Whether LoRA ``targets`` (a list of names, matched as peft matches them: the name or a dotted suffix) hit
+    a ``transformers`` ``Conv1D`` layer (GPT-2's)."""
+    try:
+        from transformers.pytorch_utils import Conv1D
+    except ImportError:
+        return False
+    if isinstance(targets, str):
+        return any(isinstance(m, Conv1D) and re.fullmatch(targets, n) for n, m in model.named_modules())
+    return any(isinstance(m, Conv1D) and any(n == t or n.endswith("." + t) for t in targets)
+               for n, m in model.named_modules())
+
+
 @dataclass
 class Completions:
     """``ids[B, T]`` (pad after EOS), ``mask[B, T]`` (True on generated tokens, EOS included),
@@ -77,6 +154,8 @@ class LMPolicy(nn.Module):
         path: local model directory (``save_pretrained`` layout, with its tokenizer).
         lora: ``{r, alpha, dropout, target_modules, ...}`` (peft ``LoraConfig`` fields); null trains every
             parameter (small models only: per-user gradients of all weights are materialized).
+            ``target_modules`` null (or absent): chosen per architecture (``lora_targets``: peft's default for
+            the model type, else the attention projections), said in one line on stderr.
         max_new_tokens: completion length cap (tokens, EOS included).
         temperature: sampling temperature (log-probabilities are those of the tempered policy).
         micro_batch: sequences per forward pass (memory knob; results do not depend on it).
@@ -121,6 +200,14 @@ class LMPolicy(nn.Module):
 
             spec = dict(lora)
             spec.setdefault("bias", "none")
+            if spec.get("target_modules") is None:
+                spec["target_modules"], source = lora_targets(model)
+                shown = spec["target_modules"]
+                shown = shown if isinstance(shown, str) else "[" + ", ".join(shown) + "]"
+                print(f"dppo: note: policy.lora.target_modules is not set: LoRA on {shown} ({source})",
+                      file=sys.stderr, flush=True)
+            if "fan_in_fan_out" not in spec and conv1d_targets(model, spec["target_modules"]):
+                spec["fan_in_fan_out"] = True   # GPT-2's Conv1D stores (in, out) weights; peft would warn and set it
             if "alpha" in spec:
                 spec["lora_alpha"] = spec.pop("alpha")
             if "dropout" in spec:
@@ -129,7 +216,11 @@ class LMPolicy(nn.Module):
                 self.lora_config = LoraConfig(task_type="CAUSAL_LM", **spec)
                 model = get_peft_model(model, self.lora_config)
             except (TypeError, ValueError) as err:
-                raise ConfigError(f"policy.lora: {str(err).splitlines()[0]}") from None
+                msg = str(err).splitlines()[0]
+                if "not found in the base model" in msg and lora.get("target_modules") is not None:
+                    msg += ("; leave policy.lora.target_modules unset (null) to choose them for this "
+                            "architecture")
+                raise ConfigError(f"policy.lora: {msg}") from None
         else:
             for p in model.parameters():
                 p.requires_grad_(True)

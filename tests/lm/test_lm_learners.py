@@ -115,8 +115,9 @@ def test_npg_step_kl_uses_public_prompts(small_prompts, tmp_path):
 def test_dense_oracles_are_refused_for_adapter_dimensions(small_prompts):
     from dppo.errors import ConfigError
 
+    all7 = "policy.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"   # d = 11,776
     with pytest.raises(ConfigError, match="oracle=dp_gd"):
-        build(make_config(lm_overrides(small_prompts, "algo=dp_npg", "eps=8", "oracle=ssp")))
+        build(make_config(lm_overrides(small_prompts, "algo=dp_npg", "eps=8", "oracle=ssp", all7)))
 
 
 def test_an_unknown_advantage_is_refused(small_prompts):

@@ -80,11 +80,12 @@ def test_user_ids_map_to_distinct_private_rows_and_never_to_public(small_prompts
     assert [r["prompt"] for r in other.user_rows(range(8))] != prompts[:8]  # the order depends on the seed
 
 
-def test_a_file_without_split_column_needs_public_size(tmp_path):
+def test_a_file_without_split_column_is_all_private_unless_public_size(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_text("\n".join(json.dumps({"prompt": f"{i:03d}+000=", "answer": f"0{i:03d}"}) for i in range(20)))
-    with pytest.raises(ConfigError, match="public_size"):
-        PromptsEnv(str(path), REWARD)
+    env = PromptsEnv(str(path), REWARD)
+    assert env.public == [] and env.population == 20 and not env.evaluates
+    assert "no 'split' column and no env.eval_path: all 20 rows" in env.split_note
     env = PromptsEnv(str(path), REWARD, public_size=5)
     assert len(env.public) == 5 and env.population == 15
 

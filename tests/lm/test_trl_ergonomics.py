@@ -91,10 +91,13 @@ def test_a_python_reward_and_dataset_run_through_the_api_with_the_split_rules(sm
         dppo.load(str(run))
 
 
-def test_a_dataset_without_split_or_eval_dataset_needs_public_size(small_prompts):
+def test_a_dataset_without_split_or_eval_dataset_is_all_private(small_prompts):
+    """No split column, eval_dataset or public_size: nobody said a row is public, so every row is a user and
+    nothing is evaluated; env.public_size makes that many shuffled rows public."""
     _, private = _rows(small_prompts)
-    with pytest.raises(ConfigError, match="public_size"):
-        PromptsEnv(dataset=private, reward=REWARD)
+    env = PromptsEnv(dataset=private, reward=REWARD)
+    assert env.public == [] and env.population == len(private) and not env.evaluates
+    assert f"all {len(private)} rows of <python rows> are private users; no held-out evaluation" in env.split_note
     env = PromptsEnv(dataset=private, reward=REWARD, public_size=10)
     assert len(env.public) == 10 and env.population == len(private) - 10
     with pytest.raises(ConfigError, match="env=prompts"):
