@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dppo.build import build
 from dppo.config import TrainConfig, compose, hydra_message
-from dppo.errors import ConfigError, DPPOError
+from dppo.errors import ArgumentError, ConfigError, DPPOError
 from dppo.training import distributed
 from dppo.training.rundir import check_fresh, record_extension, write_layout
 
@@ -65,7 +65,7 @@ def dict_to_overrides(d: dict) -> list[str]:
     out = [f"{k}={v}" for k, v in d.items() if k in GROUPS and isinstance(v, str)]
 
     def walk(prefix: str, value):
-        if isinstance(value, dict) and value:
+        if isinstance(value, dict) and (value or not prefix):   # {'algo': 'dp_ppo'} alone: no leaf to set
             for k, v in value.items():
                 walk(f"{prefix}.{k}" if prefix else str(k), v)
         else:
@@ -201,6 +201,7 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
             raise ConfigError("the prompts were given twice: as the first argument and as train_dataset; give them "
                               "once (the config goes first, e.g. dppo.train(['policy.path=...'], train_dataset=rows))")
         cfg, train_dataset = None, cfg
+    check_train_keywords(cfg, objects, callbacks)
     inputs = {"reward_funcs": reward_funcs, "reward_weights": reward_weights, "train_dataset": train_dataset,
               "eval_dataset": eval_dataset}
     ovr = as_overrides(cfg)
@@ -208,6 +209,64 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
     trainer, dist = start(composed, run_dir, resume=resume, callbacks=callbacks, overrides=overrides,
                           env_inputs=inputs, **objects)
     return finish(trainer, dist)
+
+
+OBJECTS = ("policy", "env", "privacy", "logger", "sampler", "learner")  # the objects dppo.train takes by keyword
+
+
+def check_train_keywords(cfg, objects: dict, callbacks=()) -> None:
+    """Refuse, in one line naming ``dppo.train``, a keyword it does not take (a config key passed as a keyword,
+    a typo: a close keyword, and how a config key is passed) and a group's option name where an object goes
+    (``env='riverswim'``)."""
+    import difflib
+    import inspect
+
+    for name, value in [*objects.items(), ("callbacks", callbacks)]:
+        if name in GROUPS and isinstance(value, str):
+            raise ArgumentError(f"dppo.train({name}={value!r}): the {name}= keyword takes an object, not an option's "
+                                f"name; pick the config's {name} option in the config, as '{name}={value}' in the "
+                                f"overrides list or {{'{name}': {value!r}}} in the dict")
+    unknown = [k for k in objects if k not in OBJECTS]
+    if not unknown:
+        return
+    name, value = unknown[0], objects[unknown[0]]
+    keywords = [k for k in inspect.signature(train).parameters if k != "objects"] + list(OBJECTS)
+    key, exact = _config_key(cfg, name)
+    close = difflib.get_close_matches(name, keywords, n=1)
+    head = f"dppo.train() got an unexpected keyword argument '{name}'"
+    try:
+        override = render(value)
+    except ConfigError:
+        override = "..."
+    override = f"'{key}={override if len(override) <= 40 else '...'}'"
+    shown = repr(value) if len(repr(value)) <= 40 else "..."
+    where = f"as {override} in the overrides list or {{'{key}': {shown}}} in the dict"
+    if key and exact:
+        what = "a config key" if key == name else f"the config key {key}"
+        raise ArgumentError(f"{head}: {name} is {what}, which goes in the config, {where}")
+    how = f"a config key goes in the config, {where}" if key else \
+        "a config key goes in the config, as 'key=value' in the overrides list or {'key': value} in the dict"
+    hint = f" (did you mean {close[0]}=?)" if close else f" (did you mean the config key '{key}'?)" if key else ""
+    raise ArgumentError(f"{head}{hint}; dppo.train's keywords are {', '.join(keywords)}; {how}")
+
+
+def _config_key(cfg, name: str) -> tuple[str | None, bool]:
+    """The config key (dotted) a keyword of ``dppo.train`` names, in ``cfg`` (else the default config), and
+    whether its name is exactly the keyword's: (None, False) when no key is close."""
+    from dppo.config import did_you_mean, known_keys
+
+    composed = None
+    for attempt in (lambda: _config_and_overrides(cfg)[0], lambda: _compose([])):
+        try:
+            composed = attempt()
+            break
+        except Exception:  # noqa: BLE001 - only a hint: a bad config is reported once the keywords are right
+            continue
+    known = known_keys(composed)
+    if name in known[""]:
+        return name, True
+    close = did_you_mean(name, composed, known)
+    return (close[0], close[0].rpartition(".")[2] == name) if close else (None, False)
 
 
 def start(cfg: DictConfig, run_dir: str | None, *, resume: bool = False, callbacks=(), overrides=None,

@@ -15,7 +15,7 @@ import torch
 from hydra.utils import get_class, get_object, instantiate
 from omegaconf import OmegaConf, open_dict
 
-from dppo.config import to_container, validate
+from dppo.config import did_you_mean, hint_line, to_container, validate
 from dppo.data import OnePassUserSampler, PoissonUserSampler
 from dppo.envs.memory import physical_memory_bytes
 from dppo.envs.reward_ranges import clipping_warning, resolve_reward_bound
@@ -70,7 +70,7 @@ def build_env(cfg, inputs: dict | None = None):
     its constructor as they are; ``cfg.env`` records the rewards' dotted names and ``env.path=<python rows>``
     (nothing about the rows: a resume or ``dppo.load`` checks them against the run's keyed fingerprint, kept
     in its secret files)."""
-    check_target_keys(cfg.env, "env")
+    check_target_keys(cfg.env, "env", cfg=cfg)
     given = env_inputs(cfg, inputs)
     try:
         if not given:
@@ -200,7 +200,8 @@ def build_policy(cfg, env, init_state: dict | None = None):
     freeze = spec.pop("freeze", None) or []
     for k in SPACE_KEYS:
         spec.pop(k, None)
-    check_target_keys(spec, "policy", extra=POLICY_KEYS + SPACE_KEYS + ("observation_space", "action_space"))
+    check_target_keys(spec, "policy", extra=POLICY_KEYS + SPACE_KEYS + ("observation_space", "action_space"),
+                      cfg=cfg)
     try:
         policy = instantiate(spec, observation_space=env.observation_space, action_space=env.action_space,
                              _convert_="all")
@@ -238,7 +239,10 @@ def build_space(cfg, policy, defaults: dict | None = None):
 
 def accepted_keys(target) -> set | None:
     """The keyword arguments ``target`` (a class or function) accepts, following ``**kwargs`` into the base
-    classes' ``__init__``; None when it accepts anything."""
+    classes' ``__init__``; None when it accepts anything. A target that takes ``**kwargs`` it checks itself may
+    name the keys it takes in ``config_keys`` (``dppo.policies.auto.auto_policy``)."""
+    if getattr(target, "config_keys", None) is not None:
+        return set(target.config_keys)
     accepted, classes = set(), [target]
     if inspect.isclass(target):
         classes = [c for c in target.__mro__ if "__init__" in vars(c) and c is not object]
@@ -361,9 +365,34 @@ def check_policy_device(cfg) -> None:
     check_device(cfg.device)
 
 
-def check_target_keys(node, group: str, extra=()) -> None:
+def group_keys(cfg, group: str) -> set:
+    """The keys the ``group`` (algo, env, policy, oracle) of the composed ``cfg`` takes, as the build checks them:
+    the learner's constructor parameters less what the builder passes it (``INJECTABLE``); what the env, policy
+    (with ``POLICY_KEYS`` and ``SPACE_KEYS``) or oracle takes. Empty when the group has no target that imports."""
+    node = cfg.get(group) if cfg is not None else None
+    if node is None or "_target_" not in node:
+        return set()
+    try:
+        target = get_object(str(node["_target_"]))
+    except Exception:  # noqa: BLE001 - reported when the object is built
+        return set()
+    keys = accepted_keys(target)
+    if keys is None:   # takes **kwargs: its named parameters
+        fn = target.__init__ if inspect.isclass(target) else target
+        keys = {n for n, p in inspect.signature(fn).parameters.items()
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    keys -= {"self", "observation_space", "action_space"}
+    if group == "algo":
+        keys -= set(INJECTABLE)
+    if group == "policy":
+        keys |= set(POLICY_KEYS + SPACE_KEYS)
+    return keys
+
+
+def check_target_keys(node, group: str, extra=(), cfg=None) -> None:
     """Refuse a key of a group (env, policy, oracle) that the object it builds does not take, or a value its
-    type cannot hold (one line)."""
+    type cannot hold (one line). With the run's ``cfg``, a close or same-named key of another group is suggested
+    too (``env.epochs`` -> ``algo.epochs``)."""
     spec = dict(node if isinstance(node, dict) else to_container(node) or {})
     target = spec.pop("_target_", None)
     if target is None:
@@ -379,8 +408,11 @@ def check_target_keys(node, group: str, extra=()) -> None:
     valid |= set(extra)
     for key in spec:
         if key not in valid:
-            close = difflib.get_close_matches(key, sorted(valid), n=1)
-            hint = f" (did you mean '{group}.{close[0]}'?)" if close else ""
+            if cfg is not None:
+                hint = hint_line(did_you_mean(f"{group}.{key}", cfg))
+            else:
+                close = difflib.get_close_matches(key, sorted(valid), n=1)
+                hint = f" (did you mean '{group}.{close[0]}'?)" if close else ""
             shown = sorted(valid - {"observation_space", "action_space"})
             raise ConfigError(f"unknown key '{group}.{key}'{hint}: {target.rsplit('.', 1)[-1]} takes {shown}")
     # build() checked every group already (check_config_values); this serves scripts that build one object
@@ -428,7 +460,7 @@ def build_oracle(cfg, cls, private: bool, dim: int):
 
     if cfg.oracle is None:
         return make_oracle(cls.default_oracle(private, dim))
-    check_target_keys(cfg.oracle, "oracle")
+    check_target_keys(cfg.oracle, "oracle", cfg=cfg)
     try:
         return instantiate(cfg.oracle, _convert_="all")
     except Exception as err:  # noqa: BLE001 - hydra wraps the real error
@@ -652,11 +684,11 @@ def build_learner(cfg, cls, objects: dict):
     params.pop("private", None)  # conf/algo/pucb.yaml still names it; eps alone decides privacy
     sig = inspect.signature(cls.__init__).parameters
     accepts_any = any(p.kind == p.VAR_KEYWORD for p in sig.values())
-    unknown = [k for k in params if k not in sig and not accepts_any]
+    # a run-level key under algo. (algo.rounds) would be replaced by the top-level one: refused, not ignored
+    unknown = [k for k in params if (k not in sig and not accepts_any) or k in INJECTABLE]
     if unknown:
         valid = sorted(k for k in sig if k not in INJECTABLE and k != "self")
-        close = difflib.get_close_matches(unknown[0], valid, n=1)
-        hint = f" (did you mean 'algo.{close[0]}'?)" if close else ""
+        hint = hint_line(did_you_mean(f"algo.{unknown[0]}", cfg))
         raise ConfigError(f"unknown key 'algo.{unknown[0]}'{hint} for algo={algo_name(cfg, cls, cfg.eps is not None)}; "
                           f"valid: {valid}")
     available = {"seed": cfg.seed, "rounds": cfg.rounds, "users_per_round": cfg.users_per_round,

@@ -183,6 +183,7 @@ def schema_optional(path: str) -> bool:
 def hydra_message(err: BaseException) -> str:
     """The one line a Hydra/OmegaConf composition failure is reported as: a wrong type names the key and the
     expected type; otherwise its text, without OmegaConf's location dump."""
+    from hydra.errors import MissingConfigException
     from omegaconf.errors import ValidationError
 
     e = err
@@ -191,9 +192,11 @@ def hydra_message(err: BaseException) -> str:
             tp = schema_type(str(e.full_key))
             if tp is not None:
                 return f"{e.full_key} must be {_type_name(tp)}, got {getattr(e, 'value', None)!r}"
+        if isinstance(e, MissingConfigException) and "/" in str(getattr(e, "missing_cfg_file", None) or ""):
+            return unknown_option(*str(e.missing_cfg_file).rsplit("/", 1), e.options)
         e = e.__cause__ or e.__context__
     text = " ".join(str(err).split())
-    for marker in ("full_key:", "object_type="):
+    for marker in ("full_key:", "object_type=", "Config search path:"):
         text = text.split(marker)[0].strip()
     return f"bad config: {text}" if text else f"bad config ({type(err).__name__})"
 
@@ -209,13 +212,84 @@ def check_keys(cfg, node=None, schema=TrainConfig, prefix: str = "") -> None:
         if not prefix and key == "hydra":
             continue
         if key not in names:
-            close = difflib.get_close_matches(str(key), sorted(names), n=1)
-            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
-            where = "a top-level key" if not prefix else f"a key of {prefix[:-1]}"
-            raise ConfigError(f"unknown key '{prefix}{key}'{hint}: not {where}; valid: {sorted(names)}")
+            close = did_you_mean(f"{prefix}{key}", cfg)
+            if prefix:
+                raise ConfigError(f"unknown key '{prefix}{key}'{hint_line(close)}: not a key of {prefix[:-1]}; "
+                                  f"valid: {sorted(names)}")
+            if not close:
+                groups = ", ".join(g for g in known_keys(cfg) if g)
+                raise ConfigError(f"unknown key '{key}': not a top-level key nor a key of {groups}; "
+                                  f"top-level keys: {sorted(names)}")
+            where = ""
+            if "." in close[0]:   # a group's key: show it with its prefix and the value given
+                value = node[key]
+                shown = value if isinstance(value, (int, float, str, bool)) or value is None else "..."
+                where = f"; a group's key takes the group's prefix: {close[0]}={shown}"
+            raise ConfigError(f"unknown key '{key}'{hint_line(close)}: not a top-level key{where}")
         sub = hints.get(key)
         if dataclasses.is_dataclass(sub) and node[key] is not None:
             check_keys(cfg, node[key], sub, f"{prefix}{key}.")
+
+
+SUGGESTION_GROUPS = ("algo", "env", "policy", "oracle", "privacy", "logger", "eval")  # did-you-mean order
+
+
+def known_keys(cfg=None) -> dict[str, set]:
+    """Every key the composed config ``cfg`` takes, by group ('' for the top level): the schema's top-level keys
+    and its privacy, logger and eval groups; for algo, env, policy and oracle, what the object their _target_
+    names takes (``dppo.build.group_keys``; none for a group the config does not have)."""
+    from dppo.build import group_keys   # dppo.build imports this module
+
+    hints = typing.get_type_hints(TrainConfig)
+    out = {"": {f.name for f in dataclasses.fields(TrainConfig)}}
+    for group in SUGGESTION_GROUPS:
+        if dataclasses.is_dataclass(hints.get(group)):
+            out[group] = {f.name for f in dataclasses.fields(hints[group])}
+        elif cfg is not None:
+            keys = group_keys(cfg, group)
+            if keys:
+                out[group] = keys
+    return out
+
+
+def did_you_mean(key: str, cfg=None, known: dict | None = None, n: int = 3) -> list[str]:
+    """The keys (dotted) a mistyped or misplaced ``key`` may have meant, best first, among the top-level keys and
+    every group's keys (``known_keys``): the bare name's exact match in another group (``epochs`` ->
+    ``algo.epochs``, ``algo.rounds`` -> ``rounds``), then close matches in the key's own group, then elsewhere."""
+    known = known_keys(cfg) if known is None else known
+    group, _, bare = key.rpartition(".")
+    order = {g: i for i, g in enumerate(known)}
+    scored = []
+    for g, keys in known.items():
+        for k in keys:
+            full = f"{g}.{k}" if g else k
+            ratio = difflib.SequenceMatcher(None, bare, k).ratio()
+            if full != key and (k == bare or ratio >= 0.7):
+                scored.append((k != bare, g != group, -round(ratio, 2), order[g], full))
+    scored.sort()
+    # the best, its ties, then the clearly close of its kind (exact elsewhere / same group / other group)
+    kind = scored[0][:2] if scored else None
+    return [s[-1] for s in scored if s[:2] == kind and (s[2] == scored[0][2] or -s[2] >= 0.75)][:n]
+
+
+def hint_line(close: list[str]) -> str:
+    """`` (did you mean 'a'?)``, `` (did you mean 'a', 'b' or 'c'?)``, or '' for no suggestion."""
+    if not close:
+        return ""
+    quoted = [f"'{c}'" for c in close]
+    return f" (did you mean {quoted[0] if len(quoted) == 1 else ', '.join(quoted[:-1]) + ' or ' + quoted[-1]}?)"
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: the names of ``conf/<group>/*.yaml``."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def unknown_option(group: str, name: str, options=()) -> str:
+    """The line for a group choice with no file (``algo=dp_pgg``): the group's options and a close one."""
+    options = group_options(group) or sorted(options or ())
+    close = difflib.get_close_matches(name, options, n=1) or [o for o in options if name and o.startswith(name)][:1]
+    return f"unknown {group} '{name}'{hint_line(close)}: choose one of {', '.join(options)}"
 
 
 def schema_floats(schema=TrainConfig, prefix: str = "") -> list[str]:

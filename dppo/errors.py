@@ -9,6 +9,10 @@ class ConfigError(DPPOError):
     """The configuration is invalid; the message says what is wrong and how to fix it."""
 
 
+class ArgumentError(ConfigError, TypeError):
+    """A Python call (``dppo.train``) got a keyword it does not take; a TypeError too, as Python's own would be."""
+
+
 class PrivacyError(DPPOError):
     """A privacy constraint would be violated (reused user, budget exceeded, bound broken)."""
 

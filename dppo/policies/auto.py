@@ -59,3 +59,8 @@ def auto_policy(observation_space: gym.Space, action_space: gym.Space, hidden_si
                       f"(policy=multi_discrete) and a Gaussian MLP for 1-d Box actions (policy=gaussian); flatten "
                       f"the actions with a wrapper (env.wrappers=[...]) or pass your own policy "
                       f"(dppo.train(cfg, policy=...))")
+
+
+# the keys auto_policy takes (its **box_options included), so the builder checks them before it is called
+auto_policy.config_keys = ("observation_space", "action_space", "hidden_sizes", "activation",
+                           "normalize_obs") + BOX_ONLY

@@ -78,6 +78,12 @@ CASES = [
     (["algo=ubev", "env=riverswim", "privacy.population_size=50", "episodes=100"], "needs 100 more users"),
     (["policy.init_users_offset=3"], "applies to policy.init_from"),
     (["policy.init_from=/no/such/file.pt"], "neither a run directory nor a file"),
+    # a key of a group set at the top level, or under another group, names where it lives
+    (["algo=dp_ppo", "epochs=3"], "unknown key 'epochs' (did you mean 'algo.epochs'?): not a top-level key; "
+                                  "a group's key takes the group's prefix: algo.epochs=3"),
+    (["algo=dp_ppo", "env.epochs=3"], "unknown key 'env.epochs' (did you mean 'algo.epochs'?)"),
+    (["algo.rounds=3"], "unknown key 'algo.rounds' (did you mean 'rounds'?)"),   # was silently replaced by rounds
+    (["algo=dp_pgg"], "unknown algo 'dp_pgg' (did you mean 'dp_pg'?): choose one of dp_npg, dp_pg, dp_ppo"),
 ]
 
 
@@ -96,6 +102,8 @@ def test_bad_input_is_one_line_exit_2(capsys, args, needle):
 
 
 @pytest.mark.parametrize("args,needle", [(["eps=0"], "eps must be > 0"), (["+rounds_=3"], "unknown key 'rounds_'"),
+                                         (["algo=dp_ppo", "epochs=3"], "(did you mean 'algo.epochs'?)"),
+                                         (["algo=dp_pgg"], "unknown algo 'dp_pgg' (did you mean 'dp_pg'?)"),
                                          (["env.id=NoSuchEnv-v9"], "unknown env.id"),
                                          (["algo=dp_pg", "privacy.accountant=rdp"], "multi_pass"),
                                          (["algo=dp_pg", "privacy.max_epsilon=1"], "below eps")])
@@ -104,3 +112,118 @@ def test_subprocess_exit_code_and_no_traceback(cli, tmp_path, args, needle):
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr
     assert not (tmp_path / "run").exists()  # rejected before Hydra made a run directory
+
+
+def _line(capsys, args):
+    with pytest.raises(SystemExit) as exc:
+        entry(_never_called, [*args, "progress=false"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert exc.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("args,first", [
+    (["algo=dp_ppo", "epochs=3"], "algo.epochs"),            # the same name in a group comes first, not 'eps'
+    (["algo=dp_ppo", "epochz=3"], "algo.epochs"),            # a top-level typo of a group's key
+    (["algo=dp_ppo", "epoch=3"], "algo.epochs"),
+    (["horizon=50"], "env.horizon"),
+    (["horizn=50"], "env.horizon"),
+    (["hidden_size=[8]"], "policy.hidden_sizes"),
+    (["lr=0.1"], "algo.lr"),
+    (["accountant=rdp"], "privacy.accountant"),
+    (["tensorboard=false"], "logger.tensorboard"),
+    (["greedy=true"], "eval.greedy"),
+    (["algo=dp_npg", "oracle=dp_gd", "steps=3"], "oracle.steps"),
+    (["algo=dp_ppo", "privacy.epochs=3"], "algo.epochs"),    # a key under the wrong group
+    (["algo=dp_ppo", "policy.epochs=3"], "algo.epochs"),
+    (["algo=dp_ppo", "env.epochs=3"], "algo.epochs"),
+    (["algo=dp_ppo", "algo.horizon=3"], "env.horizon"),
+    (["algo=dp_ppo", "algo.hidden_sizes=[8]"], "policy.hidden_sizes"),
+    (["algo=dp_npg", "oracle=dp_gd", "oracle.stepz=3"], "oracle.steps"),   # the key's own group before another's
+], ids=lambda v: " ".join(v) if isinstance(v, list) else v)
+def test_did_you_mean_ranks_the_keys_of_every_group_of_the_config(capsys, args, first):
+    line = _line(capsys, args)
+    assert f"(did you mean '{first}'" in line, line
+    assert "valid: ['algo', 'batch_size'" not in line   # not the list of top-level keys instead of the answer
+
+
+def test_a_key_no_group_takes_lists_the_top_level_keys_and_names_the_groups(capsys):
+    line = _line(capsys, ["algo=ubev", "env=riverswim", "epochs=3"])   # UBEV has no epochs, and 'eps' is no hint
+    assert line.startswith("dppo: error: unknown key 'epochs': not a top-level key nor a key of algo, env,")
+    assert "did you mean" not in line and "'users_per_round'" in line
+
+
+OPTION_TYPOS = [("algo", "dp_pgg", "dp_pg"), ("env", "cartpol", "cartpole"), ("policy", "ml", "mlp"),
+                ("oracle", "sp", "ssp"), ("logger", "wand", "wandb"), ("callbacks", "stop", "stop_at_return"),
+                ("experiment", "cartpole_pgg", "cartpole_pg")]
+
+
+@pytest.mark.parametrize("group,name,close", OPTION_TYPOS, ids=[f"{g}={n}" for g, n, _ in OPTION_TYPOS])
+def test_an_unknown_group_option_is_one_short_line_with_the_groups_options(capsys, group, name, close):
+    from dppo.config import CONF_DIR
+
+    options = ", ".join(sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")))
+    prefix = "+" if group == "experiment" else ""
+    line = _line(capsys, [f"{prefix}{group}={name}"])
+    assert line == f"dppo: error: unknown {group} '{name}' (did you mean '{close}'?): choose one of {options}"
+
+
+def test_an_unknown_group_option_from_python_is_the_same_line():
+    import dppo
+    from dppo.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        dppo.make_config({"algo": "dp_pgg"})
+    assert str(err.value).startswith("unknown algo 'dp_pgg' (did you mean 'dp_pg'?): choose one of dp_npg, dp_pg")
+    assert "search path" not in str(err.value)
+
+
+def test_an_unknown_train_keyword_names_dppo_train_and_the_config_key_to_set_instead():
+    import dppo
+    from dppo.errors import ConfigError
+
+    with pytest.raises(TypeError) as err:   # a TypeError, as Python's own, and dppo's ConfigError
+        dppo.train(["algo=dp_ppo"], epochs=3)
+    msg = str(err.value)
+    assert isinstance(err.value, ConfigError) and "\n" not in msg and "build()" not in msg
+    assert msg == ("dppo.train() got an unexpected keyword argument 'epochs': epochs is the config key algo.epochs, "
+                   "which goes in the config, as 'algo.epochs=3' in the overrides list or {'algo.epochs': 3} in "
+                   "the dict")
+    with pytest.raises(ConfigError, match=r"'rounds': rounds is a config key, which goes in the config, as "
+                                          r"'rounds=5' in the overrides list or \{'rounds': 5\} in the dict"):
+        dppo.train(rounds=5)
+
+
+@pytest.mark.parametrize("kwargs,hint", [
+    ({"run_directory": "/tmp/x"}, "(did you mean run_dir=?)"),
+    ({"train_data": []}, "(did you mean train_dataset=?)"),
+    ({"seeds": 1}, "(did you mean the config key 'seed'?)"),
+    ({"no_such_thing": 1}, "dppo.train's keywords are cfg, run_dir, resume, callbacks"),
+])
+def test_a_mistyped_train_keyword_gets_a_close_keyword_and_how_to_pass_a_config_key(kwargs, hint):
+    import dppo
+    from dppo.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        dppo.train(["algo=dp_pg"], **kwargs)
+    msg = str(err.value)
+    assert msg.startswith(f"dppo.train() got an unexpected keyword argument '{next(iter(kwargs))}'") and hint in msg
+    assert "a config key goes in the config" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("name", ["env", "policy", "logger", "callbacks"])
+def test_an_option_name_where_train_takes_an_object_says_how_to_pick_the_option(name):
+    import dppo
+    from dppo.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        dppo.train(**{name: "some_option"})
+    assert str(err.value).startswith(f"dppo.train({name}='some_option'): the {name}= keyword takes an object")
+    assert f"'{name}=some_option' in the overrides list" in str(err.value)
+
+
+def test_a_dict_of_group_choices_alone_is_a_config():
+    import dppo
+
+    assert dppo.make_config({"algo": "dp_ppo"}).algo._target_ == "dppo.algos.ppo.PPO"
