@@ -38,8 +38,8 @@ POLICY_KEYS = ("init_from", "init_users_offset", "init_provenance", "init_data_d
 # a public evaluation. Every other key (eps, delta, rounds, users_per_round, group_size, clip norms, the
 # algo's and oracle's parameters, accountant, population, secure_rng, max_epsilon, env, policy, seed) can
 # change what a release spends or on whom, and a change to it refuses the resume, naming the key.
-RESUME_MAY_CHANGE = ("logger", "progress", "checkpoint_every", "eval_episodes", "eval", "resume", "callbacks",
-                     "hydra", "privacy.allow_over_target")
+RESUME_MAY_CHANGE = ("logger", "progress", "checkpoint_every", "eval_episodes", "eval_every", "eval", "resume",
+                     "callbacks", "hydra", "privacy.allow_over_target")
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # relative policy.init_from: assets/
 ROUND_MEMORY_FRACTION = 0.5   # refuse a round (or population) whose arrays would need more than this share of RAM
 

@@ -8,7 +8,7 @@ import os
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from omegaconf import OmegaConf
 
@@ -82,7 +82,8 @@ class TrainConfig:
     episodes: Optional[int] = None  # tabular / GFA learners: total episodes (users; null: the learner's default)
     batch_size: Optional[int] = None  # GFA: episodes per policy update (null: the paper's rule)
     eval_episodes: int = 20  # held-out public evaluation episodes (final_return, eval/return)
-    eval_every: Optional[int] = None  # also log eval/return every this many rounds (null: at the end only)
+    eval_every: Union[int, str, None] = "auto"  # eval/return every this many rounds and at the end; auto: about 10
+    # evaluations per run (every max(1, R // 10) of its R rounds); null: at the end only
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint_every: int = 10  # rounds between checkpoints (and one at the end)
     progress: bool = True  # the progress bar
@@ -344,8 +345,10 @@ def validate(cfg) -> None:
         raise ConfigError(f"batch_size must be >= 1, got {cfg.batch_size}")
     if cfg.eval_episodes < 0 or cfg.checkpoint_every < 1:
         raise ConfigError("eval_episodes must be >= 0 and checkpoint_every >= 1")
-    if cfg.eval_every is not None and cfg.eval_every < 1:
-        raise ConfigError(f"eval_every must be >= 1 (or null: evaluate at the end only), got {cfg.eval_every}")
+    every = cfg.eval_every
+    if every is not None and (every != "auto" if isinstance(every, str) else every < 1):
+        raise ConfigError(f"eval_every must be an int >= 1, auto (about 10 evaluations per run) or null (at the end "
+                          f"only), got {every}")
     p = cfg.privacy
     if cfg.device not in ("cpu", "cuda", "auto") and not str(cfg.device).startswith("cuda:"):
         raise ConfigError(f"device must be cpu, cuda or auto, got '{cfg.device}'")

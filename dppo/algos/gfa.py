@@ -197,6 +197,13 @@ class _GFABase(torch.nn.Module, Learner):
         self.generator.set_state(state["generator"])
         self.eval_generator.set_state(state["eval_generator"])
 
+    def held_out_generator(self) -> torch.Generator:
+        """A copy of ``eval_generator``, which never advances: every evaluation draws the same held-out
+        episodes, and evaluating moves nothing the users' episodes or a later evaluation draw from."""
+        gen = torch.Generator()
+        gen.set_state(self.eval_generator.get_state())
+        return gen
+
     def load_state_dict(self, state, strict: bool = True, assign: bool = False):
         out = super().load_state_dict(state, strict=strict, assign=assign)
         if self.current is not None:
@@ -314,10 +321,11 @@ class GFAOutcomeLearner(_GFABase):
         return float(r.mean()), float(regret)
 
     def evaluate(self, episodes: int, greedy: bool = False) -> float:
-        """Mean outcome reward of the current greedy policy on ``episodes`` fresh contexts (not users)."""
+        """Mean outcome reward of the current greedy policy on ``episodes`` held-out contexts (not users), the
+        same at every call (``held_out_generator``)."""
         if self.policy is None:
             self._set_policy(int(self.score().argmax()))
-        x = self.env.sample_contexts(max(1, episodes), self.eval_generator)
+        x = self.env.sample_contexts(max(1, episodes), self.held_out_generator())
         return float(self.env.rollout(x, self.policy)[1].mean())
 
 
@@ -398,11 +406,13 @@ class GFALearner(_GFABase):
         H, S, A = self.env.H, self.env.S, self.env.A
         self.policy = self.fclass.member_table(i).view(H, S, A).argmax(-1)
 
-    def _episodes(self, n: int, generator):
+    def _episodes(self, n: int, generator, seeds=None):
+        """``n`` episodes of the current policy: from ``generator`` on a model, else on the real env, the next
+        users' or, given ``seeds``, held-out ones."""
         if hasattr(self.env, "sample_episodes"):
             return self.env.sample_episodes(self.policy, n, generator)
         pol = self.policy.tolist()
-        eps = [self.env.run_episode(pol) for _ in range(n)]
+        eps = [self.env.run_episode(pol, seed=s) for s in (seeds if seeds is not None else [None] * n)]
         states = torch.tensor([e[0] + [e[0][-1]] for e in eps])
         return states, torch.tensor([e[1] for e in eps]), torch.tensor([e[2] for e in eps], dtype=torch.float64)
 
@@ -419,7 +429,11 @@ class GFALearner(_GFABase):
         return ret, float(self.env.to_native_regret(regret))
 
     def evaluate(self, episodes: int, greedy: bool = False) -> float:
+        """Mean native return of the current greedy policy over ``episodes`` held-out episodes, the same at every
+        call (``held_out_generator``; a model-free env: its public ``eval_seeds``)."""
         if self.policy is None:
             self._set_policy(int(self.score().argmax()))
-        _, _, rewards = self._episodes(max(1, episodes), self.eval_generator)
+        n = max(1, episodes)
+        seeds = None if hasattr(self.env, "sample_episodes") else self.env.eval_seeds(n)
+        _, _, rewards = self._episodes(n, self.held_out_generator(), seeds)
         return float(self.env.to_native_return(rewards.sum(1).mean()))

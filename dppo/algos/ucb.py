@@ -307,13 +307,17 @@ class TabularUCB(torch.nn.Module, Learner):
         return 0.0
 
     def evaluate(self, episodes: int, greedy: bool = False) -> float:
-        """Mean native return of the current greedy policy over fresh simulated episodes."""
+        """Mean native return of the current greedy policy over ``episodes`` held-out episodes: the same ones at
+        every call (a copy of ``eval_gen``, which never advances; a model-free env: public reset seeds, never a
+        user's), so an evaluation changes neither the users' episodes nor a later evaluation's."""
         pi = torch.as_tensor(self.greedy_policy()).to("cpu", torch.long)
         if isinstance(self.mdp, TabularMDP):
-            _, _, r = self.mdp.sample_episodes(pi, int(episodes), self.eval_gen)
+            gen = torch.Generator()
+            gen.set_state(self.eval_gen.get_state())
+            _, _, r = self.mdp.sample_episodes(pi, int(episodes), gen)
             return float(self.mdp.to_native_return(r.sum(1)).mean())
         pl = pi.tolist()
-        total = [sum(self.mdp.run_episode(pl)[2]) for _ in range(int(episodes))]
+        total = [sum(self.mdp.run_episode(pl, seed=s)[2]) for s in self.mdp.eval_seeds(int(episodes))]
         return float(self.mdp.to_native_return(sum(total) / max(1, len(total))))
 
     def summary(self) -> dict:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from dppo.data.streams import public_reset_seeds
 from dppo.errors import ConfigError
 
 
@@ -419,10 +420,14 @@ class GymTabularEnv:
         self._seed = int(seed)
         self._episodes = 0
 
-    def run_episode(self, policy: list) -> tuple[list, list, list]:
-        """One H-step episode of ``policy[h][s]`` on the real env (seeded by episode index); states has H+1 entries."""
-        obs, _ = self.env.reset(seed=self._seed * 1_000_003 + self._episodes)
-        self._episodes += 1
+    def run_episode(self, policy: list, seed: int | None = None) -> tuple[list, list, list]:
+        """One H-step episode of ``policy[h][s]`` on the real env, states with H+1 entries: the next user's
+        (seeded by episode index), or, given a ``seed`` (``eval_seeds``), an episode from that seed that moves
+        no user's."""
+        if seed is None:
+            seed = self._seed * 1_000_003 + self._episodes
+            self._episodes += 1
+        obs, _ = self.env.reset(seed=int(seed))
         s, over = int(obs), False
         states, actions, rewards = [], [], []
         span = self.reward_high - self.reward_low
@@ -439,6 +444,11 @@ class GymTabularEnv:
             s = self.S - 1 if over else int(obs)
         states.append(s)
         return states, actions, rewards
+
+    def eval_seeds(self, n: int) -> list[int]:
+        """Reset seeds of ``n`` held-out evaluation episodes: public ones (``streams.public_reset_seeds``,
+        stream ``eval``), the same at every evaluation."""
+        return public_reset_seeds(self._seed, "eval", 0, int(n))
 
     def to_native_return(self, ret):
         return ret * (self.reward_high - self.reward_low) + self.H * self.reward_low

@@ -66,18 +66,40 @@ class CallbackList(Callback):
             c.on_train_end(trainer)
 
 
+AUTO_EVALUATIONS = 10   # eval_every=auto: about this many evaluations per run (the final one included)
+
+
+def eval_interval(every, num_rounds: int) -> int | None:
+    """Rounds between two evaluations for ``eval_every``: an int as given; ``auto`` ``max(1, num_rounds //
+    AUTO_EVALUATIONS)`` (a run of R >= 10 rounds is evaluated between 10 and 19 times, the final evaluation
+    included; a shorter one after every round); None (or 0): at the end only."""
+    if every is None or every == 0:
+        return None
+    if isinstance(every, str):
+        if every != "auto":
+            raise ValueError(f"eval_every must be an int >= 1, auto or null, got {every!r}")
+        return max(1, int(num_rounds) // AUTO_EVALUATIONS)
+    return int(every)
+
+
 class EvalCallback(Callback):
-    """Adds ``eval/return`` (held-out public episodes, the released policy) every ``every`` rounds.
+    """Adds ``eval/return`` (held-out public episodes, the released policy) every ``every`` rounds
+    (``eval_interval``: an int, or ``auto``).
 
     The last round is left to the trainer's final evaluation (``final_return``), logged at the same step.
+    Every evaluation runs the same public episodes (public seeds and sampling stream, never a user's), which
+    nothing else draws from: the users' episodes, the releases and so the trained policy are the same with
+    or without intermediate evaluations.
     """
 
-    def __init__(self, every: int | None, episodes: int, greedy: bool = False):
+    def __init__(self, every: int | str | None, episodes: int, greedy: bool = False):
         self.every, self.episodes, self.greedy = every, int(episodes), bool(greedy)
 
     def on_round_end(self, trainer, round_idx, metrics):
-        last = round_idx + 1 >= trainer.learner.num_rounds
-        if self.every and self.episodes > 0 and (round_idx + 1) % self.every == 0 and not last:
+        num_rounds = trainer.learner.num_rounds
+        every = eval_interval(self.every, num_rounds)
+        last = round_idx + 1 >= num_rounds
+        if every and self.episodes > 0 and (round_idx + 1) % every == 0 and not last:
             metrics["eval/return"] = float(trainer.learner.evaluate(self.episodes, self.greedy))
         return True
 

@@ -115,6 +115,10 @@ def _tuples_to_lists(x):
     return x
 
 
+# settings an older checkpoint's fingerprint holds that a resume may now change (how often it evaluates)
+NO_LONGER_FINGERPRINTED = ("eval_every",)
+
+
 def check_fingerprint(saved, current, extendable: dict | None = None) -> None:
     """Refuse a resume whose settings differ from the checkpoint's, in one line naming the first key.
 
@@ -123,6 +127,7 @@ def check_fingerprint(saved, current, extendable: dict | None = None) -> None:
     a run) to the number of rounds done, or to the reason it may not change (the refusal's text).
     """
     if isinstance(saved, dict) and isinstance(current, dict):
+        saved = {k: v for k, v in saved.items() if k not in NO_LONGER_FINGERPRINTED}
         keys = sorted((set(saved) | set(current)) - {"_hash"})
         # a key added to the schema later (absent from an older checkpoint) is unchanged if it is null now
         changed = [k for k in keys if saved.get(k) != current.get(k) or (k in saved) != (k in current)
