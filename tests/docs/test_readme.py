@@ -147,3 +147,10 @@ def test_every_python_block_of_the_readme_parses():
     for info, body in code_blocks(README.read_text()):
         if info == "python":
             ast.parse(body)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_page_speaks_of_issues_or_of_files_outside_the_repository(page):
+    text = page.read_text()
+    for needle in (r"\bissues?\b", r"\.\./shared", r"\bREFERENCE\.md\b", r"\bSTYLE\.md\b", r"\bseeds/"):
+        assert not re.search(needle, text, flags=re.I), f"{page.name}: '{needle}' (a reader has only the repository)"

@@ -61,8 +61,11 @@ def test_summary_names_the_noise_source_and_seeded_mode_warns_once(tmp_path, cap
 def test_shared_files_hold_no_noise_state_and_secure_checkpoints_hold_no_generator(tmp_path):
     dppo.train(["algo=dp_pg", *SECURE], run_dir=str(tmp_path))
     shared = torch.load(os.path.join(tmp_path, "policy.pt"), weights_only=True)
-    # the weights, the public config that rebuilds them and their provenance: no optimizer, RNG, noise or journal
-    assert set(shared) == {"format", "policy", "config", "provenance", "rounds_done", "algo", "env_id"}
+    # the weights, the public config that rebuilds them, their provenance and summary.json's public part: no
+    # optimizer, RNG, noise or journal
+    assert set(shared) == {"format", "policy", "config", "provenance", "rounds_done", "algo", "env_id", "summary"}
+    summary = json.load(open(tmp_path / "summary.json"))
+    assert shared["summary"] == {k: summary[k] for k in shared["summary"]} and "ledger" not in shared["summary"]
     fresh = build(dppo.make_config(["algo=dp_pg", *SECURE])).learner.policy
     assert set(shared["policy"]) == set(fresh.state_dict())   # the policy's parameters, nothing else
     assert shared["config"]["privacy"]["secure_rng"] is True and "hydra" not in shared["config"]
