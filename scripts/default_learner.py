@@ -2,7 +2,7 @@
 every env of the suite, side by side.
 
     python scripts/default_learner.py                       # dp_npg and dp_ppo, seeds 100-102, eps 5
-    python scripts/default_learner.py --seeds 100-102 --algos dp_npg dp_ppo dp_pg
+    python scripts/default_learner.py --seeds 100 101 102 --algos dp_npg dp_ppo dp_pg
 
 A newcomer who runs ``python train.py env.id=<their env>`` gets the default learner with its defaults, not a
 tuned ``conf/experiment`` file; so the default is chosen on what the defaults do across envs. Per env, a run's
@@ -32,14 +32,6 @@ ENVS = {
 }
 
 
-def seed_list(text: str) -> list[int]:
-    out = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    return out
-
-
 def best_non_private(path: str = SUITE) -> dict[str, float]:
     """Per env section of the suite's table: the best mean final return of a non-private row (no eps)."""
     out: dict[str, float] = {}
@@ -61,14 +53,14 @@ def score(ret: float, random: float, best: float) -> float:
 
 def main(argv=None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="100-102")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[100, 101, 102])
     parser.add_argument("--algos", nargs="+", default=["dp_npg", "dp_ppo"])
     parser.add_argument("--envs", nargs="+", default=list(ENVS))
     parser.add_argument("--eps", default="5")
     parser.add_argument("extra", nargs="*", help="more train.py overrides for every run (e.g. rounds=2 to try it)")
     args = parser.parse_args(argv)
     best = best_non_private()
-    seeds = seed_list(args.seeds)
+    seeds = args.seeds
     table: dict[tuple[str, str], list[float]] = {}
     for env in args.envs:
         keys, _ = ENVS[env]
@@ -80,8 +72,8 @@ def main(argv=None) -> dict[str, float]:
                 table.setdefault((env, algo), []).append(summary["final_return"])
                 print(f"{env} {algo} seed={seed}: final_return={summary['final_return']:.1f} "
                       f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    print(f"\nDefaults at eps {args.eps}, seeds {args.seeds}: final return mean (min); score = (mean - random) / "
-          f"(best non-private of the suite - random)\n")
+    print(f"\nDefaults at eps {args.eps}, seeds {' '.join(map(str, seeds))}: final return mean (min); "
+          f"score = (mean - random) / (best non-private of the suite - random)\n")
     print("| env | random | best non-private | " + " | ".join(args.algos) + " |")
     print("|---|---|---|" + "---|" * len(args.algos))
     scores: dict[str, list[float]] = {a: [] for a in args.algos}

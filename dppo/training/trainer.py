@@ -451,7 +451,8 @@ class Trainer:
         algo: enough to rebuild and run it), "provenance": the users its training consumed in public form
         (``provenance.public_record``: no member of a population of private rows), "rounds_done",
         "algo", "env_id", "summary": summary.json's public part (``POLICY_SUMMARY_KEYS``: eps and delta spent,
-        accountant, adjacency, noise source, rounds, the public evaluation)}``, and an actor-critic learner's ``"critic"`` state_dict (released like the policy:
+        accountant, adjacency, noise source, rounds, the public evaluation)}``, and an actor-critic learner's
+        ``"critic"`` state_dict (released like the policy:
         ``policy.init_from`` starts a new run's critic from it); no optimizer, RNG or noise state, no ledger, no
         journal. Loads with ``torch.load(weights_only=True)``.
         """
