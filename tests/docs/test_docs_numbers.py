@@ -3,8 +3,8 @@ each other on what a user is.
 
 * A table in README.md or docs/*.md whose header is the header of a table in a ``runs/reference/*.md`` file
   is a copy of (part of) that table: every row appears there verbatim.
-* The README's suite summary and its "which learner" table quote final returns of ``runs/reference/suite.md``:
-  every number in those cells is the "final return (mean)" of a row of the same env's section.
+* The README's "which learner" table quotes final returns of ``runs/reference/suite.md``: every number in its
+  return cells is the "final return (mean)" of a row of the same env's section.
 * The definition of a user is one sentence, the same in the README and in docs/privacy.md.
 """
 from __future__ import annotations
@@ -74,15 +74,21 @@ def _readme_table(first_header_cell: str) -> list[list[str]]:
     raise AssertionError(f"the README has no table starting with '{first_header_cell}'")
 
 
-def test_the_readmes_suite_summary_quotes_the_suites_final_returns():
+def test_the_readmes_which_learner_table_quotes_the_suites_final_returns():
+    """Every number of the eps 5, eps 1 and best non-private cells of a row naming a suite env is a final
+    return of that env's section of runs/reference/suite.md; every suite env has a row."""
     suite = _suite_returns()
-    env, checked = None, 0
-    for row in _readme_table("env"):
-        env = row[0] or env
-        for number in re.findall(r"-?\d+\.\d+", row[3]):
-            assert float(number) in suite[env], f"README suite row {row}: {number} is not a final return of {env}"
-            checked += 1
-    assert checked >= 20
+    checked, envs = 0, set()
+    for row in _readme_table("action space"):
+        env = re.search(r"\(([\w-]+-v\d+)\)", row[1])
+        if env is None:
+            continue
+        envs.add(env.group(1))
+        for cell in row[3:6]:
+            for number in re.findall(r"-?\d+\.\d+", cell):
+                assert float(number) in suite[env.group(1)], f"README row {row}: {number} is not a final return"
+                checked += 1
+    assert envs == set(suite) and checked >= 20
 
 
 def _definition(path: pathlib.Path) -> str:
@@ -97,3 +103,37 @@ def test_a_user_is_defined_once_the_same_in_the_readme_and_the_privacy_model():
     for page in PAGES:
         text = " ".join(page.read_text().split())
         assert "one episode stream of an environment" not in text, page.name
+
+
+def _default_command() -> dict:
+    """runs/reference/default_command.md (``scripts/seed_sweep.py`` on the default command): finals and times."""
+    text = (ROOT / "runs" / "reference" / "default_command.md").read_text()
+    rows = re.findall(r"^seed=\d+ final=([\d.]+) .* t=([\d.]+)s train=([\d.]+)s$", text, flags=re.M)
+    mean = float(re.search(r"mean ([\d.]+)", text).group(1))
+    return {"final": [float(r[0]) for r in rows], "t": [float(r[1]) for r in rows],
+            "train": [float(r[2]) for r in rows], "mean": mean, "seeds": len(rows)}
+
+
+def test_the_default_commands_figures_in_the_readme_and_suite_page_are_the_sweeps():
+    import math
+
+    run = _default_command()
+    assert run["seeds"] == 10 and min(run["final"]) >= 450      # the first-hour bar: every seed of ten
+    readme = " ".join(README.read_text().split())
+    assert (f"ends at {min(run['final']):.1f}-{max(run['final']):.1f} on seeds 0-9 (mean {run['mean']:.1f}), "
+            f"{min(run['train']):.1f}-{max(run['train']):.1f} s of training") in readme
+    assert f"{math.floor(min(run['t']))}-{math.ceil(max(run['t']))} s on one core" in readme
+    suite = " ".join((ROOT / "docs" / "suite.md").read_text().split())
+    assert (f"min {min(run['final']):.1f}, mean {run['mean']:.1f}; {min(run['train']):.1f}-{max(run['train']):.1f} s "
+            f"of training a run") in suite
+
+
+def test_the_default_learner_is_the_one_the_comparison_of_defaults_names():
+    text = (ROOT / "runs" / "reference" / "default_learner.md").read_text()
+    chosen = re.search(r"^default: algo=(\w+)", text, flags=re.M).group(1)
+    config = (ROOT / "conf" / "config.yaml").read_text()
+    assert re.search(rf"^\s+- algo: {chosen}\b", config, flags=re.M), "conf/config.yaml's default algo"
+    header = cells(next(line for line in text.splitlines() if line.startswith("| env |")))
+    scores = dict(zip(header[3:], re.findall(r"\*\*([\d.-]+)\*\*", text)))
+    readme = " ".join(README.read_text().split())
+    assert (f"DP-NPG's defaults score **{scores['dp_npg']}** against DP-PPO's **{scores['dp_ppo']}**") in readme

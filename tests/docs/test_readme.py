@@ -133,6 +133,10 @@ def test_every_command_of_the_first_two_blocks_still_parses():
                 from dppo.evaluate import build_parser
 
                 build_parser().parse_args(cmd[3:])
+            elif cmd[:3] == ["python", "-m", "dppo.plot"]:
+                from dppo.plot import build_parser as plot_parser
+
+                plot_parser().parse_args(cmd[3:])
             elif cmd[:2] == ["pip", "install"]:
                 for spec in cmd[2:]:
                     m = re.match(r"^-e$|^\.\[(.*)\]$", spec)

@@ -1,0 +1,93 @@
+"""The README's Python blocks run exactly as printed.
+
+In a fresh working directory, the run directory a block loads is made first (a short run of the algorithm its
+name says) and ``shared/policy.pt`` is that run's policy.pt copied alone; then the block's text is executed
+unchanged. The "Use a trained policy" block is a fast test (``dppo.load`` on a lone policy.pt must give
+``run.summary["epsilon_spent"]``); every Python block of the README, with the objects it names but does not
+define (``my_policy``, ``MyCallback``, ``my_reward``, ``my_dataset``), is a slow one.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import pytest
+
+from tests.docs.test_readme import README, code_blocks
+
+LOADED_RUN = re.compile(r'dppo\.load\("(runs/[^"]+)"\)')
+SHARED = re.compile(r'dppo\.load\("([^"]+/policy\.pt)"\)')
+SHORT = ["rounds=2", "users_per_round=3", "group_size=2", "eval_episodes=2", "progress=false",
+         "logger.tensorboard=false"]
+
+
+def python_blocks() -> list[str]:
+    return [body for info, body in code_blocks(README.read_text()) if info == "python"]
+
+
+def _prepare(block: str, cwd) -> None:
+    """The run directories and the lone policy.pt the block loads, under ``cwd``."""
+    import dppo
+
+    for run_dir in LOADED_RUN.findall(block):
+        algo = re.search(r"_([a-z_]+)_s\d+$", run_dir)
+        if not os.path.isdir(cwd / run_dir):
+            dppo.train([f"algo={algo.group(1) if algo else 'dp_pg'}", *SHORT], run_dir=str(cwd / run_dir))
+    for policy_file in SHARED.findall(block):
+        source = next((r for r in LOADED_RUN.findall(block)), None)
+        assert source, "a block that loads a shared policy.pt also names the run it comes from"
+        os.makedirs(cwd / os.path.dirname(policy_file), exist_ok=True)
+        shutil.copy(cwd / source / "policy.pt", cwd / policy_file)     # the policy.pt alone, nothing beside it
+
+
+def test_the_use_a_trained_policy_block_runs_as_printed_on_a_lone_policy_pt(tmp_path, monkeypatch, capsys):
+    block = next(b for b in python_blocks() if "dppo.load(" in b and "policy.pt" in b)
+    monkeypatch.chdir(tmp_path)
+    _prepare(block, tmp_path)
+    assert sorted(os.listdir(tmp_path / "shared")) == ["policy.pt"]
+    capsys.readouterr()
+    exec(compile(block, "README.md", "exec"), {"__name__": "__readme__"})
+    eps_spent, mean_return = capsys.readouterr().out.split()
+    assert float(eps_spent) == pytest.approx(5.0) and float(mean_return) > 0
+
+
+def _placeholders(cwd) -> dict:
+    """The objects the README's blocks name as the user's own (a user's rows: prompts and answers, no split
+    column), and the repository's shipped assets reachable from ``cwd`` as from the repository root."""
+    import gymnasium as gym
+
+    from dppo.envs.tasks.addition import digit_reward, write_prompts
+    from dppo.policies.mlp import MLPPolicy
+    from dppo.training.callbacks import Callback
+    from tests.lm.conftest import read_jsonl
+
+    (cwd / "assets").symlink_to(README.parent / "assets")
+    write_prompts(str(cwd / "rows.jsonl"), public=0, private=1200, seed=3)
+    rows = [{"prompt": r["prompt"], "answer": r["answer"]} for r in read_jsonl(str(cwd / "rows.jsonl"))]
+
+    class MyCallback(Callback):
+        pass
+
+    env = gym.make("CartPole-v1")
+    return {"my_policy": MLPPolicy(env.observation_space, env.action_space), "MyCallback": MyCallback,
+            "my_reward": digit_reward, "my_dataset": rows, "__name__": "__readme__"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_every_python_block_of_the_readme_runs_as_printed(index, tmp_path, monkeypatch):
+    block = python_blocks()[index]
+    monkeypatch.chdir(tmp_path)
+    _prepare(block, tmp_path)
+    exec(compile(block, "README.md", "exec"), _placeholders(tmp_path))
+
+
+def test_the_readmes_extend_example_extends_the_default_run():
+    """The quick start's "extend a finished run" line raises the rounds of the run ``python train.py`` makes
+    (the extension itself: tests/training/test_shareable_and_extend.py)."""
+    from dppo import make_config
+
+    line = next(ln for ln in README.read_text().splitlines() if "extend a finished run" in ln)
+    rounds = int(re.search(r"\brounds=(\d+)", line).group(1))
+    assert re.search(r"\bresume=runs/\S+", line) and rounds > make_config([]).rounds
