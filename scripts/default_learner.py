@@ -17,6 +17,7 @@ import argparse
 import os
 import re
 import statistics
+import sys
 import time
 
 import dppo
@@ -57,6 +58,8 @@ def main(argv=None) -> dict[str, float]:
     parser.add_argument("--algos", nargs="+", default=["dp_npg", "dp_ppo"])
     parser.add_argument("--envs", nargs="+", default=list(ENVS))
     parser.add_argument("--eps", default="5")
+    parser.add_argument("--out", help="also write the report (from its heading on) to this Markdown file, e.g. "
+                                      "runs/reference/default_learner.md")
     parser.add_argument("extra", nargs="*", help="more train.py overrides for every run (e.g. rounds=2 to try it)")
     args = parser.parse_args(argv)
     best = best_non_private()
@@ -72,10 +75,10 @@ def main(argv=None) -> dict[str, float]:
                 table.setdefault((env, algo), []).append(summary["final_return"])
                 print(f"{env} {algo} seed={seed}: final_return={summary['final_return']:.1f} "
                       f"({time.perf_counter() - t0:.0f} s)", flush=True)
-    print(f"\nDefaults at eps {args.eps}, seeds {' '.join(map(str, seeds))}: final return mean (min); "
-          f"score = (mean - random) / (best non-private of the suite - random)\n")
-    print("| env | random | best non-private | " + " | ".join(args.algos) + " |")
-    print("|---|---|---|" + "---|" * len(args.algos))
+    report = [f"Defaults at eps {args.eps}, seeds {' '.join(map(str, seeds))}: final return mean (min); "
+              f"score = (mean - random) / (best non-private of the suite - random)", "",
+              "| env | random | best non-private | " + " | ".join(args.algos) + " |",
+              "|---|---|---|" + "---|" * len(args.algos)]
     scores: dict[str, list[float]] = {a: [] for a in args.algos}
     for env in args.envs:
         random = ENVS[env][1]
@@ -85,10 +88,16 @@ def main(argv=None) -> dict[str, float]:
             s = score(statistics.mean(rets), random, best[env])
             scores[algo].append(s)
             cells.append(f"{statistics.mean(rets):.1f} ({min(rets):.1f}), score {s:.2f}")
-        print(f"| {env} | {random:.1f} | {best[env]:.1f} | " + " | ".join(cells) + " |")
+        report.append(f"| {env} | {random:.1f} | {best[env]:.1f} | " + " | ".join(cells) + " |")
     mean_scores = {a: statistics.mean(v) for a, v in scores.items()}
-    print("| mean score | | | " + " | ".join(f"**{mean_scores[a]:.2f}**" for a in args.algos) + " |")
-    print(f"\ndefault: algo={max(mean_scores, key=mean_scores.get)} (best mean score across the envs)")
+    report += ["| mean score | | | " + " | ".join(f"**{mean_scores[a]:.2f}**" for a in args.algos) + " |", "",
+               f"default: algo={max(mean_scores, key=mean_scores.get)} (best mean score across the envs)"]
+    print("\n" + "\n".join(report))
+    if args.out:
+        command = " ".join(["python scripts/default_learner.py", *(argv if argv is not None else sys.argv[1:])])
+        with open(args.out, "w") as f:
+            f.write(f"# Which learner `python train.py` runs\n\n`{command}` (secure noise, one thread)\n\n"
+                    + "\n".join(report) + "\n")
     return mean_scores
 
 

@@ -29,10 +29,13 @@ def test_the_best_non_private_result_per_env_is_the_suites_best_row_without_eps(
     assert mod.score(-293.0, -500.0, -86.0) == pytest.approx(0.5)
 
 
-def test_it_runs_every_learner_on_every_env_named_and_picks_the_best_mean_score(capsys):
+def test_it_runs_every_learner_on_every_env_named_and_picks_the_best_mean_score(capsys, tmp_path):
     mod = _module()
     scores = mod.main(["rounds=1", "users_per_round=2", "group_size=2", "eval_episodes=2", "env.horizon=20",
-                       "--seeds", "0", "--envs", "CartPole-v1", "--algos", "dp_pg", "dp_npg"])
+                       "--seeds", "0", "--envs", "CartPole-v1", "--algos", "dp_pg", "dp_npg",
+                       "--out", str(tmp_path / "report.md")])
     out = capsys.readouterr().out
+    report = (tmp_path / "report.md").read_text()
+    assert report.splitlines()[-1] == out.strip().splitlines()[-1] and "| mean score |" in report
     assert set(scores) == {"dp_pg", "dp_npg"}
     assert f"default: algo={max(scores, key=scores.get)}" in out and "| CartPole-v1 | 22.0 | 500.0 |" in out
