@@ -15,7 +15,8 @@ import torch
 from hydra.utils import get_class, get_object, instantiate
 from omegaconf import OmegaConf, open_dict
 
-from dppo.config import did_you_mean, hint_line, to_container, validate
+from dppo.config import (INJECTABLE, POLICY_KEYS, SPACE_KEYS, accepted_keys, did_you_mean, group_keys,  # noqa: F401
+                         hint_line, to_container, validate)
 from dppo.data import OnePassUserSampler, PoissonUserSampler
 from dppo.envs.memory import physical_memory_bytes
 from dppo.envs.reward_ranges import clipping_warning, resolve_reward_bound
@@ -29,11 +30,8 @@ from dppo.training import secret
 from dppo.training.provenance import Population
 from dppo.training.trainer import Trainer
 
-INJECTABLE = ("policy", "space", "env", "privacy", "sampler", "logger", "init_critic", "seed", "rounds", "users_per_round",
-              "episodes", "batch_size", "max_grad_norm", "reward_bound", "group_size", "eps", "delta", "oracle")
 # top-level keys that only some learners read: a learner refuses one set to anything but its schema default
 SHORTCUTS = ("rounds", "users_per_round", "group_size", "max_grad_norm", "reward_bound", "episodes", "batch_size")
-POLICY_KEYS = ("init_from", "init_users_offset", "init_provenance", "init_data_disjoint", "freeze")  # policy.* keys the builder reads itself (with SPACE_KEYS)
 # The only settings a resumed run may change: where and how often it logs, checkpoints, evaluates, stops on
 # a public evaluation. Every other key (eps, delta, rounds, users_per_round, group_size, clip norms, the
 # algo's and oracle's parameters, accountant, population, secure_rng, max_epsilon, env, policy, seed) can
@@ -185,7 +183,6 @@ def _torch_load(path: str, shown: str):
                           f"({type(err).__name__}: {reason})") from None
 
 
-SPACE_KEYS = ("subspace", "dim")  # policy.* keys of the parameter space (dppo.policies.spaces.make_space)
 
 
 def build_policy(cfg, env, init_state: dict | None = None):
@@ -235,25 +232,6 @@ def build_space(cfg, policy, defaults: dict | None = None):
 
     spec = to_container(cfg.policy) or {}
     return make_space(policy, seed=cfg.seed, **{**(defaults or {}), **{k: spec[k] for k in SPACE_KEYS if k in spec}})
-
-
-def accepted_keys(target) -> set | None:
-    """The keyword arguments ``target`` (a class or function) accepts, following ``**kwargs`` into the base
-    classes' ``__init__``; None when it accepts anything. A target that takes ``**kwargs`` it checks itself may
-    name the keys it takes in ``config_keys`` (``dppo.policies.auto.auto_policy``)."""
-    if getattr(target, "config_keys", None) is not None:
-        return set(target.config_keys)
-    accepted, classes = set(), [target]
-    if inspect.isclass(target):
-        classes = [c for c in target.__mro__ if "__init__" in vars(c) and c is not object]
-    for c in classes:
-        params = inspect.signature(c.__init__ if inspect.isclass(c) else c).parameters
-        accepted |= {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - {"self"}
-        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
-            return accepted
-        if not inspect.isclass(c):
-            return None
-    return None
 
 
 def parameter_kind(target, key: str) -> tuple[str | None, bool]:
@@ -363,30 +341,6 @@ def check_policy_device(cfg) -> None:
                           f"policy ({str(shown).rsplit('.', 1)[-1]}) runs on the CPU: drop device, or use "
                           f"device=auto")
     check_device(cfg.device)
-
-
-def group_keys(cfg, group: str) -> set:
-    """The keys the ``group`` (algo, env, policy, oracle) of the composed ``cfg`` takes, as the build checks them:
-    the learner's constructor parameters less what the builder passes it (``INJECTABLE``); what the env, policy
-    (with ``POLICY_KEYS`` and ``SPACE_KEYS``) or oracle takes. Empty when the group has no target that imports."""
-    node = cfg.get(group) if cfg is not None else None
-    if node is None or "_target_" not in node:
-        return set()
-    try:
-        target = get_object(str(node["_target_"]))
-    except Exception:  # noqa: BLE001 - reported when the object is built
-        return set()
-    keys = accepted_keys(target)
-    if keys is None:   # takes **kwargs: its named parameters
-        fn = target.__init__ if inspect.isclass(target) else target
-        keys = {n for n, p in inspect.signature(fn).parameters.items()
-                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-    keys -= {"self", "observation_space", "action_space"}
-    if group == "algo":
-        keys -= set(INJECTABLE)
-    if group == "policy":
-        keys |= set(POLICY_KEYS + SPACE_KEYS)
-    return keys
 
 
 def check_target_keys(node, group: str, extra=(), cfg=None) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import math
 import os
 import typing
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
+from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from dppo.errors import ConfigError
@@ -232,15 +234,63 @@ def check_keys(cfg, node=None, schema=TrainConfig, prefix: str = "") -> None:
             check_keys(cfg, node[key], sub, f"{prefix}{key}.")
 
 
+# What each group's object takes (the build checks keys with these; did-you-mean ranks them)
+INJECTABLE = ("policy", "space", "env", "privacy", "sampler", "logger", "init_critic", "seed", "rounds", "users_per_round",
+              "episodes", "batch_size", "max_grad_norm", "reward_bound", "group_size", "eps", "delta", "oracle")
+POLICY_KEYS = ("init_from", "init_users_offset", "init_provenance", "init_data_disjoint", "freeze")  # policy.* keys the builder reads itself (with SPACE_KEYS)
+SPACE_KEYS = ("subspace", "dim")  # policy.* keys of the parameter space (dppo.policies.spaces.make_space)
+
+
+def accepted_keys(target) -> set | None:
+    """The keyword arguments ``target`` (a class or function) accepts, following ``**kwargs`` into the base
+    classes' ``__init__``; None when it accepts anything. A target that takes ``**kwargs`` it checks itself may
+    name the keys it takes in ``config_keys`` (``dppo.policies.auto.auto_policy``)."""
+    if getattr(target, "config_keys", None) is not None:
+        return set(target.config_keys)
+    accepted, classes = set(), [target]
+    if inspect.isclass(target):
+        classes = [c for c in target.__mro__ if "__init__" in vars(c) and c is not object]
+    for c in classes:
+        params = inspect.signature(c.__init__ if inspect.isclass(c) else c).parameters
+        accepted |= {n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)} - {"self"}
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return accepted
+        if not inspect.isclass(c):
+            return None
+    return None
+
+
+def group_keys(cfg, group: str) -> set:
+    """The keys the ``group`` (algo, env, policy, oracle) of the composed ``cfg`` takes, as the build checks them:
+    the learner's constructor parameters less what the builder passes it (``INJECTABLE``); what the env, policy
+    (with ``POLICY_KEYS`` and ``SPACE_KEYS``) or oracle takes. Empty when the group has no target that imports."""
+    node = cfg.get(group) if cfg is not None else None
+    if node is None or "_target_" not in node:
+        return set()
+    try:
+        target = get_object(str(node["_target_"]))
+    except Exception:  # noqa: BLE001 - reported when the object is built
+        return set()
+    keys = accepted_keys(target)
+    if keys is None:   # takes **kwargs: its named parameters
+        fn = target.__init__ if inspect.isclass(target) else target
+        keys = {n for n, p in inspect.signature(fn).parameters.items()
+                if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    keys -= {"self", "observation_space", "action_space"}
+    if group == "algo":
+        keys -= set(INJECTABLE)
+    if group == "policy":
+        keys |= set(POLICY_KEYS + SPACE_KEYS)
+    return keys
+
+
 SUGGESTION_GROUPS = ("algo", "env", "policy", "oracle", "privacy", "logger", "eval")  # did-you-mean order
 
 
 def known_keys(cfg=None) -> dict[str, set]:
     """Every key the composed config ``cfg`` takes, by group ('' for the top level): the schema's top-level keys
     and its privacy, logger and eval groups; for algo, env, policy and oracle, what the object their _target_
-    names takes (``dppo.build.group_keys``; none for a group the config does not have)."""
-    from dppo.build import group_keys   # dppo.build imports this module
-
+    names takes (``group_keys``; none for a group the config does not have)."""
     hints = typing.get_type_hints(TrainConfig)
     out = {"": {f.name for f in dataclasses.fields(TrainConfig)}}
     for group in SUGGESTION_GROUPS:

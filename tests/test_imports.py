@@ -16,7 +16,7 @@ ROOT = Path(dppo.__file__).resolve().parent
 # docs/architecture.md, "The layers", bottom up: a module imports only from its own package and the ones before
 ORDER = ["dppo.errors", "dppo.data", "dppo.privacy", "dppo.policies", "dppo.envs", "dppo.function_classes",
          "dppo.oracles", "dppo.algos", "dppo.training", "dppo.audit", "dppo.config", "dppo.build", "dppo.api",
-         "dppo.saved_run", "dppo.cli", "dppo.evaluate", "dppo"]
+         "dppo.saved_run", "dppo.cli", "dppo.evaluate", "dppo.plot", "dppo"]
 # names still imported by a module another change rewrites (the video evaluation of dppo/evaluate.py)
 PENDING = {("dppo.evaluate", "dppo.algos.npg", "evaluation_seeds")}
 

@@ -91,3 +91,39 @@ def test_the_readmes_extend_example_extends_the_default_run():
     line = next(ln for ln in README.read_text().splitlines() if "extend a finished run" in ln)
     rounds = int(re.search(r"\brounds=(\d+)", line).group(1))
     assert re.search(r"\bresume=runs/\S+", line) and rounds > make_config([]).rounds
+
+
+@pytest.mark.slow
+def test_the_quick_starts_commands_run_as_printed(tmp_path):
+    """The quick start's "Then:" block, command by command, in a fresh working directory holding the repository's
+    train.py and conf/: the run its resume / evaluate lines name is made first by ``python train.py`` itself
+    (``hydra.run.dir`` set to that name); `tensorboard` (a server) is not started. Every command exits 0; the
+    resume of the finished run says there is nothing to do and the extend line extends it."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.docs.test_readme import shell_commands
+
+    root = README.parent
+    for name in ("train.py", "conf"):
+        (tmp_path / name).symlink_to(root / name)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    block = [body for info, body in code_blocks(README.read_text()) if info == "bash"][1]
+    commands = [c for c in shell_commands(block) if c[0] != "tensorboard"]
+    named = sorted({a.split("=", 1)[1] for c in commands for a in c if a.startswith("resume=")})
+    assert len(named) == 1
+    made = subprocess.run([sys.executable, "train.py", "progress=false", f"hydra.run.dir={named[0]}"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    for cmd in commands:
+        if cmd[:2] == ["python", "-m"] and cmd[2] == "dppo.plot":
+            cmd = [*cmd[:3], *(a if not a.startswith("runs/multirun") else "runs/multirun" for a in cmd[3:])]
+        args = [sys.executable, *cmd[1:]] if cmd[0] == "python" else cmd
+        res = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert res.returncode == 0, f"{' '.join(cmd)}: {res.stderr[-2000:]}"
+        if "resume=" in " ".join(cmd) and "rounds=" not in " ".join(cmd):
+            assert "nothing to do" in res.stderr
+    summary = json.loads((tmp_path / named[0] / "summary.json").read_text())
+    extend = next(c for c in commands if "resume=" in " ".join(c) and any(a.startswith("rounds=") for a in c))
+    assert summary["rounds_done"] == int(next(a for a in extend if a.startswith("rounds=")).split("=")[1])

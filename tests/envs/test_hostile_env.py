@@ -46,7 +46,8 @@ def _run(tmp_path, mode, after=10**9):
     return dppo.train(["algo=dp_pg", "env.id=DppoTest/Hostile-v0", f"+env.kwargs.mode={mode}",
                        f"+env.kwargs.after={after}", "rounds=4", "users_per_round=3", "group_size=2", "checkpoint_every=1",
                        "reward_bound=1",   # the env declares no range: a private run must be given one
-                       "eval_episodes=1", "progress=false"], run_dir=str(tmp_path))
+                       "eval_episodes=1", "eval_every=null",   # the step count is of the training rollouts only
+                       "progress=false"], run_dir=str(tmp_path))
 
 
 def test_rewards_outside_the_bound_are_clipped_and_counted(tmp_path):

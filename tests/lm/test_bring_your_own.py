@@ -93,8 +93,13 @@ def workdir(tmp_path, monkeypatch):
 
 
 def readme_line(model: str) -> list[str]:
-    return ["algo=dp_pg", "policy=lm", f"policy.path={model}", "env=prompts", "env.path=my_prompts.jsonl",
-            "env.reward=my_module.my_reward", "eps=8"]
+    """The README's bring-your-own command, read from the README, with ``model`` for its placeholder path."""
+    from tests.docs.test_readme import README, code_blocks, shell_commands
+
+    line = next(cmd for info, body in code_blocks(README.read_text()) if info == "bash"
+                for cmd in shell_commands(body) if "policy.path=/path/to/local/hf/model" in cmd)
+    assert line[:2] == ["python", "train.py"]
+    return [a.replace("/path/to/local/hf/model", model) for a in line[2:]]
 
 
 @pytest.mark.parametrize("kind,targets", [("gpt2", ["c_attn"]), ("llama", ["q_proj", "v_proj"])])
