@@ -69,6 +69,7 @@ def overrides(exp: str, eps, seed: int) -> list[str]:
     return [f"+experiment={base}", *PROTOCOL.get(proto, []), f"seed={seed}", f"eps={'null' if eps is None else eps}",
             "progress=false",
             "logger.tensorboard=false",
+            "eval_every=null",               # the final evaluation only, as the reference table was made
             "privacy.secure_rng=false"]      # seeded noise: the reference table must be reproducible
 
 
