@@ -122,7 +122,7 @@ def counted(monkeypatch):
     """Counts of Hydra compositions and of each builder's calls (the one configuration path: one of each)."""
     import hydra
 
-    import dppo.build
+    import dppo.build.run
 
     counts = {}
 
@@ -134,7 +134,7 @@ def counted(monkeypatch):
 
     monkeypatch.setattr(hydra, "compose", counting("compose", hydra.compose))
     for name in BUILDERS:
-        monkeypatch.setattr(dppo.build, name, counting(name, getattr(dppo.build, name)))
+        monkeypatch.setattr(dppo.build.run, name, counting(name, getattr(dppo.build.run, name)))  # where build() calls it
     return counts
 
 

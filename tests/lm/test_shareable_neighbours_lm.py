@@ -73,7 +73,7 @@ def test_the_neighbour_test_catches_a_hash_of_the_rows_put_back_in_the_config(sm
                                                                                 monkeypatch):
     """The comparison is not blind: the SHA-256 of the rows written into ``cfg.env`` (as dppo did before)
     makes policy.pt's config differ between neighbours."""
-    from dppo import build
+    from dppo.build import env as build   # where build_env calls it
 
     record = build.record_env_inputs
 

@@ -1,0 +1,75 @@
+"""The learner: its own ``algo`` keys plus the objects and top-level keys its signature names (the injection), its
+oracle, and the reward bound it gets."""
+from __future__ import annotations
+
+import inspect
+import sys
+
+from hydra.utils import instantiate
+
+from dppo.build.checks import algo_name, check_target_keys, unwrap_build_error
+from dppo.config import INJECTABLE, did_you_mean, hint_line, to_container
+from dppo.envs.reward_ranges import clipping_warning, resolve_reward_bound
+from dppo.errors import ConfigError
+from dppo.training import distributed
+
+
+def build_learner(cfg, cls, objects: dict):
+    """Call the learner with its own algo keys plus the injectable objects and top-level keys its signature names."""
+    params = dict(to_container(cfg.algo))
+    params.pop("_target_")
+    params.pop("name", None)
+    params.pop("private", None)  # conf/algo/pucb.yaml still names it; eps alone decides privacy
+    sig = inspect.signature(cls.__init__).parameters
+    accepts_any = any(p.kind == p.VAR_KEYWORD for p in sig.values())
+    # a run-level key under algo. (algo.rounds) would be replaced by the top-level one: refused, not ignored
+    unknown = [k for k in params if (k not in sig and not accepts_any) or k in INJECTABLE]
+    if unknown:
+        valid = sorted(k for k in sig if k not in INJECTABLE and k != "self")
+        hint = hint_line(did_you_mean(f"algo.{unknown[0]}", cfg))
+        raise ConfigError(f"unknown key 'algo.{unknown[0]}'{hint} for algo={algo_name(cfg, cls, cfg.eps is not None)}; "
+                          f"valid: {valid}")
+    available = {"seed": cfg.seed, "rounds": cfg.rounds, "users_per_round": cfg.users_per_round,
+                 "group_size": cfg.group_size, "episodes": cfg.episodes, "batch_size": cfg.batch_size,
+                 "max_grad_norm": cfg.max_grad_norm, "reward_bound": learner_reward_bound(cfg, cls, objects),
+                 "eps": objects["privacy"].eps,
+                 "delta": cfg.delta, **objects}
+    if "oracle" in sig and "oracle" not in objects:
+        space = objects.get("space")
+        available["oracle"] = build_oracle(cfg, cls, objects["privacy"].private, space.dim if space is not None else 0)
+    if hasattr(cls, "check_config"):
+        oracle = available.get("oracle")
+        cls.check_config(params, oracle=oracle,
+                         oracle_keys=[k for k in (to_container(cfg.oracle) if cfg.oracle is not None else {})
+                                      if k != "_target_"])
+    for k in INJECTABLE:
+        if k in sig and k in available and (available[k] is not None or k not in ("episodes",)):
+            params[k] = available[k]
+    return cls(**params)
+
+
+def build_oracle(cfg, cls, private: bool, dim: int):
+    """The oracle group (``oracle=<name>``, ``oracle.<key>=``) or the learner's default for its privacy and space."""
+    from dppo.oracles import make_oracle
+
+    if cfg.oracle is None:
+        return make_oracle(cls.default_oracle(private, dim))
+    check_target_keys(cfg.oracle, "oracle", cfg=cfg)
+    try:
+        return instantiate(cfg.oracle, _convert_="all")
+    except Exception as err:  # noqa: BLE001 - hydra wraps the real error
+        raise unwrap_build_error(err, "oracle") from None
+
+
+def learner_reward_bound(cfg, cls, objects: dict) -> float | None:
+    """``reward_bound`` as the learner gets it (``dppo.envs.reward_ranges.resolve_reward_bound``), with a public
+    warning on stderr when it cuts into the env's declared range."""
+    sig = inspect.signature(cls.__init__).parameters
+    needs = "reward_bound" in sig and sig["reward_bound"].default not in (None, inspect.Parameter.empty)
+    private = objects["privacy"].private
+    bound = resolve_reward_bound(cfg.reward_bound, objects["env"], private=private, needs_bound=needs,
+                                 seed=cfg.seed, algo=algo_name(cfg, cls, private))
+    warning = clipping_warning(bound, objects["env"])
+    if warning and distributed.from_env().is_main:
+        print(f"dppo: warning: {warning}", file=sys.stderr, flush=True)
+    return bound

@@ -1,0 +1,102 @@
+"""The privacy context (accountant, noise source, caps) and the user sampler of a run, and the rules that refuse an
+accountant or composition that cannot account the learner's releases."""
+from __future__ import annotations
+
+import inspect
+
+from hydra.utils import get_class
+
+from dppo.config import to_container
+from dppo.data import OnePassUserSampler, PoissonUserSampler
+from dppo.errors import ConfigError
+from dppo.privacy import NoiseSource, PrivacyContext
+from dppo.privacy.accountants import make_accountant
+
+
+def build_privacy(cfg, cls) -> PrivacyContext:
+    p = cfg.privacy
+    name = p.accountant
+    if p.multi_pass and cfg.eps is not None and _releases_pure_dp(cfg, cls):
+        raise ConfigError(f"privacy.multi_pass=true: Opacus' RDP/PRV accounting composes Poisson-subsampled "
+                          f"Gaussian releases, and {cls.__name__} makes pure-DP releases; use one-pass training")
+    if name is None:
+        name = _default_accountant(cls, cfg)
+    if p.multi_pass and name not in ("rdp", "prv"):
+        raise ConfigError("privacy.multi_pass=true needs privacy.accountant=rdp or prv (users are reused)")
+    check_accountant(cfg, cls, name)
+    return PrivacyContext(cfg.eps, cfg.delta, accountant=make_accountant(name),
+                          noise=NoiseSource(cfg.seed, secure=p.secure_rng), max_epsilon=p.max_epsilon,
+                          multi_pass=p.multi_pass, population_size=p.population_size)
+
+
+def _default_accountant(cls, cfg) -> str:
+    """The learner's own accountant choice (``accountant_name(privacy_cfg[, algo_cfg])``), else rdp/parallel."""
+    fn = getattr(cls, "accountant_name", None)
+    if fn is None:
+        return "rdp" if cfg.privacy.multi_pass else "parallel"
+    if len(inspect.signature(fn).parameters) >= 2:
+        return fn(cfg.privacy, to_container(cfg.algo))
+    return fn(cfg.privacy)
+
+
+def check_accountant(cfg, cls, name: str) -> None:
+    """Refuse, before round 0, an accountant or composition that cannot account this learner's releases."""
+    if cfg.eps is None:
+        return
+    p = cfg.privacy
+    if name in ("rdp", "prv") and not p.multi_pass:
+        raise ConfigError(f"privacy.accountant={name} composes Poisson-subsampled rounds and needs "
+                          f"privacy.multi_pass=true with privacy.population_size; one-pass runs use parallel "
+                          f"(the default) or basic")
+    pure = _releases_pure_dp(cfg, cls)
+    if p.multi_pass and pure:
+        raise ConfigError(f"privacy.multi_pass=true: Opacus' RDP/PRV accounting composes Poisson-subsampled "
+                          f"Gaussian releases, and {cls.__name__} makes pure-DP releases; use one-pass training")
+    carries_rho = bool(getattr(cls, "releases_carry_rho", lambda c: False)(cfg))   # Gaussian releases with their zCDP rho
+    if name in ("advanced", "zcdp") and not pure and not (name == "zcdp" and carries_rho):
+        raise ConfigError(f"privacy.accountant={name} composes pure-DP (delta=0) releases only, and "
+                          f"{cls.__name__} makes (eps, delta) Gaussian releases; use privacy.accountant=parallel "
+                          f"(one-pass default) or basic")
+    if name == "gdp" and (pure or not carries_rho):
+        raise ConfigError(f"privacy.accountant=gdp composes the Gaussian continual counters' releases only, and "
+                          f"{cls.__name__} (with this config) makes other releases; use privacy.accountant=null "
+                          f"(the learner's default)")
+    uses_composition = getattr(cls, "uses_composition", False)
+    if uses_composition and p.accountant is not None and p.composition != "advanced" and p.accountant != p.composition:
+        raise ConfigError(f"privacy.accountant={p.accountant} contradicts privacy.composition={p.composition}; "
+                          f"set privacy.accountant=null and choose privacy.composition")
+    if p.composition != "advanced" and not uses_composition:
+        raise ConfigError(f"privacy.composition={p.composition} applies to the GFA learners only; "
+                          f"{cls.__name__} is accounted by privacy.accountant")
+    # one-pass rounds (and PUCB's counters) each spend the whole eps at once; multi-pass rounds and GFA's
+    # composed releases spend a share of it, so a lower cap there just stops the run early
+    if p.max_epsilon is not None and p.max_epsilon < cfg.eps and not p.multi_pass and not uses_composition:
+        raise ConfigError(f"privacy.max_epsilon={p.max_epsilon} is below eps={cfg.eps}: the run would stop "
+                          f"before its first full round; raise privacy.max_epsilon or lower eps")
+    if p.max_epsilon is not None and p.multi_pass and p.population_size and name in ("rdp", "prv"):
+        from dppo.privacy.accountants.opacus import multi_pass_first_release_epsilon
+
+        first = multi_pass_first_release_epsilon(cfg.eps, cfg.delta, cfg.users_per_round / p.population_size,
+                                                 cfg.rounds, name)
+        if first > p.max_epsilon:
+            raise ConfigError(f"privacy.max_epsilon={p.max_epsilon} is below the {first:.4g} that the first "
+                              f"multi-pass round spends (eps={cfg.eps} over {cfg.rounds} rounds): the run would "
+                              f"stop before round 0; raise privacy.max_epsilon")
+
+
+def _releases_pure_dp(cfg, cls) -> bool:
+    """Whether every release of the learner is pure eps-DP (delta = 0): a learner says so itself
+    (``releases_pure_dp``); an oracle-based learner is pure with the exponential-mechanism oracle."""
+    if hasattr(cls, "releases_pure_dp"):
+        return bool(cls.releases_pure_dp(cfg))
+    if "oracle" in inspect.signature(cls.__init__).parameters and cfg.oracle is not None:
+        return getattr(get_class(cfg.oracle._target_), "name", None) == "exp_mech"
+    return False
+
+
+def build_sampler(cfg, noise=None):
+    p = cfg.privacy
+    if p.multi_pass:
+        return PoissonUserSampler(cfg.users_per_round, p.population_size, seed=cfg.seed, noise=noise)
+    sampler = OnePassUserSampler(cfg.users_per_round, p.population_size, seed=cfg.seed)
+    return sampler
