@@ -104,7 +104,9 @@ class DPUBEV(TabularUCB):
     """UBEV on counts released by a Gaussian (default) or Laplace continual counter (module docstring).
 
     Args (beyond ``TabularUCB``'s):
-        counter: ``gaussian`` | ``gaussian_sqrt`` | ``gaussian_tree`` | ``laplace_tree``.
+        failure_prob: split in halves: UBEV's delta and, when private, the counters' beta.
+        counter: ``gaussian`` (= ``gaussian_opt``: the optimized factorization for at most 320 counter steps,
+            else ``gaussian_sqrt``) | ``gaussian_sqrt`` | ``gaussian_tree`` | ``laplace_tree``.
         pool_steps: pool the statistics over h (time-homogeneous MDPs).
         pool_cap: pooled, keep the first ``pool_cap`` visits of each (s, a) per episode (null: all H);
             the per-user sensitivity is ``sqrt(6 cap H)`` (``dppo.privacy.tabular_counters``).
@@ -172,12 +174,11 @@ class DPUBEV(TabularUCB):
     def accountant_name(cls, privacy_cfg, algo_cfg=None) -> str:
         """``gdp`` for the Gaussian counters (one Gaussian mechanism, calibrated and accounted exactly:
         ``dppo.privacy.accountants.gdp``), ``zcdp`` for PUCB's Laplace tree (pure DP)."""
-        counter = (algo_cfg or {}).get("counter") or "gaussian"
-        return "zcdp" if counter == "laplace_tree" else "gdp"
+        return "zcdp" if cls.counter_of(algo_cfg) == "laplace_tree" else "gdp"
 
     @classmethod
     def releases_pure_dp(cls, cfg) -> bool:
-        return (cfg.algo.get("counter") or "gaussian") == "laplace_tree"
+        return cls.counter_of(cfg.algo) == "laplace_tree"
 
     @classmethod
     def releases_carry_rho(cls, cfg) -> bool:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import inspect
 import math
 
 import numpy as np
@@ -59,6 +60,8 @@ class TabularUCB(torch.nn.Module, Learner):
     Args:
         env: a ``TabularMDP``, a gymnasium env with Discrete spaces, or a ``GymEnvFactory``.
         episodes: total episodes T (one user each); ``None`` uses ``episodes_default``.
+        episodes_default: T when the top-level ``episodes`` is null; it fixes the counters' capacity, the release
+            schedule and the calibration.
         episodes_per_round: episodes per trainer round (one log line per round).
         failure_prob: the confidence parameter (delta of UBEV, beta of PUCB).
         reward_bound: native reward range ``[-reward_bound, reward_bound]`` of a model-free env.
@@ -74,6 +77,13 @@ class TabularUCB(torch.nn.Module, Learner):
     """
 
     name = "tabular_ucb"
+
+    @classmethod
+    def counter_of(cls, algo_cfg) -> str:
+        """The counter a config picks: ``algo.counter``, else this learner's default (its signature's, the one
+        home of the default)."""
+        counter = (algo_cfg or {}).get("counter")
+        return counter or inspect.signature(cls.__init__).parameters["counter"].default
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
@@ -423,6 +433,12 @@ class PUCB(TabularUCB):
     uniform over all streams and episodes (``count_error_bound=tree``; also valid w.p. 1 - beta',
     usually smaller). ``Q~`` is projected onto ``[0, inf)`` (it estimates a value >= 0), so
     ``n~ < 2E`` gives ``Q~+ = H`` for any noise. With ``eps=null`` the counts are exact and ``E = 0``.
+
+    Args (beyond ``TabularUCB``'s):
+        failure_prob: beta (``beta' = beta / 2`` in ``E`` and ``phi~``).
+        count_error_bound: ``reference`` (the paper's ``E_eps``) | ``tree`` (the tree mechanism's own bound).
+        counter: ``laplace_tree`` (the paper's) | ``gaussian`` (square-root factorization) | ``gaussian_tree`` |
+            ``gaussian_sqrt``.
     """
 
     name = "pucb"
@@ -447,12 +463,11 @@ class PUCB(TabularUCB):
 
     @classmethod
     def accountant_name(cls, privacy_cfg, algo_cfg=None) -> str:
-        counter = (algo_cfg or {}).get("counter", "laplace_tree") or "laplace_tree"
-        return "basic" if counter == "laplace_tree" else "zcdp"
+        return "basic" if cls.counter_of(algo_cfg) == "laplace_tree" else "zcdp"
 
     @classmethod
     def releases_pure_dp(cls, cfg) -> bool:
-        return (cfg.algo.get("counter") or "laplace_tree") == "laplace_tree"     # Laplace tree counters
+        return cls.counter_of(cfg.algo) == "laplace_tree"     # Laplace tree counters
 
     @classmethod
     def releases_carry_rho(cls, cfg) -> bool:

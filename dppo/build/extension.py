@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import inspect
 
-from dppo.build.checks import group_choice_name
+from dppo.build.checks import algo_name
 
 
 def extension_rules(cfg, cls, privacy) -> dict:
@@ -14,7 +14,7 @@ def extension_rules(cfg, cls, privacy) -> dict:
     releases compose (multi-pass RDP/PRV, the basic accountant, GFA's batches) or where a learner's private
     counters are sized for its episodes (the tabular learners).
     """
-    name = group_choice_name(cfg)
+    name = algo_name(cfg, cls, privacy.private)
     sig = inspect.signature(cls.__init__).parameters
     composes = getattr(cls, "uses_composition", False)
     if "rounds" not in sig:

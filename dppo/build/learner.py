@@ -18,8 +18,8 @@ def build_learner(cfg, cls, objects: dict):
     """Call the learner with its own algo keys plus the injectable objects and top-level keys its signature names."""
     params = dict(to_container(cfg.algo))
     params.pop("_target_")
-    params.pop("name", None)
-    params.pop("private", None)  # conf/algo/pucb.yaml still names it; eps alone decides privacy
+    params.pop("name", None)     # the learner names itself (its name / names); a run saved before says it too
+    params.pop("private", None)  # in the configs of runs saved before pucb.yaml dropped it; eps alone decides privacy
     sig = inspect.signature(cls.__init__).parameters
     accepts_any = any(p.kind == p.VAR_KEYWORD for p in sig.values())
     # a run-level key under algo. (algo.rounds) would be replaced by the top-level one: refused, not ignored
