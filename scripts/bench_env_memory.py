@@ -15,7 +15,8 @@ import sys
 import tempfile
 import time
 
-from peak_memory import print_child_result, run_child   # scripts/ is on sys.path
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import print_child_result, run_child  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -4,7 +4,7 @@ For one round's data (m prompts x G sampled completions of a task's prompts; the
 and each policy config - by default the private config of every task in ``scripts/reproduce_lm.py``
 (``TASKS[task]["private"]``: what the reference's private rows run), then LoRA r = 2 on q, v, LoRA r = 8 on all
 seven projections and full fine-tuning of the linear layers on the addition model beside them, those not
-benched already (``--adapters`` picks others from ``reproduce_lm.ADAPTERS``) - it times, after a warm-up and as the median of ``--repeats``, interleaved:
+benched already (``--adapters`` picks others from ``common.ADAPTERS``) - it times, after a warm-up and as the median of ``--repeats``, interleaved:
   non-private: one backward pass of the summed GRPO objective (a plain PG step's cost);
   private:     DP-PG's update as the learner makes it: the users' norms and the clipped sum without the
                (m, d) per-user gradients (``AdapterSpace.clipped_user_sum``, ``dppo.policies.clipped_sum``:
@@ -37,13 +37,12 @@ from dppo.privacy import NoiseSource, PrivacyContext  # noqa: E402
 from dppo.privacy.accountants import make_accountant  # noqa: E402
 from dppo.privacy.clipping import GaussianSumPrivatizer  # noqa: E402
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-from reproduce_lm import ADAPTERS, TASKS  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ADAPTERS, ROOT, TASKS  # noqa: E402
 
 
 def setup(task: str, adapter: str, device: str, extra: tuple = ()):
-    """(policy, env, m, G) of a task's experiment with an adapter of ``reproduce_lm.ADAPTERS`` (as a run builds them)."""
+    """(policy, env, m, G) of a task's experiment with an adapter of ``common.ADAPTERS`` (as a run builds them)."""
     from dppo.api import make_config
     from dppo.build import build_env, build_policy
 

@@ -12,6 +12,7 @@ shipped files are the reference and this script is how they were made.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import sys
@@ -41,8 +42,12 @@ def build(name: str, overrides: list[str], root: str = ROOT) -> str:
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", nargs="+", choices=sorted(PRETRAINED), help="build only these entries (default: all)")
+    args = ap.parse_args()
     for name, overrides in PRETRAINED.items():
-        build(name, overrides)
+        if not args.only or name in args.only:
+            build(name, overrides)
     return 0
 
 

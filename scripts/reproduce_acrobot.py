@@ -21,12 +21,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from reproduce_cartpole import _mean_std, _worker_init, load, run_in_process  # noqa: E402
-from secure_spread import SEEDED_NOTE  # noqa: E402
+from common import QUIET, ROOT, SEEDED, SEEDED_NOTE, load_run, mean_std, train_in_process, worker_init  # noqa: E402
 
 from dppo.training.rundir import complete, write_report  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EPS = 5.0
 # (label, experiment, eps, non-private twin's experiment)
 ROWS = [
@@ -42,6 +39,12 @@ TARGET = 0.8  # every private row recovers >= 80% of its twin's improvement over
 
 def run_dir(out: str, exp: str, eps, seed: int) -> str:
     return os.path.join(out, f"{exp}_eps{'none' if eps is None else f'{eps:g}'}_s{seed}")
+
+
+def overrides(exp: str, eps, seed: int) -> list[str]:
+    """One cell: the experiment, the seed and eps; the final evaluation only, as the reference table was made."""
+    return [f"+experiment={exp}", f"seed={seed}", f"eps={'null' if eps is None else eps}", *QUIET,
+            "eval_every=null", *SEEDED]
 
 
 def random_policy_return(seed: int, episodes: int) -> float:
@@ -71,8 +74,8 @@ def run_grid(args) -> float:
     todo = [j for j in jobs if not complete(j[3])]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_worker_init) as pool:
-        for fut in as_completed([pool.submit(run_in_process, *j) for j in todo]):
+                             initializer=worker_init) as pool:
+        for fut in as_completed([pool.submit(train_in_process, overrides(*j[:3]), j[3]) for j in todo]):
             path, rc, wall = fut.result()
             print(f"{os.path.basename(path)}: {wall:.0f} s rc={rc}", flush=True)
     return time.perf_counter() - t0
@@ -94,12 +97,12 @@ def report(args, grid_wall: float | None) -> None:
              "| algorithm | eps | G | env steps / round | mean final return | std | per seed | recovered | eps spent | wall s/run |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for lab, exp, eps, twin in ROWS:
-        runs = [load(run_dir(args.out, exp, eps, s)) for s in args.seeds if complete(run_dir(args.out, exp, eps, s))]
+        runs = [load_run(run_dir(args.out, exp, eps, s)) for s in args.seeds if complete(run_dir(args.out, exp, eps, s))]
         if not runs:
             lines.append(f"| {lab} | {'-' if eps is None else f'{eps:g}'} | | | (not run) ||||||")
             continue
         f = [r[0]["final_return"] for r in runs]
-        m, sd = _mean_std(f)
+        m, sd = mean_std(f)
         finals[exp] = m
         rec = "-"
         if twin in finals and finals[twin] > r_rand:

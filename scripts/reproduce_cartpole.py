@@ -13,21 +13,18 @@ side by side) and ``runs/reference/cartpole.png`` (mean +- std return per round,
 from __future__ import annotations
 
 import argparse
-import csv
-import json
-import math
+import multiprocessing
 import os
 import sys
 import time
-import multiprocessing
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
-from dppo.training.rundir import complete, launch_train, write_report
-from secure_spread import SEEDED_NOTE  # noqa: E402  (scripts/ is on sys.path)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT, SEEDED_NOTE, default_jobs, load_run, mean_std, train_in_process, worker_init  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from dppo.training.rundir import complete, launch_train, write_report  # noqa: E402
 # (family, experiment, eps, paper mean final, paper std, paper best-epoch mean)
 ROWS = [
     ("PG", "cartpole_pg", None, 334.37, 25.25, 361.70),
@@ -73,45 +70,6 @@ def overrides(exp: str, eps, seed: int) -> list[str]:
             "privacy.secure_rng=false"]      # seeded noise: the reference table must be reproducible
 
 
-def _worker_init() -> None:
-    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    import warnings
-
-    import torch
-
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-
-
-def run_in_process(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
-    """One cell in this (pool worker) process through the Python API: the same config and outputs as
-    ``train.py`` (``.hydra/config.yaml`` included, so ``train.py resume=`` works), without paying
-    Python/torch start-up and a second config build per run."""
-    import shutil
-
-    from omegaconf import OmegaConf
-
-    import dppo
-
-    t0 = time.perf_counter()
-    if os.path.isdir(path):
-        shutil.rmtree(path)  # an incomplete earlier attempt: start the cell afresh
-    try:
-        cfg = dppo.make_config(overrides(exp, eps, seed))
-        os.makedirs(os.path.join(path, ".hydra"), exist_ok=True)
-        OmegaConf.save(cfg, os.path.join(path, ".hydra", "config.yaml"))
-        with open(os.devnull, "w") as devnull:
-            import contextlib
-
-            with contextlib.redirect_stderr(devnull):
-                dppo.train(cfg, run_dir=path)
-        rc = 0
-    except Exception as err:  # noqa: BLE001 - one failed cell is reported, the grid goes on
-        print(f"FAILED {os.path.basename(path)}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-        rc = 1
-    return path, rc, time.perf_counter() - t0
-
-
 def launch(exp: str, eps, seed: int, path: str) -> tuple[str, int, float]:
     return launch_train(ROOT, overrides(exp, eps, seed), path)
 
@@ -124,9 +82,10 @@ def run_grid(args) -> float:
     todo.sort(key=lambda j: -COST.get(j[0].partition("@")[0], 1.0) * (0.2 if "@" in j[0] else 1.0))
     t0 = time.perf_counter()
     pool = (ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"),
-                                initializer=_worker_init) if not args.subprocess else ThreadPoolExecutor(args.workers))
+                                initializer=worker_init) if not args.subprocess else ThreadPoolExecutor(args.workers))
     with pool, tqdm(total=len(jobs), initial=len(jobs) - len(todo), desc="cartpole runs", unit="run") as bar:
-        futures = [pool.submit(launch if args.subprocess else run_in_process, *j) for j in todo]
+        futures = [pool.submit(launch, *j) if args.subprocess else
+                   pool.submit(train_in_process, overrides(*j[:3]), j[3]) for j in todo]
         for fut in as_completed(futures):
             path, rc, wall = fut.result()
             bar.set_postfix_str(f"{os.path.basename(path)} {wall:.0f}s rc={rc}")
@@ -136,24 +95,6 @@ def run_grid(args) -> float:
 
 def rows(args):
     return ROWS + (PAPER_ROWS if args.paper_protocol else [])
-
-
-def load(path: str):
-    with open(os.path.join(path, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(path, "progress.csv")) as f:
-        table = list(csv.DictReader(f))
-    curve = [float(r["diag/return"] if "diag/return" in r else r["rollout/return"]) for r in table]
-    steps = [float(r["diag/env_steps"]) for r in table if r.get("diag/env_steps")]
-    group = [float(r["rollout/episodes"]) / float(r["rollout/users"]) for r in table if r.get("rollout/episodes")]
-    summary["env_steps_per_round"] = sum(steps) / len(steps) if steps else None
-    summary["group_size"] = round(group[0]) if group else 1
-    return summary, curve
-
-
-def _mean_std(xs):
-    m = sum(xs) / len(xs)
-    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0)
 
 
 def report(args, grid_wall: float | None) -> None:
@@ -169,7 +110,7 @@ def report(args, grid_wall: float | None) -> None:
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     curves = {}
     for fam, exp, eps, p_mean, p_std, p_best in rows(args):
-        runs = [load(run_dir(args.out, exp, eps, s)) for s in args.seeds if complete(run_dir(args.out, exp, eps, s))]
+        runs = [load_run(run_dir(args.out, exp, eps, s)) for s in args.seeds if complete(run_dir(args.out, exp, eps, s))]
         if not runs:
             lines.append(f"| {label(exp)} | {'-' if eps is None else f'{eps:g}'} | | | (not run) |||||||||")
             continue
@@ -177,7 +118,7 @@ def report(args, grid_wall: float | None) -> None:
         T = min(len(r[1]) for r in runs)
         per_round = [sum(r[1][t] for r in runs) / len(runs) for t in range(T)]
         curves[(fam, exp, eps)] = [[r[1][t] for r in runs] for t in range(T)]
-        m, sd = _mean_std(finals)
+        m, sd = mean_std(finals)
         spent = max(r[0]["epsilon_spent"] for r in runs)
         wall = sum(r[0]["wall_time_s"] for r in runs) / len(runs)
         fmt = lambda v: "-" if v is None else f"{v:.2f}"
@@ -189,7 +130,7 @@ def report(args, grid_wall: float | None) -> None:
     if grid_wall is not None:
         lines += ["", f"Grid wall time on this machine: {grid_wall / 60:.1f} min ({args.workers} run(s) at a time, "
                       f"one torch thread each)."]
-    total = sum(load(run_dir(args.out, exp, eps, s))[0]["wall_time_s"] for _, exp, eps, *_ in rows(args) for s in args.seeds
+    total = sum(load_run(run_dir(args.out, exp, eps, s))[0]["wall_time_s"] for _, exp, eps, *_ in rows(args) for s in args.seeds
                 if complete(run_dir(args.out, exp, eps, s)))
     lines += ["", f"Sum of the runs' own wall times: {total / 60:.1f} min (divided by the runs at a time, when each has a free core)."]
     lines += ["", "Configs: `conf/experiment/cartpole_<algo>.yaml`; one cell: "
@@ -211,7 +152,7 @@ def plot(curves: dict, path: str) -> None:
         for (f, exp, eps), per_round in curves.items():
             if f != fam:
                 continue
-            ms = [_mean_std(v) for v in per_round]
+            ms = [mean_std(v) for v in per_round]
             x = list(range(1, len(ms) + 1))
             mean = [a for a, _ in ms]
             ax.plot(x, mean, color=colors[eps], label=f"{label(exp)}" + ("" if eps is None else f" eps={eps:g}"))
@@ -240,7 +181,7 @@ def main() -> None:
                          "each, running cells through the Python API)")
     ap.add_argument("--paper-protocol", action="store_true", help="also the G <= 2 rows (one episode per user)")
     args = ap.parse_args()
-    args.workers = args.workers or min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8)
+    args.workers = args.workers or default_jobs()
     wall = None if args.report else run_grid(args)
     report(args, wall)
 

@@ -28,9 +28,13 @@ import glob
 import json
 import math
 import os
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import mean_std, parse_eps  # noqa: E402
 
 from dppo.algos.dp_ubev import DPUBEV
 from dppo.algos.ucb import PUCB, UBEV
@@ -261,9 +265,7 @@ def bound_check(H: int, T: int, eps: float, seed: int = 0) -> list[str]:
 
 # ---- report ---------------------------------------------------------------------------------------
 def _mean_std(xs):
-    m = sum(xs) / len(xs)
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
-    return m, sd
+    return mean_std(xs, single=float("nan"))
 
 
 def _at(r, t):
@@ -480,10 +482,6 @@ def _plot(curve_groups, png) -> None:
     fig.savefig(png, dpi=120)
 
 
-def _eps(text: str):
-    return None if text.lower() in ("none", "null") else float(text)
-
-
 def main() -> None:
     torch.set_num_threads(1)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -492,7 +490,7 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (one thread each)")
     p.add_argument("--H", type=int, default=10, help="--bound-check / --gym: horizon")
     p.add_argument("--T", type=int, default=100000, help="--bound-check: episodes")
-    p.add_argument("--eps", type=_eps, nargs="*", default=[1.0], help="--bound-check / --gym: eps values")
+    p.add_argument("--eps", type=parse_eps, nargs="*", default=[1.0], help="--bound-check / --gym: eps values")
     p.add_argument("--out", default="runs/tabular_dp")
     p.add_argument("--md", default="runs/reference/tabular.md")
     p.add_argument("--png", default="runs/reference/tabular_dp.png")

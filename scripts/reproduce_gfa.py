@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 
 import torch
@@ -31,7 +32,9 @@ from dppo.privacy.accountants import make_accountant
 from dppo.privacy.accountants.advanced import paper_eps0
 from dppo.privacy.accountants.zcdp import ZCDPAccountant
 from dppo.privacy.calibration import exp_mech_beta
-from secure_spread import SEEDED_NOTE  # noqa: E402  (scripts/ is on sys.path)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import GFA_TABLE, SEEDED_NOTE, plateau_episode  # noqa: E402
 
 PAPER = {"non-private, update every episode": (13, 31), "non-private, batched": (24, 34),
          "private eps=8, advanced (paper's accounting)": (37, 87),
@@ -54,14 +57,6 @@ ROWS = [  # label, eps, batch_size (None = rule), composition, learner overrides
     ("private eps=5, zCDP, worst-case Delta", 5.0, None, "zcdp", {"sensitivity": "worst_case"}),
 ]
 VARIANTS = ("easy", "hard")
-
-
-def plateau_episode(regret: torch.Tensor, frac: float = 0.95) -> int:
-    """First (1-indexed) episode whose cumulative regret reaches ``frac`` of the final cumulative regret."""
-    cum = regret.cumsum(0)
-    if cum[-1] <= 0:
-        return 1
-    return int(torch.nonzero(cum >= frac * cum[-1])[0]) + 1
 
 
 def make_learner(variant, eps, batch_size, composition, seed, args, noise=None, **over):
@@ -107,12 +102,12 @@ def pair(p: dict) -> str:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=20)
-    ap.add_argument("--episodes", type=int, default=500)
-    ap.add_argument("--batch-const", type=float, default=1.5)
-    ap.add_argument("--eta", type=float, default=50.0)
-    ap.add_argument("--scales", type=float, nargs="+", default=[0.5, 0.75, 1.0])
-    ap.add_argument("--class-size", type=int, default=243)
-    ap.add_argument("--delta", type=float, default=1e-5)
+    ap.add_argument("--episodes", type=int, default=GFA_TABLE["episodes"])
+    ap.add_argument("--batch-const", type=float, default=GFA_TABLE["batch_const"])
+    ap.add_argument("--eta", type=float, default=GFA_TABLE["eta"])
+    ap.add_argument("--scales", type=float, nargs="+", default=list(GFA_TABLE["scales"]))
+    ap.add_argument("--class-size", type=int, default=GFA_TABLE["class_size"])
+    ap.add_argument("--delta", type=float, default=GFA_TABLE["delta"])
     ap.add_argument("--out", default="runs/reference/gfa")
     ap.add_argument("--no-diagnostics", action="store_true", help="only the main table")
     ap.add_argument("--riverswim-seeds", type=int, default=5, help="Algorithm 1 on RiverSwim (0 = skip)")

@@ -36,21 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ADAPTERS, ROOT, TASKS  # noqa: E402
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-ALL7 = "[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
-NORMS = ("model.model.embed_tokens,model.model.layers.0.input_layernorm,model.model.layers.0.post_attention_layernorm,"
-         "model.model.layers.1.input_layernorm,model.model.layers.1.post_attention_layernorm,model.model.norm")
-ADAPTERS = {  # name -> (overrides, description); each sets the whole policy side, whatever the experiment's yaml says
-    "lora_r2_qv": (["policy.lora={r:2,alpha:4,dropout:0.0,target_modules:[q_proj,v_proj]}", "++policy.freeze=[]"],
-                   "LoRA r = 2 on q, v"),
-    "lora_r8_all": ([f"policy.lora={{r:8,alpha:16,dropout:0.0,target_modules:{ALL7}}}", "++policy.freeze=[]"],
-                    "LoRA r = 8 on all 7 projections"),
-    "full": (["policy.lora=null", "++policy.freeze=[]"], "full fine-tuning"),
-    # every nn.Linear weight (embeddings and norms frozen): the full fine-tuning per-user gradients support
-    "full_linear": (["policy.lora=null", f"++policy.freeze=[{NORMS}]"], "full fine-tuning of the linear layers"),
-}
+sys.path.insert(0, ROOT)
+
 # the other tuned knobs, set explicitly in every run unless a job's extra overrides name them
 KNOBS = {"users_per_round": "1024", "rounds": "16", "algo.optimizer": "adam", "++algo.kl_coef": "0.0"}
 
@@ -105,16 +95,6 @@ class Job:
         return ", ".join(b.strip() for b in bits)
 
 
-# The selected configs (``--tune`` on seeds 100-102; docs/lm.md has every trial). best_*: the best non-private
-# fine-tuning of each implementation; private: the config of the private rows (its own selection at eps = 8).
-TASKS = {
-    "addition": {"experiment": "lm_addition", "title": "3-digit addition, per-digit reward",
-                 "best_dppo": ("full", 1e-3, ()), "best_trl": ("full", 1e-3, ("--scheduler", "constant")),
-                 "private": ("full_linear", 2e-3, ())},
-    "exact": {"experiment": "lm_exact", "title": "exact answers (unpadded addition, the answer then the end)",
-              "best_dppo": ("full", 1e-3, ("max_grad_norm=1e9",)), "best_trl": ("lora_r8_all", 0.01, ()),
-              "private": ("lora_r8_all", 0.01, ("++algo.kl_coef=0.02",))},
-}
 # --tune: group -> grid points (adapter, lr, extra overrides, trl flags); each group keeps its best --keep
 GRID = {
     "addition": {

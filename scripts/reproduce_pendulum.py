@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 
 from tqdm import tqdm
 
-from dppo.training.rundir import complete, launch_train, write_report
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT, mean_std  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from dppo.training.rundir import complete, launch_train, write_report  # noqa: E402
 ROWS = [("PG", "pendulum_pg"), ("DP-PG", "pendulum_dp_pg"), ("NPG", "pendulum_npg"),
         ("DP-NPG", "pendulum_dp_npg"), ("REBEL", "pendulum_rebel"), ("DP-REBEL", "pendulum_dp_rebel")]
 TUNING_SEEDS = "seed 100 (40-round runs)"  # where conf/experiment/pendulum_*.yaml's values were selected
@@ -50,11 +50,6 @@ def initial_return(path: str) -> float:
     return float(build(cfg, None, logger=Logger([])).learner.evaluate(int(cfg.eval_episodes), bool(cfg.eval.greedy)))
 
 
-def _mean_std(xs):
-    m = sum(xs) / len(xs)
-    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0)
-
-
 def describe(cfg) -> str:
     """The setting of the table, read from a run's saved config (so the text cannot drift from the runs)."""
     hidden = list(cfg.policy.hidden_sizes)
@@ -79,8 +74,8 @@ def report(args) -> str:
         sums = [json.load(open(os.path.join(p, "summary.json"))) for p in paths]
         cfg = dppo_config(paths[0])
         setting = setting or describe(cfg)
-        init = _mean_std([initial_return(p) for p in paths])
-        fin = _mean_std([s["final_return"] for s in sums])
+        init = mean_std([initial_return(p) for p in paths])
+        fin = mean_std([s["final_return"] for s in sums])
         eps = "-" if sums[0]["eps"] is None else f"{sums[0]['eps']:g}"
         spent = sum(s["epsilon_spent"] for s in sums) / len(sums)
         wall = sum(s["wall_time_s"] for s in sums) / len(sums)

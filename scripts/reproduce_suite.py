@@ -49,9 +49,10 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import ROOT, worker_init  # noqa: E402
 
+sys.path.insert(0, ROOT)
 from dppo.training.rundir import complete, write_report  # noqa: E402
 
 EVAL_EPISODES = 20
@@ -170,16 +171,6 @@ def jobs(args) -> list[tuple]:
             for s in args.seeds[:n]:
                 out.append(("sb3", env, name, s, spec, spec["n_timesteps"] / 1e6 * COST["sb3_1e6"]))
     return out
-
-
-def _worker_init() -> None:
-    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    import warnings
-
-    import torch
-
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
 
 
 def run_job(kind: str, env: str, name: str, seed: int, spec, path: str) -> tuple[str, int, float]:
@@ -308,7 +299,7 @@ def run_all(args) -> float:
 
     t0 = time.perf_counter()
     ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=_worker_init) as pool, \
+    with ProcessPoolExecutor(args.jobs, mp_context=ctx, initializer=worker_init) as pool, \
             tqdm(total=len(todo), desc="suite runs", unit="run") as bar:
         futures = [pool.submit(run_job, kind, env, name, s, spec, run_dir(args.out, env, name, s))
                    for kind, env, name, s, spec, _ in todo]

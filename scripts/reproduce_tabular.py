@@ -25,6 +25,9 @@ import time
 import torch
 from tqdm.auto import tqdm
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import mean_std, parse_eps  # noqa: E402
+
 from dppo.algos.ucb import PUCB, UBEV
 from dppo.data.sampler import OnePassUserSampler
 from dppo.envs.tabular import random_mdp, riverswim
@@ -103,9 +106,7 @@ def run_grid(args) -> None:
 
 
 def _mean_std(xs):
-    m = sum(xs) / len(xs)
-    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else float("nan")
-    return m, sd
+    return mean_std(xs, single=float("nan"))
 
 
 def report(args) -> None:
@@ -227,10 +228,6 @@ def _bench_lines(path: str) -> list[str]:
     return out + [""]
 
 
-def _eps(text: str):
-    return None if text.lower() in ("none", "null") else float(text)
-
-
 def _ablation_lines(args) -> list[str]:
     runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args.ablation_out, "*_T*.json")))]
     if not runs:
@@ -261,7 +258,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--T", type=int, nargs="+", default=[1000, 10000, 100000])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    p.add_argument("--eps", type=_eps, nargs="+", default=[None, 0.5, 1.0, 2.0, 5.0],
+    p.add_argument("--eps", type=parse_eps, nargs="+", default=[None, 0.5, 1.0, 2.0, 5.0],
                    help="PUCB eps values; 'none' = PUCB's twin on exact counts (E_eps = 0)")
     p.add_argument("--no-ubev", action="store_true", help="skip the UBEV runs (ablations)")
     p.add_argument("--ablation-out", default="runs/tabular_repro_ablation",

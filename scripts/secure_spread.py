@@ -26,13 +26,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-# the sentence every seeded reference table carries
-SEEDED_NOTE = ("Noise: seeded (`privacy.secure_rng=false`), so the table reproduces on the machine that made it (another "
-               "CPU may round a few float bits differently, and a run then drifts away from the table's); what the "
-               "plain command gives with the default secure noise, over other seeds: `runs/reference/secure_spread.md` "
-               "(`python scripts/secure_spread.py`).")
+from common import QUIET, ROOT, episode_regret, gfa_overrides, plateau_episode, worker_init  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -63,38 +58,24 @@ GFA = Row("gfa (private eps=5, advanced; easy)", "python scripts/reproduce_gfa.p
           "private eps=5, advanced (paper's accounting)", "easy: plateau")
 
 
-def _worker_init() -> None:
-    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    import warnings
-
-    import torch
-
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore")
-
-
 def final_return(overrides: tuple, seed: int, secure: bool) -> float:
     """One run through the Python API, as ``train.py`` with these overrides would do it."""
     import dppo
 
     with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
-        cfg = dppo.make_config([*overrides, f"seed={seed}", f"privacy.secure_rng={str(secure).lower()}",
-                                "progress=false", "logger.tensorboard=false"])
-        summary = dppo.train(cfg, run_dir=os.path.join(tmp, "run"))
+        summary = dppo.train([*overrides, f"seed={seed}", f"privacy.secure_rng={str(secure).lower()}", *QUIET],
+                             run_dir=os.path.join(tmp, "run"))
     return float(summary["final_return"])
 
 
 def gfa_plateau(seed: int, secure: bool) -> float:
     """The GFA table's "private eps=5, advanced (paper's accounting)" row, easy variant: the plateau
-    episode of one seed (the table's main column)."""
-    import reproduce_gfa as gfa
+    episode of one seed (the table's main column), from a run through ``dppo.train`` like the table's."""
+    import dppo
 
-    from dppo.privacy import NoiseSource
-
-    args = gfa.default_args()
-    noise = NoiseSource(secure=True) if secure else NoiseSource(seed)
-    regret, _, _ = gfa.run_one("easy", 5.0, None, "advanced", seed, args, noise=noise)
-    return float(gfa.plateau_episode(regret))
+    with tempfile.TemporaryDirectory() as tmp, open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+        dppo.train(gfa_overrides("easy", 5.0, "advanced", seed, secure=secure), run_dir=os.path.join(tmp, "run"))
+        return float(plateau_episode(episode_regret(os.path.join(tmp, "run"))))
 
 
 def _cell(job):
@@ -169,7 +150,7 @@ def main() -> int:
     todo = [j for j in jobs if key(j[0].name, j[1], j[2]) not in done]
     t0 = time.perf_counter()
     os.makedirs(os.path.dirname(args.cells), exist_ok=True)
-    with ProcessPoolExecutor(args.jobs, initializer=_worker_init) as pool:
+    with ProcessPoolExecutor(args.jobs, initializer=worker_init) as pool:
         for name, seed, secure, value, wall in pool.map(_cell, todo):
             done[key(name, seed, secure)] = value
             with open(args.cells, "w") as f:
