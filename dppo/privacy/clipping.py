@@ -1,11 +1,14 @@
-"""Per-user clipping and the releases of a mean of per-user vectors: the Gaussian sum (DP-PG), its
-multi-pass (Poisson) variant, and the plain mean of the non-private twin; ``sum_mechanism`` picks one
+"""Per-user clipping and the releases of a mean of per-user vectors: the Gaussian sum (DP-PG), with noise
+correlated across rounds as an option (``dppo.privacy.correlated``), its multi-pass (Poisson) variant, and the plain mean of the non-private twin; ``sum_mechanism`` picks one
 from the privacy context, so the learner's update is the same code either way."""
 from __future__ import annotations
 
 import torch
 
+from dppo.errors import ConfigError
 from dppo.privacy.calibration import analytic_gaussian_sigma
+from dppo.privacy.correlated import CorrelatedNoise, NoiseStream, correlation_of, stream_fields
+from dppo.privacy.factorizations import stream_sensitivity
 
 # relative margin of the clipping factor when the clipped sum is formed by another product than the one the
 # norm was measured on (``dppo.policies.clipped_sum``: a float32 weighted product per layer): it covers the
@@ -103,6 +106,40 @@ class GaussianSumPrivatizer(ClippedSumRelease):
         return (total + noise) / max(m, 1), stats
 
 
+class CorrelatedGaussianSum(GaussianSumPrivatizer):
+    """DP-PG's release with correlated noise across rounds: one user in one release (module docstring).
+
+    sigma = analytic_gaussian_sigma(eps, delta, 2 C ||c||): the stream is (eps, delta)-DP in every user."""
+
+    mechanism = "correlated_gaussian_sum"
+    shards = None
+
+    def __init__(self, privacy, max_grad_norm: float, correlation: CorrelatedNoise, rounds: int):
+        super().__init__(privacy, max_grad_norm)
+        self.correlation = correlation
+        self.coefficients = correlation.coefficients(rounds, participations=1)
+        self.stream = NoiseStream(self.coefficients, privacy.noise)
+
+    def sensitivity(self) -> float:
+        """2 C max_i ||C_i|| = 2 C ||c|| (one participation, ``dppo.privacy.factorizations``)."""
+        return stream_sensitivity(self.coefficients, self.max_grad_norm, 1)
+
+    def _release_sum(self, total, norms, m, round_idx, sigma, extra) -> tuple[torch.Tensor, dict]:
+        sigma = self.sigma() if sigma is None else sigma
+        self.stream.begin(round_idx, self.privacy)
+        self.privacy.release(self.mechanism, round=round_idx, users=m, eps=self.privacy.eps,
+                             delta=self.privacy.delta, sigma=sigma, sensitivity=self.sensitivity(),
+                             noise_multiplier=sigma / self.sensitivity(), gdp_mu=self.sensitivity() / sigma,
+                             adjacency="replace_one", dim=int(total.shape[0]), clip=self.max_grad_norm,
+                             **stream_fields(self.correlation, self.coefficients, self.stream), **(extra or {}))
+        noise = self.stream.draw(total.shape) * sigma
+        std = sigma * self.stream.marginal_std()
+        stats = {"privacy/noise_multiplier": sigma / self.sensitivity(),
+                 "diag/clip_fraction": float((norms > self.max_grad_norm).double().mean()) if m else 0.0,
+                 "privacy/noise_std": std / max(m, 1)}
+        return (total + noise) / max(m, 1), stats
+
+
 class PoissonGaussianSumPrivatizer(ClippedSumRelease):
     """Multi-pass (opt-in) release: users Poisson-sampled at rate q from a finite population, clipped
     sum + N(0, (z C)^2 I) divided by the expected batch q N (Opacus' DP-SGD step).
@@ -178,11 +215,18 @@ class MeanRelease(ClippedSumRelease):
 
 
 def sum_mechanism(privacy, max_grad_norm: float, sampler=None, rounds: int = 1):
-    """The release of a mean of per-user vectors for this privacy context: the Gaussian sum (one pass),
-    its Poisson variant (``privacy.multi_pass``), or the plain mean when ``eps`` is null."""
+    """The release of a mean of per-user vectors for this privacy context: the Gaussian sum (one pass; with
+    ``privacy.noise_correlation`` its noise correlated across the ``rounds`` releases), its Poisson variant
+    (``privacy.multi_pass``), or the plain mean when ``eps`` is null."""
     if not privacy.private:
         return MeanRelease(max_grad_norm)
+    correlation = getattr(privacy, "noise_correlation", None)
     if privacy.multi_pass:
+        if correlation is not None:
+            raise ConfigError("privacy.noise_correlation needs one-pass users: set privacy.multi_pass=false or "
+                              "privacy.noise_correlation=none")
         return PoissonGaussianSumPrivatizer(privacy, max_grad_norm, sampler.sample_rate, sampler.population_size,
                                             rounds)
+    if correlation is not None:  # correlated noise across rounds (dppo.privacy.correlated)
+        return CorrelatedGaussianSum(privacy, max_grad_norm, correlation_of(privacy), rounds)
     return GaussianSumPrivatizer(privacy, max_grad_norm)

@@ -47,6 +47,11 @@ Rounds take disjoint users (one-pass), so the run is (eps, delta)-DP by parallel
 ledger entry per round (``open_round``), recorded before the round's first noisy sum leaves.
 m and the sizes |S_j| are public (replace-one adjacency keeps them fixed).
 
+Correlated noise across rounds (``privacy.noise_correlation``, ``CorrelatedComposedSums``): each part's releases
+form one stream whose noise is sigma_p (C^{-1} z)_t, a user's E = k_p releases of a part bound the stream's
+sensitivity, and the whole run is one Gaussian mechanism per user (``dppo.privacy.correlated``,
+``dppo.privacy.factorizations``).
+
 The non-private twin (``ClippedSums``) clips the same vectors to the same norms and adds no noise.
 """
 from __future__ import annotations
@@ -59,6 +64,8 @@ import torch
 from dppo.errors import ConfigError, PrivacyError
 from dppo.privacy.calibration import analytic_gaussian_sigma
 from dppo.privacy.clipping import clip_per_user
+from dppo.privacy.correlated import CorrelatedNoise, NoiseStream, correlation_of
+from dppo.privacy.factorizations import MAX_HORIZON, participation_norm_sq
 
 COMPOSITIONS = ("gdp", "rdp")
 MECHANISM = "composed_gaussian_sum"
@@ -172,6 +179,76 @@ class ComposedGaussianSums:
         return noisy, {"diag/clip_fraction": _fraction(norms, clip)}
 
 
+class CorrelatedComposedSums(ComposedGaussianSums):
+    """DP-PPO's round releases with one correlated stream per part (module docstring): part p's E_p = k_p
+    releases per user (one minibatch per epoch) bound its sensitivity 2 C_p sqrt(B_{E_p}(c)), its noise
+    sigma_p = 2 C_p sqrt(B_{E_p}) / (sqrt(w_p) mu), mu = 1 / analytic_gaussian_sigma(eps, delta, 1)."""
+
+    mechanism = "correlated_composed_gaussian_sum"
+
+    def __init__(self, privacy, releases_per_user: int | None = None, composition: str = "gdp", *,
+                 parts: dict | None = None, correlation: CorrelatedNoise):
+        if composition != "gdp":
+            raise ConfigError("privacy.noise_correlation composes its stream in Gaussian DP: use algo.composition=gdp")
+        super().__init__(privacy, releases_per_user, composition, parts=parts)
+        self.correlation = correlation
+        self.mu = 1.0 / analytic_gaussian_sigma(privacy.eps, privacy.delta, 1.0)
+        rounds = correlation.rounds or MAX_HORIZON
+        self.coefficients = {p: correlation.coefficients(rounds * kp, participations=kp)
+                             for p, (kp, _) in self.parts.items()}
+        self.bound = {p: participation_norm_sq(self.coefficients[p], kp) for p, (kp, _) in self.parts.items()}
+        # sigma(clip, part) = multipliers[part] x 2 clip, as for independent noise
+        self.multipliers = {p: math.sqrt(self.bound[p] / w) / self.mu for p, (_, w) in self.parts.items()}
+        self.noise_multiplier = 1.0 / self.mu   # of the whole stream: sigma / sensitivity at the full budget
+        self.streams = {p: NoiseStream(self.coefficients[p], privacy.noise) for p in self.parts}
+        self._clips: dict = {}
+
+    @property
+    def gdp_mu(self) -> float:
+        """mu of every user's guarantee: sqrt(sum_p (Delta_p / sigma_p)^2) = mu."""
+        return math.sqrt(sum(self.bound[p] / self.multipliers[p] ** 2 for p in self.parts))
+
+    def open_round(self, round_idx: int, users, clips) -> dict:
+        """One ledger entry for the round's users, stating the whole stream's guarantee (module docstring)."""
+        users = [int(u) for u in users]
+        names = list(self.parts)
+        clips = [float(c) for c in clips]
+        if len(names) > 1 and len(clips) != len(names):
+            raise PrivacyError(f"open_round: one clip norm per part {names}, got {len(clips)}")
+        for p, c in zip(names, clips if len(names) > 1 else clips[:1] * len(names)):
+            if self._clips.setdefault(p, c) != c:
+                raise PrivacyError(f"a correlated noise stream keeps one clip norm per part: {p!r} had "
+                                   f"{self._clips[p]}, now {c}")
+        for stream in self.streams.values():
+            stream.begin(round_idx, self.privacy)
+        self._round, self._users, self._count = int(round_idx), frozenset(users), Counter()
+        parts = {str(p): {"releases_per_user": kp, "share": w, "noise_multiplier": self.multipliers[p] / math.sqrt(
+                     self.bound[p]), "sensitivity_factor": math.sqrt(self.bound[p]),
+                     "coefficients": [float(x) for x in self.coefficients[p]]}
+                 for p, (kp, w) in self.parts.items()}
+        first = next(iter(self.streams.values()))
+        return self.privacy.release(self.mechanism, round=int(round_idx), users=len(users), eps=self.privacy.eps,
+                                    delta=self.privacy.delta, adjacency="replace_one",
+                                    noise_multiplier=self.noise_multiplier, releases_per_user=self.releases_per_user,
+                                    composition="gdp", gdp_mu=self.gdp_mu, clips=clips,
+                                    sigmas=[self.sigma(self._clips[p], p) for p in names], parts=parts,
+                                    noise_correlation=self.correlation.kind, bands=len(first.c),
+                                    stream_start=first.start_round)
+
+    def release_sum(self, per_user, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
+        """sum_u clip_C(per_user[u]) + sigma_p (C^{-1} z)_t, t this part's next release."""
+        self._check_users(users, part)
+        if float(clip) != self._clips.get(part, float(clip)):
+            raise PrivacyError(f"release_sum: part {part!r} was opened with clip {self._clips[part]}, got {clip}")
+        total, norms = clipped_total(per_user, clip)
+        noisy = total + self.streams[part].draw(total.shape) * self.sigma(clip, part)
+        return noisy, {"diag/clip_fraction": _fraction(norms, clip)}
+
+    def noise_std(self, clip: float, part=None) -> float:
+        """The std of the last release's noise coordinates of ``part`` (public)."""
+        return self.sigma(clip, part) * self.streams[part].marginal_std()
+
+
 def _check_parts(releases_per_user, parts) -> dict:
     """{part: (k_p, w_p)}: ``parts`` checked (k_p >= 1, w_p in (0, 1], shares summing to 1), or one part
     ``None`` of ``releases_per_user`` releases."""
@@ -208,12 +285,16 @@ class ClippedSums:
 
 
 def composed_sums(privacy, releases_per_user: int | None = None, composition: str = "gdp", *, parts: dict | None = None):
-    """The round's release for this privacy context: ``ComposedGaussianSums``, or ``ClippedSums`` if eps is null."""
+    """The round's release for this privacy context: ``ComposedGaussianSums`` (``CorrelatedComposedSums`` with
+    ``privacy.noise_correlation``: ``dppo.privacy.correlated``), or ``ClippedSums`` if eps is null."""
     if composition not in COMPOSITIONS:
         raise ConfigError(f"algo.composition must be one of {COMPOSITIONS}, got {composition!r}")
     _check_parts(releases_per_user, parts)
     if not privacy.private:
         return ClippedSums()
+    if getattr(privacy, "noise_correlation", None) is not None:  # one correlated stream per part
+        return CorrelatedComposedSums(privacy, releases_per_user, composition, parts=parts,
+                                      correlation=correlation_of(privacy))
     return ComposedGaussianSums(privacy, releases_per_user, composition, parts=parts)
 
 
