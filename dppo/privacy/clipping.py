@@ -132,7 +132,7 @@ class CorrelatedGaussianSum(GaussianSumPrivatizer):
                              noise_multiplier=sigma / self.sensitivity(), gdp_mu=self.sensitivity() / sigma,
                              adjacency="replace_one", dim=int(total.shape[0]), clip=self.max_grad_norm,
                              **stream_fields(self.correlation, self.coefficients, self.stream), **(extra or {}))
-        noise = self.stream.draw(total.shape) * sigma
+        noise = self.stream.scaled(total.shape, sigma)
         std = sigma * self.stream.marginal_std()
         stats = {"privacy/noise_multiplier": sigma / self.sensitivity(),
                  "diag/clip_fraction": float((norms > self.max_grad_norm).double().mean()) if m else 0.0,

@@ -241,7 +241,7 @@ class CorrelatedComposedSums(ComposedGaussianSums):
         if float(clip) != self._clips.get(part, float(clip)):
             raise PrivacyError(f"release_sum: part {part!r} was opened with clip {self._clips[part]}, got {clip}")
         total, norms = clipped_total(per_user, clip)
-        noisy = total + self.streams[part].draw(total.shape) * self.sigma(clip, part)
+        noisy = total + self.streams[part].scaled(total.shape, self.sigma(clip, part))
         return noisy, {"diag/clip_fraction": _fraction(norms, clip)}
 
     def noise_std(self, clip: float, part=None) -> float:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from dppo.errors import ConfigError, PrivacyError
-from dppo.privacy.factorizations import KINDS, factorization, marginal_variances
+from dppo.privacy.factorizations import KINDS, factorization
 
 CORRELATIONS = ("none", *KINDS)
 
@@ -96,7 +96,9 @@ class NoiseStream:
         self.history: deque = deque(maxlen=max(len(self.c) - 1, 1))
         self.position = 0
         self.start_round: int | None = None
-        self._var = marginal_variances(self.c, min(len(self.c) * 64, 4096))
+        self.sigma: float | None = None
+        self._h: deque = deque(maxlen=max(len(self.c) - 1, 1))   # C^{-1}'s last coefficients: the marginal std
+        self._var = 0.0
 
     def begin(self, round_idx: int, privacy) -> None:
         """Called before each round's first draw: fixes where this stream (block) starts (module docstring)."""
@@ -107,6 +109,14 @@ class NoiseStream:
                                "replayed users would be released again with other noise; rerun it from the start")
         self.start_round = int(round_idx)
 
+    def scaled(self, shape, sigma: float) -> torch.Tensor:
+        """sigma w_t; a stream keeps one sigma (x + sigma C^{-1} z is the mechanism accounted)."""
+        if self.sigma is None:
+            self.sigma = float(sigma)
+        elif float(sigma) != self.sigma:
+            raise PrivacyError(f"a correlated noise stream keeps one sigma: it began with {self.sigma}, got {sigma}")
+        return self.draw(shape) * self.sigma
+
     def draw(self, shape) -> torch.Tensor:
         """w_t = z_t - sum_{k=1}^{b-1} c_k w_{t-k} of the given shape (float64), unit sigma."""
         w = self.noise.gaussian(tuple(shape), 1.0)
@@ -116,15 +126,17 @@ class NoiseStream:
         for k, prev in enumerate(reversed(self.history), start=1):
             if k < len(self.c) and self.c[k]:
                 w = w - self.c[k] * prev
+        h = 1.0 if not self.position else -sum(self.c[k] * prev for k, prev in enumerate(reversed(self._h), start=1))
         if len(self.c) > 1:
             self.history.append(w)
+            self._h.append(h)
+        self._var += h * h
         self.position += 1
         return w
 
     def marginal_std(self) -> float:
         """The std of the last draw's coordinates (unit sigma): sqrt(sum_{j <= t} h_j^2), public."""
-        t = max(self.position - 1, 0)
-        return math.sqrt(float(self._var[min(t, len(self._var) - 1)]))
+        return math.sqrt(self._var)
 
 
 def stream_fields(correlation: CorrelatedNoise, coefficients, stream: NoiseStream) -> dict:

@@ -183,4 +183,14 @@ def factorization(kind: str, bands: int, horizon: int = MAX_HORIZON, participati
     bands = min(int(bands), horizon)
     if kind == "banded_sqrt" or bands == 1:
         return sqrt_coefficients(bands)
-    return np.array(_optimized(bands, horizon, int(participations), float(momentum)))
+    c = np.array(_optimized(bands, horizon, int(participations), float(momentum)))
+    # C^{-1}'s coefficients stay bounded past the horizon iff c(x) has no zero in the closed unit disc; positive
+    # non-increasing coefficients (the square root's) always qualify (Enestrom-Kakeya)
+    return c if is_stable(c) else sqrt_coefficients(bands)
+
+
+def is_stable(c) -> bool:
+    """True when every zero of c(x) = sum_k c_k x^k lies outside the closed unit disc (the recursion of
+    ``NoiseStream`` does not grow)."""
+    c = np.trim_zeros(np.asarray(c, dtype=np.float64), "b")
+    return len(c) == 1 or bool(np.abs(np.roots(c[::-1])).min() > 1.0 + 1e-9)

@@ -16,7 +16,7 @@ from dppo.privacy.calibration import analytic_gaussian_sigma
 from dppo.privacy.clipping import CorrelatedGaussianSum, GaussianSumPrivatizer, sum_mechanism
 from dppo.privacy.composed import ComposedGaussianSums, CorrelatedComposedSums, composed_sums
 from dppo.privacy.correlated import CorrelatedNoise, NoiseStream
-from dppo.privacy.factorizations import (factorization, inverse_coefficients, participation_norm_sq,
+from dppo.privacy.factorizations import (factorization, inverse_coefficients, is_stable, participation_norm_sq,
                                          prefix_error_variances, relative_error, sqrt_coefficients,
                                          stream_sensitivity)
 
@@ -182,3 +182,17 @@ def test_a_seeded_stream_refuses_to_start_mid_run_and_a_secure_one_starts_a_new_
     rel.release_mean(torch.ones(2, 3), 5)
     assert [e["stream_start"] for e in secure.ledger.entries] == [4, 4]
     assert secure.spent() == (1.0, 1e-5)
+
+
+def test_marginal_std_is_the_row_norm_of_c_inverse_and_optimized_factorizations_are_stable():
+    c = list(factorization("banded", 5, 40, 2))
+    stream = NoiseStream(c, NoiseSource(0))
+    rows = np.linalg.norm(np.linalg.inv(dense(c, 12)), axis=1)
+    for t in range(12):
+        stream.draw((1,))
+        assert stream.marginal_std() == pytest.approx(rows[t], rel=1e-12)
+    for args in ((8, 100, 1, 0.0), (16, 100, 1, 0.9), (16, 300, 6, 0.0)):
+        assert is_stable(factorization("banded", *args))
+    assert not is_stable([1.0, 2.0])      # c(x) = 1 + 2x: a zero at -1/2, C^{-1} grows like 2^t
+    with pytest.raises(PrivacyError, match="one sigma"):
+        stream.scaled((1,), 1.0), stream.scaled((1,), 2.0)
