@@ -91,7 +91,8 @@ def learn_table(algo: str, eps_values, seeds, arms, extra) -> str:
     from dppo.privacy.correlated import CorrelatedNoise
 
     rounds = {"ppo": 50, "pg": 100}[algo]
-    out = [f"## (b) Learning: {EXPERIMENTS[algo]} {' '.join(extra)}, final evaluation return, seeds {seeds[0]}-{seeds[-1]}",
+    title = f"{EXPERIMENTS[algo]} {' '.join(extra)}".strip()
+    out = [f"## (b) Learning: {title}, final evaluation return, seeds {', '.join(map(str, seeds))}",
            "", "| eps | noise | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | std | s |",
            "|---|---|" + "---|" * (len(seeds) + 3)]
     for eps in eps_values:

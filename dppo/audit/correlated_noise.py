@@ -89,5 +89,6 @@ def audit_correlated_noise(eps: float, trials: int = 200_000, *, participations:
         scores.append(direction @ (C @ u))
         claims.append(claim)
     claimed = same_claim(claims)
-    name = f"correlated_noise_{kind}_b{bands}_E{participations}" + ("" if sigma_scale == 1 else f" (sigma x {sigma_scale})")
+    name = f"correlated_noise_{kind}_b{bands}_E{participations}"
+    name += "" if sigma_scale == 1 else f" (sigma x {sigma_scale})"
     return conclude(name, ENTRY, claimed, scores[0], scores[1], started)

@@ -1,6 +1,7 @@
 """Per-user clipping and the releases of a mean of per-user vectors: the Gaussian sum (DP-PG), with noise
-correlated across rounds as an option (``dppo.privacy.correlated``), its multi-pass (Poisson) variant, and the plain mean of the non-private twin; ``sum_mechanism`` picks one
-from the privacy context, so the learner's update is the same code either way."""
+correlated across rounds as an option (``dppo.privacy.correlated``), its multi-pass (Poisson) variant, and the
+plain mean of the non-private twin; ``sum_mechanism`` picks one from the privacy context, so the learner's
+update is the same code either way."""
 from __future__ import annotations
 
 import torch
