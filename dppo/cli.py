@@ -67,6 +67,7 @@ def run_from_hydra(cfg, run_dir: str, multirun: bool = False) -> None:
 
     try:
         trainer, dist = start(cfg, run_dir, write_config=False)
+        _record_run_shape(run_dir, cfg)
         summary = finish(trainer, dist)
     except DPPOError as err:
         if int(os.environ.get("RANK", "0")) == 0:
@@ -75,6 +76,24 @@ def run_from_hydra(cfg, run_dir: str, multirun: bool = False) -> None:
             return
         sys.exit(2)
     _report(summary, run_dir)
+
+
+def _record_run_shape(run_dir: str, cfg) -> None:
+    """Hydra wrote the job's ``.hydra/config.yaml`` before the build filled in the run shape it left null (the
+    learner's ``default_run_shape``): write the values used, so the run's config says what it ran."""
+    from omegaconf import OmegaConf
+
+    from dppo.config import RUN_SHAPE
+
+    path = os.path.join(run_dir, ".hydra", "config.yaml")
+    if int(os.environ.get("RANK", "0")) > 0 or not os.path.isfile(path):
+        return
+    saved = OmegaConf.load(path)
+    missing = [k for k in RUN_SHAPE if k in saved and saved[k] is None]
+    if missing:
+        for k in missing:
+            saved[k] = cfg[k]
+        OmegaConf.save(saved, path)
 
 
 def resume_run(run_dir: str, overrides: list[str]) -> None:

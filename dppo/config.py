@@ -74,9 +74,11 @@ class TrainConfig:
     eps: Optional[float] = 5.0  # target eps of the run; null: the non-private twin (the one switch)
     delta: float = 1e-5  # target delta
     seed: int = 0  # seeds python/numpy/torch and env resets; the noise only with privacy.secure_rng=false
-    rounds: int = 100  # PG / NPG / REBEL: rounds of the one-pass meta-algorithm
-    users_per_round: int = 10  # PG / NPG / REBEL: m fresh users per round
-    group_size: int = 8  # PG / NPG / REBEL: G rollouts per user from its own start state (one privacy unit)
+    # the run shape; null: the learner's default_run_shape (dppo/algos/base.py: 100 x 10 x 8; NPG's 200 x 15 x 4),
+    # filled in when the config is composed (resolve_run_shape), so a run's config records what it ran
+    rounds: Optional[int] = None  # PG / NPG / REBEL / PPO: rounds of the one-pass meta-algorithm
+    users_per_round: Optional[int] = None  # PG / NPG / REBEL / PPO: m fresh users per round
+    group_size: Optional[int] = None  # PG / NPG / REBEL: G rollouts per user from its own start state (one privacy unit)
     max_grad_norm: float = 1.0  # PG / DP-PG: per-user clip norm C
     reward_bound: Optional[float] = None  # rewards clipped to [-reward_bound, reward_bound] (null: the env's declared
     # range, dppo/envs/reward_ranges.py; a private run on an env declaring none is refused, a non-private one clips nothing)
@@ -139,6 +141,35 @@ def compose(overrides: list[str] | None = None, *, hydra: bool = False):
         cfg = hcompose(config_name="config", overrides=[normalize_override(o) for o in overrides or []],
                        return_hydra_config=hydra)
     check_keys(cfg)
+    resolve_run_shape(cfg)
+    return cfg
+
+
+RUN_SHAPE = ("rounds", "users_per_round", "group_size")
+
+
+def run_shape_defaults(cfg) -> dict:
+    """The run shape of the learner ``algo._target_`` names (its ``default_run_shape``; a learner that declares
+    none, or a target that does not import, gets the base ``Learner``'s)."""
+    from dppo.algos.base import Learner
+
+    try:
+        cls = get_object(str(OmegaConf.select(cfg, "algo._target_", default=None)))
+    except Exception:  # noqa: BLE001 - an unknown target is reported by validate / the build
+        cls = None
+    shape = getattr(cls, "default_run_shape", None)
+    return dict(shape if isinstance(shape, dict) else Learner.default_run_shape)
+
+
+def resolve_run_shape(cfg):
+    """Fill each run-shape key left null (``rounds``, ``users_per_round``, ``group_size``) with the learner's
+    default, in place: the composed config then says what the run runs with (``.hydra/config.yaml``, the
+    fingerprint, the hyper-parameters). A key the user set is kept."""
+    missing = [k for k in RUN_SHAPE if k in cfg and cfg[k] is None]
+    if missing:
+        shape = run_shape_defaults(cfg)
+        for k in missing:
+            cfg[k] = shape[k]
     return cfg
 
 
@@ -365,8 +396,10 @@ def check_device(device: str) -> None:
 
 
 def validate(cfg) -> None:
-    """Value checks the schema's types cannot express; raise ConfigError with a one-line fix."""
+    """Value checks the schema's types cannot express; raise ConfigError with a one-line fix. A run shape left
+    null (a config Hydra composed itself, a DictConfig) is filled in first (``resolve_run_shape``)."""
     check_keys(cfg)
+    resolve_run_shape(cfg)
     for key in schema_floats():   # NaN or inf passes the schema's float type and every comparison below
         value = OmegaConf.select(cfg, key)
         if value is not None and not math.isfinite(value):

@@ -17,6 +17,9 @@ class Learner:
 
     name = "learner"
     num_rounds: int = 0
+    # the run shape (top-level rounds, users_per_round, group_size) a run gets when it leaves those keys unset
+    # (null): the learner's defaults, beside its others; the composed config records the values used
+    default_run_shape: dict = {"rounds": 100, "users_per_round": 10, "group_size": 8}
     # the run-level shortcuts this learner reads besides its keyword arguments (``dppo.build.SHORTCUTS``)
     reads: tuple = ()
     # algo key -> (option, values): the key is read only when ``algo.<option>`` takes one of ``values``

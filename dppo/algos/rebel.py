@@ -24,6 +24,7 @@ completion and x its log-likelihood's gradient in the adapter.
 """
 from __future__ import annotations
 
+from dppo.algos.base import Learner
 from dppo.algos.npg import NaturalPolicyGradient
 from dppo.errors import ConfigError
 
@@ -43,6 +44,7 @@ class REBEL(NaturalPolicyGradient):
 
     names = ("rebel", "dp_rebel")
     private_oracle = "dp_gd"
+    default_run_shape = Learner.default_run_shape   # not NPG's (tuned for NPG on CartPole): the common one
     APPLIES = {k: v for k, v in NaturalPolicyGradient.APPLIES.items() if k != "explore_bonus"}  # always group-form
 
     def __init__(self, policy, env, privacy, sampler, oracle, *, space=None, logger=None, seed: int, rounds: int,

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 from dppo.config import POLICY_KEYS, SPACE_KEYS, accepted_keys, did_you_mean, hint_line, to_container
 from dppo.errors import ConfigError
 
-# top-level keys that only some learners read: a learner refuses one set to anything but its schema default
+# top-level keys that only some learners read: a learner refuses one set to anything but its default (the
+# learner's run shape for rounds / users_per_round / group_size, the schema's for the others)
 SHORTCUTS = ("rounds", "users_per_round", "group_size", "max_grad_norm", "reward_bound", "episodes", "batch_size")
 
 
@@ -185,13 +186,13 @@ def group_choice_name(cfg) -> str:
 def check_shortcuts(cfg, cls) -> None:
     """Refuse a top-level shortcut (``SHORTCUTS``, ``oracle``) set for a learner that does not read it: one line
     naming what it reads instead (``algo=dp_npg max_grad_norm=0.1``: DP-NPG's oracle clips its rows)."""
-    from dppo.config import TrainConfig
+    from dppo.config import TrainConfig, run_shape_defaults
 
     sig = inspect.signature(cls.__init__).parameters
     reads = {k for k in SHORTCUTS if k in sig} | set(getattr(cls, "reads", ()))
-    defaults = TrainConfig()
+    defaults = {**vars(TrainConfig()), **run_shape_defaults(cfg)}
     for key in SHORTCUTS:
-        if key not in reads and cfg[key] != getattr(defaults, key):
+        if key not in reads and cfg[key] != defaults[key]:
             hint = ""
             if key == "max_grad_norm" and "oracle" in sig:
                 hint = " (its oracle clips each user's rows: oracle.x_bound, oracle.y_bound)"

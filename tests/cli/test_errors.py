@@ -20,7 +20,7 @@ CASES = [
     (["privacy.population_size=50", "rounds=10"], "population has 50"),
     (["resume=/tmp/definitely/not/a/run"], "not a run directory"),
     (["eps=abc"], "eps must be a number (or null), got 'abc'"),
-    (["users_per_round=ten"], "users_per_round must be an int, got 'ten'"),
+    (["users_per_round=ten"], "users_per_round must be an int (or null), got 'ten'"),
     (["privacy.secure_rng=maybe"], "privacy.secure_rng must be true or false"),
     (["unknown_key=3"], "unknown key 'unknown_key'"),
     (["+rounds_=3"], "unknown key 'rounds_' (did you mean 'rounds'?)"),
