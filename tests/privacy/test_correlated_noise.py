@@ -196,3 +196,19 @@ def test_marginal_std_is_the_row_norm_of_c_inverse_and_optimized_factorizations_
     assert not is_stable([1.0, 2.0])      # c(x) = 1 + 2x: a zero at -1/2, C^{-1} grows like 2^t
     with pytest.raises(PrivacyError, match="one sigma"):
         stream.scaled((1,), 1.0), stream.scaled((1,), 2.0)
+
+
+@pytest.mark.parametrize("algo, extra", [("dp_ppo", ["+experiment=cartpole_dp_ppo", "algo.epochs=2"]),
+                                         ("dp_pg", ["+experiment=cartpole_dp_pg", "group_size=2"])])
+def test_a_training_run_with_correlated_noise_reports_exactly_its_target_from_the_accountant(algo, extra):
+    import dppo
+
+    privacy = PrivacyContext(2.0, 1e-5, noise=NoiseSource(0))
+    privacy.noise_correlation = CorrelatedNoise("banded", 4, rounds=3)
+    summary = dppo.train([*extra, "rounds=3", "users_per_round=4", "eps=2.0", "privacy.secure_rng=false",
+                          "progress=false", "eval_every=null", "eval_episodes=2"], privacy=privacy)
+    assert summary["epsilon_spent"] == pytest.approx(2.0, abs=1e-12)
+    assert summary["delta_spent"] == pytest.approx(1e-5)
+    entries = privacy.ledger.entries
+    assert [e["round"] for e in entries] == [0, 1, 2]
+    assert all(e["mechanism"].startswith("correlated_") and e["bands"] == 4 for e in entries)
