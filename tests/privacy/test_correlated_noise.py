@@ -204,11 +204,11 @@ def test_a_training_run_with_correlated_noise_reports_exactly_its_target_from_th
     import dppo
 
     privacy = PrivacyContext(2.0, 1e-5, noise=NoiseSource(0))
-    privacy.noise_correlation = CorrelatedNoise("banded", 4, rounds=3)
-    summary = dppo.train([*extra, "rounds=3", "users_per_round=4", "eps=2.0", "privacy.secure_rng=false",
+    privacy.noise_correlation = CorrelatedNoise("banded", 4, rounds=5)
+    summary = dppo.train([*extra, "rounds=5", "users_per_round=4", "eps=2.0", "privacy.secure_rng=false",
                           "progress=false", "eval_every=null", "eval_episodes=2"], privacy=privacy)
     assert summary["epsilon_spent"] == pytest.approx(2.0, abs=1e-12)
     assert summary["delta_spent"] == pytest.approx(1e-5)
     entries = privacy.ledger.entries
-    assert [e["round"] for e in entries] == [0, 1, 2]
+    assert [e["round"] for e in entries] == [0, 1, 2, 3, 4]
     assert all(e["mechanism"].startswith("correlated_") and e["bands"] == 4 for e in entries)
