@@ -39,8 +39,7 @@ import torch
 
 from dppo.errors import ConfigError, DataError
 from dppo.policies.base import pad_rows
-from dppo.policies.clipped_sum import clipped_gradient_sum
-from dppo.policies.per_user_grads import per_user_gradients
+from dppo.policies.per_user_grads import clipped_gradient_sum, per_user_gradients
 
 SUBSPACES = ("auto", "head", "full")
 _CHUNK = 2048  # rows per per-row-gradient call in the full space

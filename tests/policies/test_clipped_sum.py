@@ -1,18 +1,34 @@
-"""The fused clipped sum (``dppo.policies.clipped_sum``) equals clipping the materialised per-user gradients
-and summing them: norms and sum, for every norm method, users of unequal lengths (one without rows), padded
-and flat layouts, Linear / Embedding / norm / fallback / root-parameter mixes and a layer called twice."""
+"""The fused clipped sum (``dppo.policies.per_user_grads.fused``) and the materialised path (clipping the rows of
+``per_user_gradients``) both equal the definition computed independently: one ordinary backward pass per user
+(its rows only), each user's gradient clipped, summed. Norms and sum, for every norm method, users of unequal
+lengths (one without rows), padded and flat layouts, Linear / Embedding / norm / fallback / root-parameter mixes,
+a layer called twice and tied weights."""
 import gymnasium as gym
 import pytest
 import torch
 from torch import nn
 
-from dppo.policies.clipped_sum import NORM_METHODS, clipped_gradient_sum
 from dppo.policies.mlp import MLPPolicy
-from dppo.policies.per_user_grads import per_user_gradients
+from dppo.policies.per_user_grads import NORM_METHODS, clipped_gradient_sum, per_user_gradients
 from dppo.privacy.clipping import clip_scale
-from tests.policies.test_per_user_grads import CASES
+from tests.policies.test_per_user_grads import CASES, brute_force
 
 REL = {torch.float64: 1e-10, torch.float32: 1e-5}  # stated tolerance: float rounding, relative to the sum's norm
+
+
+def brute_force_flat(model, inputs: tuple, w, user, m):
+    """One ordinary backward per user of sum over its flat rows r of w_r model(row r): (m, P) float64."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    rows = []
+    for u in range(m):
+        sel = user == u
+        if not bool(sel.any()):
+            rows.append(torch.zeros(sum(p.numel() for p in params), dtype=torch.float64))
+            continue
+        grads = torch.autograd.grad((model(*(t[sel] for t in inputs)) * w[sel]).sum(), params, allow_unused=True)
+        rows.append(torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).double()
+                               for g, p in zip(grads, params)]))
+    return torch.stack(rows)
 
 
 def reference(per_user: torch.Tensor, scale):
@@ -57,15 +73,18 @@ def test_fused_sum_and_norms_equal_clipping_the_materialised_rows_flat_users_of_
     user[user == 3] = 4  # user 3 has no rows
     tok, a = torch.randint(0, 7, (N, 4), generator=g), torch.randint(0, 3, (N,), generator=g)
     w = torch.randn(N, generator=g, dtype=torch.float64)
-    rows = per_user_gradients(net, (tok, a), w, user, num_users=m)
-    C = 0.5 * float(rows.norm(dim=1).median())  # about half the users clipped
+    brute = brute_force_flat(net, (tok, a), w, user, m)
+    C = 0.5 * float(brute.norm(dim=1).median())  # about half the users clipped
 
     def scale(n):
         return clip_scale(n, C)
 
+    expect = reference(brute, scale)
     got = clipped_gradient_sum(net, (tok, a), w, scale, user, num_users=m, norms=norms)
-    assert_equal_to_reference(got, reference(rows, scale), torch.float64)
+    assert_equal_to_reference(got, expect, torch.float64)
     assert float(got[1][3]) == 0.0
+    assert_equal_to_reference(reference(per_user_gradients(net, (tok, a), w, user, num_users=m), scale), expect,
+                              torch.float64)  # the materialised path
 
 
 @pytest.mark.parametrize("norms", NORM_METHODS)
@@ -73,18 +92,22 @@ def test_fused_sum_and_norms_equal_clipping_the_materialised_rows_flat_users_of_
 def test_fused_sum_equals_the_materialised_rows_on_padded_users(name, norms):
     """The engine's cases (MLP, log-linear root parameters, Gaussian, tokens with the torch.func fallback)."""
     policy, (obs, actions, weights) = CASES[name]
-    rows = per_user_gradients(policy, (obs, actions), weights)
+    brute = brute_force(policy, obs, actions, weights)
 
     def scale(n):
-        return clip_scale(n, 0.7 * float(rows.norm(dim=1).median()))
+        return clip_scale(n, 0.7 * float(brute.norm(dim=1).median()))
 
+    expect = reference(brute, scale)
     got = clipped_gradient_sum(policy, (obs, actions), weights, scale, norms=norms)
-    assert_equal_to_reference(got, reference(rows, scale), torch.float64)
+    assert_equal_to_reference(got, expect, torch.float64)
+    assert_equal_to_reference(reference(per_user_gradients(policy, (obs, actions), weights), scale), expect,
+                              torch.float64)  # the materialised path
 
 
 def test_float32_mlp_space_and_the_pg_round_use_the_fused_sum(monkeypatch):
-    """FullSpace of a float32 MLP: ``clipped_user_sum`` = the clipped rows of ``user_gradients`` to 1e-5, and
-    DP-PG's released direction = the materialised release with the same (seeded) noise."""
+    """FullSpace of a float32 MLP: ``clipped_user_sum`` = the clipped rows of ``user_gradients`` to 1e-5, both
+    = one backward per user (float32 rounding: 1e-5 of the sum's norm), and DP-PG's released direction = the
+    materialised release with the same (seeded) noise."""
     from dppo.algos.pg import PolicyGradient
     from dppo.data.sampler import OnePassUserSampler
     from dppo.envs.gym_env import GymEnvFactory
@@ -106,13 +129,17 @@ def test_float32_mlp_space_and_the_pg_round_use_the_fused_sum(monkeypatch):
     batch = fused.collect(list(range(8)), 0)
     A, _ = fused.step_advantages(batch)
     rows = space.user_gradients(batch, A)
+    G = batch.group_size
+    brute = brute_force(policy, batch.grouped(batch.obs).flatten(1, 2), batch.grouped(batch.actions).flatten(1, 2),
+                        batch.grouped(A).flatten(1, 2) / G)
 
     def no_rows(*args, **kwargs):
         raise AssertionError("the fused path materialised the per-user gradients")
 
-    monkeypatch.setattr("dppo.policies.clipped_sum.per_user_gradients", no_rows)
+    monkeypatch.setattr("dppo.policies.per_user_grads.fused.per_user_gradients", no_rows)
     got = space.clipped_user_sum(batch, A, fused.release.clip_scale)
     assert_equal_to_reference(got, reference(rows, fused.release.clip_scale), torch.float32)
+    assert_equal_to_reference(got, reference(brute, fused.release.clip_scale), torch.float32)
     direction, stats = fused.update_direction(batch, A, 0)
     clipped = rows * fused.release.clip_scale(rows.norm(dim=1))[:, None]
     expect, _ = plain.release._release(clipped, rows.norm(dim=1), 0, None, None)  # same noise draw
@@ -136,11 +163,11 @@ class _TiedHead(nn.Module):
 @pytest.mark.parametrize("norms", NORM_METHODS)
 def test_a_tied_weights_norm_includes_the_cross_term_of_its_two_uses(norms):
     """A parameter used by two modules: ||g_u|| is the norm of the summed parts (per-layer norms would miss
-    the cross term and clip too little), so the sum and norms equal clipping the materialised rows."""
+    the cross term and clip too little), so the sum and norms equal clipping one backward per user."""
     torch.manual_seed(0)
     model = _TiedHead().double()
     x, w = torch.randint(0, 7, (5, 3)), torch.randn(5, 3, dtype=torch.float64)
-    rows = per_user_gradients(model, (x,), w)
+    rows = brute_force_flat(model, (x.reshape(-1),), w.reshape(-1), torch.arange(5).repeat_interleave(3), 5)
     scale = lambda n: clip_scale(n, 0.5)
     total, n = clipped_gradient_sum(model, (x,), w, scale, norms=norms)
     torch.testing.assert_close(n, torch.linalg.vector_norm(rows, dim=1), rtol=1e-10, atol=1e-12)

@@ -225,14 +225,14 @@ def test_peft_lora_adapters_are_covered_by_the_linear_rule():
 
 @pytest.mark.parametrize("name", ["mlp", "tokens", "gaussian"])
 def test_rule_covered_models_do_not_fall_back_to_the_whole_model_vmap(name, monkeypatch):
-    import dppo.policies.per_user_grads as pug
+    from dppo.policies.per_user_grads import materialised
 
     def refuse(*a, **k):
         raise AssertionError("fell back to the whole-model torch.func path")
 
-    monkeypatch.setattr(pug, "per_user_gradients_func", refuse)
+    monkeypatch.setattr(materialised, "per_user_gradients_func", refuse)
     policy, (obs, actions, weights) = CASES[name]
-    assert torch.allclose(pug.per_user_gradients(policy, (obs, actions), weights),
+    assert torch.allclose(per_user_gradients(policy, (obs, actions), weights),
                           brute_force(policy, obs, actions, weights), **TOL)
 
 
@@ -261,7 +261,7 @@ def test_a_users_gradient_does_not_depend_on_the_rest_of_the_batch(name, pad_mul
 
 def test_a_tiny_llama_with_its_rmsnorm_rule_matches_brute_force():
     transformers = pytest.importorskip("transformers")
-    import dppo.policies.per_user_grads as pug
+    from dppo.policies.per_user_grads import rules
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=13, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
@@ -283,12 +283,12 @@ def test_a_tiny_llama_with_its_rmsnorm_rule_matches_brute_force():
     prompts, completions = torch.randint(0, 13, (4, 3, 5), generator=g), torch.randint(0, 13, (4, 3, 4), generator=g)
     w = torch.randn(4, 3, generator=g, dtype=torch.float64)
     used = []
-    original = pug._module_vjp
-    pug._module_vjp = lambda mod, *a: used.append(type(mod).__name__) or original(mod, *a)
+    original = rules.module_vjp
+    rules.module_vjp = lambda mod, *a: used.append(type(mod).__name__) or original(mod, *a)
     try:
         got = per_user_gradients(policy, (prompts, completions), w)
     finally:
-        pug._module_vjp = original
+        rules.module_vjp = original
     assert used == []  # every trainable layer of the Llama has a rule
     assert torch.allclose(got, brute_force(policy, prompts, completions, w), **TOL)
 
@@ -309,10 +309,10 @@ def test_the_sorted_fast_layout_equals_the_general_layout(monkeypatch):
 
 def _general_path(monkeypatch):
     """Force the general per-module loop and the gathered layout (the paths the fast ones must equal)."""
-    import dppo.policies.per_user_grads as pug
+    from dppo.policies.per_user_grads import materialised
 
-    monkeypatch.setattr(pug, "_linear_layers", lambda *a: (_ for _ in ()).throw(AssertionError("fast path")))
-    real_hook = pug._hook_gradients
+    monkeypatch.setattr(materialised, "_linear_layers", lambda *a: (_ for _ in ()).throw(AssertionError("fast path")))
+    real_hook = materialised._hook_gradients
 
     def general(policy, objective, plan, *args):
         saved, plan.linear = plan.linear, None
@@ -321,7 +321,7 @@ def _general_path(monkeypatch):
         finally:
             plan.linear = saved
 
-    monkeypatch.setattr(pug, "_hook_gradients", general)
+    monkeypatch.setattr(materialised, "_hook_gradients", general)
     monkeypatch.setattr(Groups, "_init_strided", lambda *a: False)
 
 
@@ -356,7 +356,7 @@ def test_the_linear_fast_path_and_strided_layout_equal_the_general_path(frozen, 
     assert_rows_close(fast, general)
     assert torch.equal(general[2], torch.zeros_like(general[2]))
     with monkeypatch.context() as mp:  # a large output: the in-place general path
-        mp.setattr("dppo.policies.per_user_grads.FAST_PATH_MAX_ELEMENTS", 0)
+        mp.setattr("dppo.policies.per_user_grads.materialised.FAST_PATH_MAX_ELEMENTS", 0)
         in_place = per_user_gradients(policy, (obs, actions), w)
         assert_rows_close(in_place, fast)
         assert torch.equal(in_place[2], torch.zeros_like(in_place[2]))
@@ -385,7 +385,7 @@ def test_a_linear_layer_used_twice_or_not_at_all_leaves_the_fast_path():
 def test_capture_hooks_are_registered_once_and_do_nothing_outside_a_capture():
     import copy
 
-    import dppo.policies.per_user_grads as pug
+    from dppo.policies.per_user_grads import capture
 
     torch.manual_seed(0)
     policy = MLPPolicy(gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2))
@@ -395,10 +395,10 @@ def test_capture_hooks_are_registered_once_and_do_nothing_outside_a_capture():
     per_user_gradients(policy, (obs, actions), w)
     policy.head.bias.requires_grad_(True)
     assert all(len(mod._forward_hooks) == 1 for mod in (policy.body[0], policy.body[2], policy.head))
-    assert not pug._CAPTURES.stack
+    assert not capture._CAPTURES.stack
     with torch.no_grad():
         policy.sample(obs[0])  # sampling outside a capture records nothing
-    assert not pug._CAPTURES.stack
+    assert not capture._CAPTURES.stack
     clone = copy.deepcopy(policy)  # a copy carries the inert hook and gets its own plan
     assert torch.equal(per_user_gradients(clone, (obs, actions), w), first)
     assert torch.equal(per_user_gradients(policy, (obs, actions), w), first)

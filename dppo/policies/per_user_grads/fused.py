@@ -1,11 +1,11 @@
-"""The clipped sum of per-user gradients without the (m, d) matrix of per-user gradients (fused clipping).
+"""The fused path: the clipped sum of per-user gradients without the (m, d) matrix of per-user gradients.
 
 DP-PG releases S = sum_u c_u g_u + noise, with g_u user u's gradient and c_u = min(1, C / ||g_u||) its clipping
 factor (``dppo.privacy.clipping.clip_scale``). ``per_user_gradients`` materialises every g_u (an (m, d)
 matrix: 1024 x 132,096 floats for the linear layers of the tiny LM) and the release then reads it several
 times; here only the norms and the clipped sum are formed, from the same one forward and one backward to the
-layers' outputs (``dppo.policies.per_user_grads``: captured inputs x_r and errors e_r of every trainable
-module, grouped by user):
+layers' outputs (``capture``: captured inputs x_r and errors e_r of every trainable module, grouped by user,
+``Groups``):
 
 * the norms, ||g_u||^2 = sum over parameters of the squared norm of that parameter's part of g_u, per
   ``nn.Linear`` layer by the cheaper of (chosen per layer and bucket of users, by flops)
@@ -32,10 +32,11 @@ from __future__ import annotations
 import torch
 
 from dppo.policies.base import MIN_ROWS
-from dppo.policies.per_user_grads import (
-    _CAPTURES, PAD_MULTIPLE, RULES, Groups, Unsupported, _linear, _module_vjp, _plan,
-    _records_per_slot, _root_func, per_user_gradients,
-)
+from dppo.policies.per_user_grads.capture import capture
+from dppo.policies.per_user_grads.layout import PAD_MULTIPLE, Groups, Unsupported, flat_rows, user_groups
+from dppo.policies.per_user_grads.materialised import per_user_gradients
+from dppo.policies.per_user_grads.plan import plan_for
+from dppo.policies.per_user_grads.rules import linear_rule, module_gradients, root_gradients, rule_for
 
 NORM_METHODS = ("auto", "blocks", "ghost")
 # elements (float32) of the per-user gradient buffer of the block layers: a few users at a time, in cache
@@ -69,21 +70,15 @@ def clipped_gradient_sum(module, inputs: tuple, weights, scale, user_index: torc
                                       norms=norms)
                  for lo in range(0, weights.shape[0], chunk)]
         return sum(p[0] for p in parts[1:]) + parts[0][0], torch.cat([p[1] for p in parts])
-    plan = _plan(module)
-    if padded:
-        m, T = weights.shape[:2]
-        flat_inputs = tuple(t.reshape(m * T, *t.shape[2:]) for t in inputs)
-        flat_w = weights.reshape(m * T)
-    else:
-        m = int(num_users) if num_users is not None else int(user_index.max()) + 1 if len(user_index) else 0
-        flat_inputs, flat_w, T = inputs, weights, None
+    plan = plan_for(module)
+    flat_inputs, flat_w, m, T = flat_rows(inputs, weights, user_index, num_users)
     keep = flat_w != 0
     if not bool(keep.any()):
         return torch.zeros(plan.P, dtype=torch.float64), torch.zeros(m, dtype=torch.float64)
-    if padded:  # as per_user_gradients lays rows out
-        user_index = None if pad_multiple == 1 else torch.arange(m).repeat_interleave(T)
-    groups = Groups(user_index, m, pad_multiple, keep, sorted_users=padded, rows_per_user=T, min_rows=min_rows)
-    if groups.buckets and not _has_shared_parameter(module, plan):
+    groups = user_groups(user_index, m, T, keep, pad_multiple, min_rows)
+    # a parameter of two modules (tied weights): its two parts' norms do not add (the cross term), so the
+    # per-layer norms would not be ||g_u||: such a policy takes the materialised path
+    if groups.buckets and not plan.has_shared_parameter():
         try:
             return _fused(module, objective, plan, tuple(groups.layout(t) for t in flat_inputs),
                           groups.layout_weights(flat_w.to(plan.dtype)), groups, scale, norms)
@@ -93,40 +88,6 @@ def clipped_gradient_sum(module, inputs: tuple, weights, scale, user_index: torc
                            num_users=num_users, pad_multiple=pad_multiple, min_rows=min_rows).double()
     n = torch.linalg.vector_norm(g, dim=1)
     return g.T @ scale(n).double(), n
-
-
-def _has_shared_parameter(module, plan) -> bool:
-    """Whether a trainable parameter belongs to two modules (tied weights, e.g. an LM head tied to the
-    embeddings): its part of g_u is then the sum of the modules' parts, whose norms do not add (the cross term),
-    so the per-layer norms above would not be ||g_u||: such a policy takes the materialised path."""
-    seen = set()
-    for mod, (_, names) in plan.owner.items():
-        for n in names:
-            pid = id(getattr(mod, n))
-            if pid in seen:
-                return True
-            seen.add(pid)
-    return False
-
-
-def _capture(module, objective, plan, inputs: tuple, weights, groups: Groups):
-    """One forward with the hooks recording, one backward to the recorded outputs: (records, errors by output)."""
-    records: list = []
-    _CAPTURES.stack.append((plan.hooked, records))
-    try:
-        with torch.enable_grad():
-            values = module(*inputs) if objective is None else objective(*inputs)
-    finally:
-        _CAPTURES.stack.pop()
-    for mod, args, _, out, versions, out_version in records:
-        if out._version != out_version or any(v is not None and a._version != v for a, v in zip(args, versions)):
-            raise Unsupported(f"{type(mod).__name__}: a captured tensor was modified in place")
-    needed = [rec[3] for rec in records if rec[3].requires_grad]
-    errs = torch.autograd.grad((values * weights).sum(), needed, allow_unused=True) if needed else []
-    err_of = dict(zip([id(o) for o in needed], errs))
-    if any(rec[3].shape[0] != groups.num_slots for rec in records):  # a layer called on k rows per slot
-        records, err_of = _records_per_slot(records, err_of, groups.num_slots)
-    return records, err_of
 
 
 class _Layer:
@@ -159,15 +120,15 @@ class _Layer:
         """(X (n, R, d_in) or None, E (n, R, d_out)): the rows of n users from slot s0 on, every call's side
         by side (a layer called on a prompt and then on its completions sees both in one product; joined a
         few users at a time, while they are in cache)."""
-        xs = [None if x is None else groups._block(x, s0, n, L).reshape(n, -1, x.shape[-1]) for x, _ in self.calls]
-        es = [groups._block(g, s0, n, L).reshape(n, -1, g.shape[-1]) for _, g in self.calls]
+        xs = [None if x is None else groups.block(x, s0, n, L).reshape(n, -1, x.shape[-1]) for x, _ in self.calls]
+        es = [groups.block(g, s0, n, L).reshape(n, -1, g.shape[-1]) for _, g in self.calls]
         if len(es) == 1:
             return xs[0], es[0]
         return (None if xs[0] is None else torch.cat(xs, 1)), torch.cat(es, 1)
 
 
 def _fused(module, objective, plan, inputs: tuple, weights, groups: Groups, scale, norms: str):
-    records, err_of = _capture(module, objective, plan, inputs, weights, groups)
+    records, err_of = capture(module, objective, plan.hooked, inputs, weights, groups.num_slots)
     layers: dict = {}
     other: dict = {}  # parameter -> (m, numel) per-user gradients of the modules handled by their rules
     with torch.no_grad():
@@ -176,24 +137,17 @@ def _fused(module, objective, plan, inputs: tuple, weights, groups: Groups, scal
             if g is None:
                 continue
             _, names = plan.owner[mod]
-            rule = RULES.get(type(mod)) or RULES.get(type(mod).__name__)
-            if rule is _linear and args:
+            if rule_for(mod) is linear_rule and args:
                 if mod not in layers:
                     layers[mod] = _Layer(*(plan.columns[id(getattr(mod, n))] if n in names else None
                                            for n in ("weight", "bias")))
                 layers[mod].add(args[0] if "weight" in names else None, g)
                 continue
-            contrib = rule(mod, args, out, g, groups, names) if rule is not None else None
-            if contrib is None:
-                with torch.enable_grad():
-                    contrib = _module_vjp(mod, names, args, kwargs, g, groups)
-            for n, v in contrib.items():
+            for n, v in module_gradients(mod, names, args, kwargs, out, g, groups).items():
                 _add_rows(other, getattr(mod, n), v, groups)
         if module in plan.owner:  # parameters used directly by the module: vmap over users for those only
-            _, names = plan.owner[module]
-            direct = {n: getattr(module, n) for n in names}
-            for n, v in _root_func(module, objective, direct, inputs, weights, groups).items():
-                _add_rows(other, direct[n], v.detach(), groups)
+            for p, v in root_gradients(module, objective, plan.owner[module][1], inputs, weights, groups).items():
+                _add_rows(other, p, v, groups)
         return _norms_and_sum(plan, layers, other, groups, scale, norms)
 
 
@@ -225,10 +179,9 @@ def _norms_and_sum(plan, layers: dict, other: dict, groups: Groups, scale, norms
                               dtype=plan.dtype) for lay in blocks}
         Wsum = {lay: torch.zeros(W[lay].shape[1:], dtype=torch.float64) for lay in blocks}
         Bsum = {lay: torch.zeros(lay.shape[0], dtype=torch.float64) for lay in biased}
-        stride = groups._stride or L
         for i in range(0, n, step):
             k = min(step, n - i)
-            s, us = s0 + i * stride, slice(u0 + i, u0 + i + k)
+            s, us = groups.user_start(s0, i, L), slice(u0 + i, u0 + i + k)
             sq_k = sq[us].clone()
             parts = []
             for lay in layers.values():
@@ -262,8 +215,8 @@ def _norms_and_sum(plan, layers: dict, other: dict, groups: Groups, scale, norms
             c = factor[u0:u0 + n]
             lo, hi = lay.w_cols
             for x, g in lay.calls:
-                X = groups._block(x, s0, n, L).reshape(-1, x.shape[-1])
-                E = (groups._block(g, s0, n, L).reshape(n, -1, g.shape[-1]) * c.to(g.dtype)[:, None, None])
+                X = groups.block(x, s0, n, L).reshape(-1, x.shape[-1])
+                E = (groups.block(g, s0, n, L).reshape(n, -1, g.shape[-1]) * c.to(g.dtype)[:, None, None])
                 total[lo:hi] += (E.reshape(-1, g.shape[-1]).T @ X).double().reshape(-1)
     for p, rows in other.items():
         lo, hi = plan.columns[id(p)]
