@@ -25,12 +25,13 @@ MIN_DELTA = 1e-100
 class PrivacyConfig:
     """privacy group: how releases are accounted and how noise is drawn."""
 
-    accountant: Optional[str] = None  # null = the learner's default (parallel one-pass; rdp if multi_pass)
+    accountant: Optional[str] = None  # null = the learner's default (parallel one-pass; rdp if multi_pass; GFA:
+    # advanced, or zcdp); the accountants: dppo/privacy/accountants/
     multi_pass: bool = False  # users resampled (Poisson) across rounds; needs population_size
     population_size: Optional[int] = None  # finite user population for multi-pass
     secure_rng: bool = True  # noise from the OS CSPRNG; false = seeded, reproducible, not private against the seed
     max_epsilon: Optional[float] = None  # stop cleanly before a release would exceed this total
-    composition: str = "advanced"  # GFA only: advanced | zcdp
+    composition: Optional[str] = None  # deprecated, dropped in the next release: GFA's privacy.accountant
     allow_over_target: bool = False  # resume even if a crashed attempt's charged releases end the run above eps
 
 
@@ -78,7 +79,7 @@ class TrainConfig:
     # filled in when the config is composed (resolve_run_shape), so a run's config records what it ran
     rounds: Optional[int] = None  # PG / NPG / REBEL / PPO: rounds of the one-pass meta-algorithm
     users_per_round: Optional[int] = None  # PG / NPG / REBEL / PPO: m fresh users per round
-    group_size: Optional[int] = None  # PG / NPG / REBEL: G rollouts per user from its own start state (one privacy unit)
+    group_size: Optional[int] = None  # PG / NPG / REBEL: G rollouts per user from its own start (one privacy unit)
     max_grad_norm: float = 1.0  # PG / DP-PG: per-user clip norm C
     reward_bound: Optional[float] = None  # rewards clipped to [-reward_bound, reward_bound] (null: the env's declared
     # range, dppo/envs/reward_ranges.py; a private run on an env declaring none is refused, a non-private one clips nothing)
@@ -441,8 +442,9 @@ def validate(cfg) -> None:
         raise ConfigError("privacy.multi_pass=true needs privacy.population_size >= users_per_round")
     if p.population_size is not None and p.population_size < 1:
         raise ConfigError(f"privacy.population_size must be >= 1, got {p.population_size}")
-    if p.composition not in ("advanced", "zcdp"):
-        raise ConfigError(f"privacy.composition must be 'advanced' or 'zcdp', got '{p.composition}'")
+    if p.composition not in (None, "advanced", "zcdp"):
+        raise ConfigError(f"privacy.composition (deprecated: privacy.accountant) must be 'advanced' or 'zcdp', got "
+                          f"'{p.composition}'")
     for group in ("algo", "env"):
         node = cfg[group]
         if node is None or "_target_" not in node:

@@ -12,7 +12,7 @@ model: (eps, delta)-JDP). ``eps = null`` replaces the mechanism by the greedy ``
   ``S(f) = eta E_{s_1 ~ p0} max_a f_1(s_1, a) - L_BE(f)`` (Bellman error with the inner infimum).
 
 Privacy: ``beta = eps_0 / (2 Delta_S)`` (``exp_mech_beta``), eps_0 the largest per-release budget with
-which the M - 1 data-dependent releases compose to the target eps under ``privacy.composition``
+which the M - 1 data-dependent releases compose to the target eps under ``privacy.accountant``
 (``advanced``: Dwork-Rothblum-Vadhan; ``zcdp``: eps_0-bounded range => eps_0^2/8-zCDP). The first
 release (batch 0) sees no data and costs nothing; it is still written to the ledger (eps = 0).
 
@@ -90,7 +90,7 @@ class _GFABase(torch.nn.Module, Learner):
         self.size = size
 
     # ---- privacy -----------------------------------------------------------------------------
-    uses_composition = True        # privacy.composition picks the accountant (advanced | zcdp)
+    uses_composition = True        # its releases compose: privacy.accountant=advanced (default) | zcdp
 
     @classmethod
     def releases_pure_dp(cls, cfg) -> bool:
@@ -98,7 +98,8 @@ class _GFABase(torch.nn.Module, Learner):
 
     @classmethod
     def accountant_name(cls, privacy_cfg) -> str:
-        """``advanced`` or ``zcdp`` from ``privacy.composition`` (the learner's accounting of M releases)."""
+        """The default accountant of the M releases (``privacy.accountant`` null): ``advanced``, or ``zcdp`` where
+        the deprecated ``privacy.composition`` says so."""
         comp = getattr(privacy_cfg, "composition", None) or "advanced"
         if comp not in COMPOSITION_ACCOUNTANTS:
             raise ConfigError(f"privacy.composition must be 'advanced' or 'zcdp', got '{comp}'")
@@ -112,7 +113,7 @@ class _GFABase(torch.nn.Module, Learner):
         acc = self.privacy.accountant
         if not hasattr(acc, "largest_eps0"):
             raise ConfigError(f"GFA accounts its releases by composition; privacy.accountant={acc.name} cannot, "
-                              f"use privacy.accountant=null with privacy.composition=advanced|zcdp")
+                              f"use privacy.accountant=advanced (the default) or zcdp")
         releases = max(self.num_rounds - 1, 1)
         self.schedule = ExponentialSchedule(acc, self.privacy.eps, self.privacy.delta, releases, self.budget_decay,
                                             self.sensitivity)

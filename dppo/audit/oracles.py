@@ -115,7 +115,7 @@ def audit_dp_gd(eps: float, delta: float = 1e-5, trials: int = 20_000, *, seed: 
             return w
 
         noisy_gradient_descent(privacy, data[side].per_user_grads, record, w0, steps=oracle.steps, clip=oracle.clip,
-                               round=r, users=data[side].users, eps=eps, delta=delta, composition=oracle.composition)
+                               round=r, users=data[side].users, eps=eps, delta=delta, composition=oracle.accountant)
         return sum(released).numpy()
 
     null, alt, claim = _run(release, eps, delta, trials, seed)

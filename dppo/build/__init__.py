@@ -7,8 +7,8 @@ and ``extension`` (what a resume may extend). The names below are the package's 
 """
 from __future__ import annotations
 
-from dppo.build.checks import (SHORTCUTS, algo_name, check_config_values, check_policy_device, check_shortcuts,
-                               check_target_keys, check_target_values, parameter_kind)
+from dppo.build.checks import (RENAMED_KEYS, SHORTCUTS, algo_name, check_config_values, check_policy_device,
+                               check_shortcuts, check_target_keys, check_target_values, parameter_kind)
 from dppo.build.env import ENV_INPUTS, build_env, env_inputs, record_env_inputs
 from dppo.build.extension import extension_rules
 from dppo.build.learner import build_learner, build_oracle, learner_reward_bound
@@ -23,7 +23,7 @@ from dppo.build.run import build, check_writable, learner_class, seed_everything
 from dppo.config import INJECTABLE, POLICY_KEYS, SPACE_KEYS, accepted_keys, did_you_mean, group_keys, hint_line
 
 __all__ = ["INJECTABLE", "POLICY_KEYS", "SPACE_KEYS", "accepted_keys", "did_you_mean", "group_keys", "hint_line",
-           "SHORTCUTS", "algo_name", "check_config_values", "check_policy_device", "check_shortcuts",
+           "RENAMED_KEYS", "SHORTCUTS", "algo_name", "check_config_values", "check_policy_device", "check_shortcuts",
            "check_target_keys", "check_target_values", "parameter_kind", "ENV_INPUTS", "build_env", "env_inputs",
            "record_env_inputs", "extension_rules", "build_learner", "build_oracle", "learner_reward_bound",
            "ROUND_MEMORY_FRACTION", "check_memory", "REPO_ROOT", "build_policy", "build_space",

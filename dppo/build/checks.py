@@ -7,6 +7,7 @@ import difflib
 import importlib
 import inspect
 import math
+import sys
 import typing
 
 from hydra.utils import get_object
@@ -14,10 +15,16 @@ from omegaconf import OmegaConf
 
 from dppo.config import POLICY_KEYS, SPACE_KEYS, accepted_keys, did_you_mean, hint_line, to_container
 from dppo.errors import ConfigError
+from dppo.training import distributed
 
 # top-level keys that only some learners read: a learner refuses one set to anything but its default (the
 # learner's run shape for rounds / users_per_round / group_size, the schema's for the others)
 SHORTCUTS = ("rounds", "users_per_round", "group_size", "max_grad_norm", "reward_bound", "episodes", "batch_size")
+# renamed keys: old name -> (new name, the old name's default, which saved configs may carry and which says
+# nothing); the old name still works for one release, with a one-line warning (one name, one meaning: the
+# accountant that composes a set of releases is an ``accountant`` in every group)
+RENAMED_KEYS = {"oracle.composition": ("oracle.accountant", None),
+                "privacy.composition": ("privacy.accountant", "advanced")}
 
 
 def parameter_kind(target, key: str) -> tuple[str | None, bool]:
@@ -181,6 +188,15 @@ def group_choice_name(cfg) -> str:
         return HydraConfig.get().runtime.choices["algo"]
     except Exception:  # noqa: BLE001 - outside a Hydra run
         return OmegaConf.select(cfg, "algo_name") or cfg.algo._target_.rsplit(".", 1)[-1]
+
+
+def warn_renamed_keys(cfg) -> None:
+    """One line on stderr for each renamed key (``RENAMED_KEYS``) the config sets: its new name and value."""
+    for old, (new, default) in RENAMED_KEYS.items():
+        value = OmegaConf.select(cfg, old, default=None)
+        if value is not None and value != default and distributed.from_env().is_main:
+            print(f"dppo: warning: {old} is deprecated and goes in the next release: use {new}={value} (the same "
+                  f"choice)", file=sys.stderr, flush=True)
 
 
 def check_shortcuts(cfg, cls) -> None:

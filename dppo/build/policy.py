@@ -12,7 +12,8 @@ from dppo.build.checks import check_target_keys, group_choice_name, unwrap_build
 from dppo.config import POLICY_KEYS, SPACE_KEYS, to_container
 from dppo.errors import ConfigError
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # relative policy.init_from: assets/
+# relative policy.init_from: assets/ (dppo/build/policy.py -> the repository root)
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def load_init_source(init_from: str | None) -> tuple[dict | None, dict | None]:

@@ -62,12 +62,15 @@ def check_accountant(cfg, cls, name: str) -> None:
                           f"{cls.__name__} (with this config) makes other releases; use privacy.accountant=null "
                           f"(the learner's default)")
     uses_composition = getattr(cls, "uses_composition", False)
-    if uses_composition and p.accountant is not None and p.composition != "advanced" and p.accountant != p.composition:
-        raise ConfigError(f"privacy.accountant={p.accountant} contradicts privacy.composition={p.composition}; "
-                          f"set privacy.accountant=null and choose privacy.composition")
-    if p.composition != "advanced" and not uses_composition:
-        raise ConfigError(f"privacy.composition={p.composition} applies to the GFA learners only; "
-                          f"{cls.__name__} is accounted by privacy.accountant")
+    # privacy.composition: the deprecated name of GFA's privacy.accountant ('advanced', its old default, in the
+    # configs of runs saved before, is GFA's default and means nothing to another learner)
+    legacy = p.composition if p.composition not in (None, "advanced") else None
+    if uses_composition and p.accountant is not None and legacy is not None and p.accountant != legacy:
+        raise ConfigError(f"privacy.accountant={p.accountant} contradicts the deprecated privacy.composition="
+                          f"{legacy}; set privacy.accountant only")
+    if legacy is not None and not uses_composition:
+        raise ConfigError(f"privacy.composition={legacy} (deprecated: privacy.accountant) applies to the GFA "
+                          f"learners only; {cls.__name__} is accounted by privacy.accountant")
     # one-pass rounds (and PUCB's counters) each spend the whole eps at once; multi-pass rounds and GFA's
     # composed releases spend a share of it, so a lower cap there just stops the run early
     if p.max_epsilon is not None and p.max_epsilon < cfg.eps and not p.multi_pass and not uses_composition:

@@ -9,7 +9,7 @@ import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
-from dppo.build.checks import algo_name, check_config_values, check_shortcuts
+from dppo.build.checks import algo_name, check_config_values, check_shortcuts, warn_renamed_keys
 from dppo.build.env import build_env
 from dppo.build.extension import extension_rules
 from dppo.build.learner import build_learner
@@ -127,5 +127,6 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         trainer.check_capacity()   # the population covers the run, before any user is drawn
     if run_dir is not None:
         check_writable(run_dir)    # the first thing written: after every object is built and checked
+    warn_renamed_keys(cfg)     # after every check: a refused config is its one error line
     logger.log_hparams(hparams)  # remembered only; written with the final metrics at the end of the session
     return trainer

@@ -252,7 +252,7 @@ def test_dp_gd_noise_meets_eps_delta_by_both_accountants():
     mu = math.sqrt(25) * 2 * 1.5 / s  # k composed (2C/s)-GDP steps
     delta = norm.cdf(-3.0 / mu + mu / 2) - math.exp(3.0) * norm.cdf(-3.0 / mu - mu / 2)
     assert delta == pytest.approx(1e-5, rel=1e-5)
-    rdp = make_oracle("dp_gd", steps=25, clip=1.5, composition="rdp")
+    rdp = make_oracle("dp_gd", steps=25, clip=1.5, accountant="rdp")
     s_rdp, z_rdp = rdp.noise_std(3.0, 1e-5)
     acc = RDPAccountant()
     for _ in range(25):
@@ -326,7 +326,7 @@ def test_unknown_oracle_and_bad_arguments_are_config_errors():
     with pytest.raises(ConfigError):
         make_oracle("ssp", bogus=1)
     with pytest.raises(ConfigError):
-        make_oracle("dp_gd", composition="zcdp")
+        make_oracle("dp_gd", accountant="zcdp")
 
 
 def test_non_finite_data_is_rejected_before_any_release():
