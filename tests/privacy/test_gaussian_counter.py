@@ -1,5 +1,6 @@
-"""Gaussian continual counters: the factorization they run, exact release variance, float-exact releases,
-bound coverage, and the zCDP calibration."""
+"""Gaussian continual counters (``dppo.privacy.gaussian_counter``) and the factorizations they run
+(``dppo.privacy.counter_factorizations``): exact release variance, float-exact releases, bound coverage, and the
+zCDP calibration."""
 import math
 
 import numpy as np
@@ -9,9 +10,9 @@ from scipy.linalg import solve_triangular
 
 from dppo.errors import ConfigError, PrivacyError
 from dppo.privacy.accountants.zcdp import rho_for_target, zcdp_to_dp
+from dppo.privacy.counter_factorizations import optimized_factorization, sqrt_coefficients, sqrt_factorization
 from dppo.privacy.gaussian_counter import (GRID, GaussianTreeCounter, OptimizedFactorizationCounter,
-                                           SqrtFactorizationCounter, chi_union_quantile, gaussian_union_quantile,
-                                           optimized_factorization, sqrt_coefficients, sqrt_factorization)
+                                           SqrtFactorizationCounter, chi_union_quantile, gaussian_union_quantile)
 from dppo.privacy.noise import NoiseSource
 
 
