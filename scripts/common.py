@@ -7,7 +7,7 @@ and this module imports no script. Everything a run needs goes through ``dppo.tr
 
 Contents: the sentence of seeded tables (``SEEDED_NOTE``), mean and std over seeds (``mean_std``), the
 ``--eps`` parser (``parse_eps``), worker processes with one torch thread (``worker_init``, ``default_jobs``),
-one config run in this process (``train_in_process``), a run directory read back (``load_run``,
+one config run in this process (``run_config``, ``train_in_process``), a run directory read back (``load_run``,
 ``progress_rows``, ``learner_state``, ``episode_regret``), DP-GFA's ContextBits table (``GFA_TABLE``,
 ``gfa_overrides``, ``plateau_episode``), the memory benchmarks' child process (``run_child``,
 ``print_child_result``), and the language-model tasks and adapters (``TASKS``, ``ADAPTERS``) that
@@ -66,20 +66,26 @@ def default_jobs(cap: int = 8) -> int:
     return min(cores, cap)
 
 
-def train_in_process(overrides: list[str], path: str, quiet: bool = True) -> tuple[str, int, float]:
-    """One run in this process through ``dppo.train``: the same config checks and outputs as ``train.py``
-    (``.hydra/config.yaml`` included, so ``train.py resume=`` works) without a Python/torch start-up per run.
-    An incomplete earlier attempt in ``path`` is removed first. A failure is printed in one line and returned
-    as exit code 1, so a grid goes on. Returns (path, exit code, seconds)."""
+def run_config(overrides: list[str], path: str, *, callbacks=(), quiet: bool = True) -> dict:
+    """One run in this process through ``dppo.train``, with the same config checks and outputs as ``train.py``
+    (``.hydra/``, journal, checkpoints, ``progress.csv``, ``summary.json``; ``train.py resume=`` works); an
+    incomplete earlier attempt in ``path`` is removed first. ``quiet``: the run's console lines (the seeded-noise
+    warning, ...) are dropped. Returns the summary; a failure raises."""
     import dppo
 
-    t0 = time.perf_counter()
     if os.path.isdir(path):
         shutil.rmtree(path)
+    with open(os.devnull, "w") as devnull, \
+            (contextlib.redirect_stderr(devnull) if quiet else contextlib.nullcontext()):
+        return dppo.train(list(overrides), run_dir=path, callbacks=list(callbacks))
+
+
+def train_in_process(overrides: list[str], path: str, quiet: bool = True) -> tuple[str, int, float]:
+    """``run_config`` for a pool worker, without a Python/torch start-up per run: a failure is printed in one
+    line and returned as exit code 1, so a grid goes on. Returns (path, exit code, seconds)."""
+    t0 = time.perf_counter()
     try:
-        with open(os.devnull, "w") as devnull, \
-                (contextlib.redirect_stderr(devnull) if quiet else contextlib.nullcontext()):
-            dppo.train(list(overrides), run_dir=path)
+        run_config(overrides, path, quiet=quiet)
         rc = 0
     except Exception as err:  # noqa: BLE001 - one failed run is reported, the grid goes on
         print(f"FAILED {os.path.basename(path)}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)

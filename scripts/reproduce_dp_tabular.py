@@ -14,12 +14,14 @@ DP-UBEV's is ``algo=dp_ubev eps=null`` with the same counter layout and release 
 non-private learner of the grid (UBEV, PUCB's twin, and DP-UBEV's twin re-planned after every episode,
 ``block_growth=null``, which is not private-friendly but may learn faster), with the seeds' own ratios.
 
-Each run uses the real learners through the Python API (one fresh user per episode from the one-pass
-sampler, releases in the ledger, eps from the accountant at delta = 1e-5). The noise is seeded
-(``NoiseSource(seed, secure=False)``, the CLI's ``privacy.secure_rng=false``) so that runs reproduce.
-Every run records its cumulative regret, count-error bound E and gate-open fraction after every round
-(1000 episodes), so one run of length T gives the curve against t <= T; the report prints how much E at t
-in a run of length T differs from E at the end of a run of length t (the counters are calibrated for T).
+Each run is a run like any other, through ``dppo.train`` (``algo=ubev|pucb|dp_ubev env=... episodes=T``): one
+fresh user per episode from the one-pass sampler, releases in the ledger, eps from the learner's accountant at
+delta = 1e-5, the run's directory under --out (config, journal, checkpoints, progress.csv, summary.json) beside
+its JSON. The noise is seeded (``privacy.secure_rng=false``) so that runs reproduce. Every run logs its
+count-error bound E and gate-open fraction after every round (1000 episodes; read from its progress.csv) and
+keeps every episode's regret (read from its last checkpoint), so one run of length T gives the curve against
+t <= T; the report prints how much E at t in a run of length T differs from E at the end of a run of length t
+(the counters are calibrated for T).
 """
 from __future__ import annotations
 
@@ -34,23 +36,27 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import mean_std, parse_eps  # noqa: E402
+from common import QUIET, SEEDED, episode_regret, learner_state, mean_std, parse_eps, progress_rows, run_config  # noqa: E402
 
-from dppo.algos.dp_ubev import DPUBEV
-from dppo.algos.ucb import PUCB, UBEV
-from dppo.data.sampler import OnePassUserSampler
-from dppo.envs.tabular import random_mdp, riverswim
-from dppo.privacy import NoiseSource, PrivacyContext
-from dppo.privacy.accountants import make_accountant
+from dppo.algos.dp_ubev import DPUBEV  # noqa: E402
+from dppo.algos.ucb import PUCB  # noqa: E402
+from dppo.api import render  # noqa: E402
+from dppo.envs.tabular import random_mdp, riverswim  # noqa: E402
+from dppo.privacy import NoiseSource, PrivacyContext  # noqa: E402
+from dppo.privacy.accountants import make_accountant  # noqa: E402
+from dppo.training.callbacks import Callback  # noqa: E402
 
 BEGIN, END = "<!-- dp_ubev section: scripts/reproduce_dp_tabular.py -->", "<!-- end dp_ubev section -->"
 SEEDS = [0, 1, 2, 3, 4]
 
-ENVS = {
-    "riverswim": (lambda H: riverswim(horizon=H), "RiverSwim (S=6, A=2)"),
-    "random_mdp": (lambda H: random_mdp(S=10, A=3, H=H, seed=0), "random MDP (S=10, A=3, seed 0)"),
+ENVS = {   # name: (the MDP at horizon H, label, its config at horizon H)
+    "riverswim": (lambda H: riverswim(horizon=H), "RiverSwim (S=6, A=2)", lambda H: ["env=riverswim", f"env.horizon={H}"]),
+    "random_mdp": (lambda H: random_mdp(S=10, A=3, H=H, seed=0), "random MDP (S=10, A=3, seed 0)",
+                   lambda H: ["env=random_mdp", "env.S=10", "env.A=3", f"env.H={H}", "env.seed=0"]),
     "random_mdp_drift": (lambda H: random_mdp(S=10, A=3, H=H, seed=0, drift=1.0),
-                         "random MDP with dynamics drifting over h (S=10, A=3, seed 0, drift 1)"),
+                         "random MDP with dynamics drifting over h (S=10, A=3, seed 0, drift 1)",
+                         lambda H: ["env=random_mdp_drift", "env.S=10", "env.A=3", f"env.H={H}", "env.seed=0",
+                                    "env.drift=1.0"]),
 }
 
 # learner specs: (algo, eps, kwargs); kwargs of DP-UBEV beyond its defaults
@@ -97,32 +103,46 @@ def twin_tag(r: dict) -> str | None:
     return tag(r["algo"], None, {k: v for k, v in r["kw"].items() if k != "set_noise"})   # no noise, no multipliers
 
 
-def run_one(env: str, H: int, algo: str, eps, seed: int, T: int, kw: dict) -> dict:
-    mdp = ENVS[env][0](H)
-    accountant = DPUBEV.accountant_name(None, kw) if algo == "dp_ubev" else "basic"   # gdp for Gaussian counters
-    privacy = PrivacyContext(eps, 1e-5, accountant=make_accountant(accountant), noise=NoiseSource(seed, secure=False))
-    sampler = OnePassUserSampler(1000, seed=seed)
-    common = dict(privacy=privacy, sampler=sampler, seed=seed, episodes=T, episodes_per_round=min(1000, T))
-    cls = {"ubev": UBEV, "pucb": PUCB, "dp_ubev": DPUBEV}[algo]
-    learner = cls(mdp, **common, **kw)
-    t0 = time.perf_counter()
-    rounds, gate, E = [], [], []
-    for r in range(learner.num_rounds):
-        m = learner.train_round(r)
-        rounds.append(learner.episodes_done)
-        gate.append(m.get("counters/gate_open_fraction"))
-        E.append(m.get("counters/error_bound"))
-        if r % 200 == 199:
-            print(f"  {env} H={H} {tag(algo, eps, kw)} seed={seed}: {learner.episodes_done:,}/{T:,} episodes, "
-                  f"regret {m['regret/cumulative']:,.0f}, {time.perf_counter() - t0:.0f} s", flush=True)
-    wall = time.perf_counter() - t0
-    cum = torch.cumsum(learner.episode_regret, 0)
+def overrides(env: str, H: int, algo: str, eps, seed: int, T: int, kw: dict) -> list[str]:
+    """One run's config: the learner with its keys ``kw``, T episodes of one user each, 1000 a round."""
+    return [f"algo={algo}", *ENVS[env][2](H), f"eps={'null' if eps is None else eps}", "delta=1e-5",
+            f"seed={seed}", f"episodes={T}", f"algo.episodes_per_round={min(1000, T)}",
+            *(f"algo.{k}={render(v)}" for k, v in kw.items()), "eval_every=null", *QUIET, *SEEDED]
+
+
+class RegretLine(Callback):
+    """A console line every 200 rounds of a long run, from the released ``regret/cumulative``."""
+
+    def __init__(self, label: str):
+        self.label, self.t0 = label, time.perf_counter()
+
+    def on_round_end(self, trainer, round_idx, metrics):
+        if round_idx % 200 == 199:
+            print(f"  {self.label}: {round_idx + 1} rounds, regret "
+                  f"{metrics['regret/cumulative']:,.0f}, {time.perf_counter() - self.t0:.0f} s", flush=True)
+        return True
+
+
+def run_one(env: str, H: int, algo: str, eps, seed: int, T: int, kw: dict, path: str) -> dict:
+    """One run in ``path``; its regret after every round, E and gate-open fraction per round, and its facts
+    (the counters' released time steps, ``releases``, from the learner's state in the last checkpoint)."""
+    label = f"{env} H={H} {tag(algo, eps, kw)} seed={seed}"
+    summary = run_config(overrides(env, H, algo, eps, seed, T, kw), path, callbacks=[RegretLine(label)])
+    log = progress_rows(path)
+    value = lambda r, key: float(r[key]) if r.get(key) not in (None, "") else None   # noqa: E731
+    rounds, done = [], 0
+    for r in log:
+        done += int(float(r["rollout/episodes"]))
+        rounds.append(done)
+    wall = summary["wall_time_s"]
+    cum = torch.cumsum(episode_regret(path), 0)
     return {"env": env, "H": H, "algo": algo, "eps": eps, "kw": kw, "tag": tag(algo, eps, kw), "seed": seed, "T": T,
             "cumulative_regret": float(cum[-1]), "rounds": rounds, "curve": [float(cum[t - 1]) for t in rounds],
-            "gate_open_fraction": gate, "E": E, "final_E": learner.count_error_bound(),
-            "releases": learner.stats.steps_done, "epsilon_spent": privacy.spent()[0], "delta": privacy.spent()[1],
-            "wall_s": wall, "episodes_per_s": T / wall,
-            "noise_std": learner.noise_std() if algo == "dp_ubev" else None}
+            "gate_open_fraction": [value(r, "counters/gate_open_fraction") for r in log],
+            "E": [value(r, "counters/error_bound") for r in log], "final_E": summary["count_error_bound"],
+            "releases": int(learner_state(path)["stats.t"]), "epsilon_spent": summary["epsilon_spent"],
+            "delta": summary["delta_spent"], "wall_s": wall, "episodes_per_s": T / max(wall, 1e-3),
+            "noise_std": summary.get("noise_std") if algo == "dp_ubev" else None}
 
 
 def _path(out: str, spec: tuple) -> str:
@@ -133,7 +153,7 @@ def _path(out: str, spec: tuple) -> str:
 def _run_and_save(args) -> str:
     out, spec = args
     path = _path(out, spec)
-    res = run_one(*spec)
+    res = run_one(*spec, path.removesuffix(".json"))
     with open(path + ".tmp", "w") as f:
         json.dump(res, f)
     os.replace(path + ".tmp", path)
@@ -166,31 +186,35 @@ def run_grids(names: list, out: str, jobs: int, seeds=None) -> None:
 
 
 # ---- toy-text gymnasium envs ---------------------------------------------------------------------
-def run_gym(env_id: str, H: int, algo: str, eps, seed: int, T: int) -> dict:
-    """One run on a toy-text gymnasium env through its exact model (``dppo.envs.tabular.from_gym``): the
+class GreedyValues(Callback):
+    """At the end of a run on a toy-text env: the exact expected returns (native units) of the final greedy
+    policy, of the uniformly random policy and of the optimal one, from the env's exact model. The greedy policy
+    is planned from the released statistics only (post-processing) and the model is the public simulator's."""
+
+    def on_train_end(self, trainer):
+        learner = trainer.learner
+        mdp = learner.mdp
+        native = lambda v: float(mdp.to_native_return(torch.tensor(v, dtype=torch.float64)))   # noqa: E731
+        greedy = torch.as_tensor(learner.greedy_policy())
+        uniform = torch.full((mdp.S, mdp.A), 1.0 / mdp.A, dtype=torch.float64)
+        self.values = {"S": mdp.S, "A": mdp.A, "greedy_return": native(mdp.policy_value(greedy)),
+                       "random_return": native(mdp.policy_value(uniform)), "optimal_return": native(learner.optimal)}
+
+
+def run_gym(env_id: str, H: int, algo: str, eps, seed: int, T: int, path: str) -> dict:
+    """One run in ``path`` on a toy-text gymnasium env (``env.id=<env_id>``, its exact model: ``from_gym``): the
     final greedy policy's exact expected return beside the optimal and the uniformly random policy's."""
-    import gymnasium as gym
-
-    from dppo.envs.tabular import from_gym
-
-    mdp = from_gym(gym.make(env_id), H)
-    privacy = PrivacyContext(eps, 1e-5, accountant=make_accountant("basic" if algo == "ubev" else DPUBEV.accountant_name(None)),
-                             noise=NoiseSource(seed, secure=False))
-    common = dict(privacy=privacy, sampler=OnePassUserSampler(1000, seed=seed), seed=seed, episodes=T,
-                  episodes_per_round=min(1000, T))
-    learner = UBEV(mdp, **common) if algo == "ubev" else DPUBEV(mdp, **common)
-    t0 = time.perf_counter()
-    for r in range(learner.num_rounds):
-        m = learner.train_round(r)
-    wall = time.perf_counter() - t0
-    native = lambda v: float(mdp.to_native_return(torch.tensor(v, dtype=torch.float64)))
-    greedy = torch.as_tensor(learner.greedy_policy())
-    uniform = torch.full((mdp.S, mdp.A), 1.0 / mdp.A, dtype=torch.float64)
-    return {"env_id": env_id, "H": H, "algo": algo, "eps": eps, "seed": seed, "T": T, "S": mdp.S, "A": mdp.A,
-            "cumulative_regret": float(learner.episode_regret.sum()), "greedy_return": native(mdp.policy_value(greedy)),
-            "random_return": native(mdp.policy_value(uniform)), "optimal_return": native(learner.optimal),
-            "last_round_return": m["diag/return"], "gate_open_fraction": m.get("counters/gate_open_fraction"),
-            "final_E": learner.count_error_bound(), "epsilon_spent": privacy.spent()[0], "wall_s": wall}
+    values = GreedyValues()
+    summary = run_config([f"algo={algo}", f"env.id={env_id}", f"env.horizon={H}", f"eps={'null' if eps is None else eps}",
+                          "delta=1e-5", f"seed={seed}", f"episodes={T}", f"algo.episodes_per_round={min(1000, T)}",
+                          "eval_every=null", *QUIET, *SEEDED], path, callbacks=[values])
+    last = progress_rows(path)[-1]
+    gate = last.get("counters/gate_open_fraction")
+    return {"env_id": env_id, "H": H, "algo": algo, "eps": eps, "seed": seed, "T": T, **values.values,
+            "cumulative_regret": float(episode_regret(path).sum()), "last_round_return": float(last["diag/return"]),
+            "gate_open_fraction": float(gate) if gate not in (None, "") else None,
+            "final_E": summary["count_error_bound"], "epsilon_spent": summary["epsilon_spent"],
+            "wall_s": summary["wall_time_s"]}
 
 
 def gym_rows(out: str) -> list[str]:
@@ -518,7 +542,7 @@ def main() -> None:
                                     f"_s{seed}_T{T}.json")
                 if os.path.exists(path):
                     continue
-                res = run_gym(env_id, int(H), algo, eps, seed, int(T))
+                res = run_gym(env_id, int(H), algo, eps, seed, int(T), path.removesuffix(".json"))
                 with open(path, "w") as f:
                     json.dump(res, f)
                 print(json.dumps(res), flush=True)

@@ -12,6 +12,13 @@ episode against Delta_S), the per-release budget the paper's plateau episodes wo
 with a hypothetical eps_0 per release, and what M - 1 such releases cost under each composition),
 the path from the former configuration to the current one, and the batch-constant sweep.
 Writes runs/reference/gfa.md and runs/reference/gfa.png.
+
+Every run is a run like any other, through ``dppo.train`` (``algo=gfa_outcome env=context_bits``, or ``algo=gfa
+env=riverswim``; seeded noise): its directory under --runs holds its config, journal, checkpoints, progress.csv
+and summary.json; the per-episode regret is read from its last checkpoint, the release schedule from its log.
+One diagnostic is not a run: the plateau a hypothetical eps_0 per release would give replaces the accountant's
+calibration (no (eps, delta) guarantee holds), so it builds the learner from the same config
+(``dppo.build.build``, nothing written) and plays its rounds in this process.
 """
 from __future__ import annotations
 
@@ -24,17 +31,15 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from dppo.algos.gfa import GFAOutcomeLearner
-from dppo.data.sampler import OnePassUserSampler
-from dppo.envs.context_bits import ContextBitsMDP
-from dppo.privacy import NoiseSource, PrivacyContext
-from dppo.privacy.accountants import make_accountant
-from dppo.privacy.accountants.advanced import paper_eps0
-from dppo.privacy.accountants.zcdp import ZCDPAccountant
-from dppo.privacy.calibration import exp_mech_beta
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import GFA_TABLE, SEEDED_NOTE, plateau_episode  # noqa: E402
+from common import (GFA_TABLE, QUIET, SEEDED, SEEDED_NOTE, episode_regret, gfa_overrides, plateau_episode,  # noqa: E402
+                    progress_rows, run_config)
+
+from dppo.envs.context_bits import ContextBitsMDP  # noqa: E402
+from dppo.privacy.accountants import make_accountant  # noqa: E402
+from dppo.privacy.accountants.advanced import paper_eps0  # noqa: E402
+from dppo.privacy.accountants.zcdp import ZCDPAccountant  # noqa: E402
+from dppo.privacy.calibration import exp_mech_beta  # noqa: E402
 
 PAPER = {"non-private, update every episode": (13, 31), "non-private, batched": (24, 34),
          "private eps=8, advanced (paper's accounting)": (37, 87),
@@ -59,29 +64,51 @@ ROWS = [  # label, eps, batch_size (None = rule), composition, learner overrides
 VARIANTS = ("easy", "hard")
 
 
-def make_learner(variant, eps, batch_size, composition, seed, args, noise=None, **over):
-    """The learner as the table runs it: the script's config, then the row's overrides. The noise is
-    seeded (= privacy.secure_rng=false) so the table reproduces, unless ``noise`` is given."""
-    env = ContextBitsMDP(variant)
-    noise = NoiseSource(seed) if noise is None else noise
-    privacy = PrivacyContext(eps, args.delta, accountant=make_accountant(composition), noise=noise)
-    kw = {"batch_const": args.batch_const, "eta": args.eta, "class_size": args.class_size,
-          "class_scales": tuple(args.scales), "budget_decay": 0.0, "sensitivity": "class", **over}
-    learner = GFAOutcomeLearner(env, privacy, OnePassUserSampler(1), seed=seed, episodes=args.episodes,
-                                batch_size=batch_size, **kw)
-    return learner, privacy
+def table_overrides(variant, eps, batch_size, composition, seed, args, **over) -> list[str]:
+    """The config of one run as the table runs it: the script's settings, then the row's keys."""
+    table = {"episodes": args.episodes, "batch_const": args.batch_const, "eta": args.eta, "scales": args.scales,
+             "class_size": args.class_size, "delta": args.delta}
+    return gfa_overrides(variant, eps, composition, seed, batch_size=batch_size, **table, **over)
+
+
+def run_dir(args, variant, eps, batch_size, composition, seed, **over) -> str:
+    """Where one run lives: every setting that changes it is in its name."""
+    keys = "".join(f"_{k}{v}" for k, v in sorted(over.items()))
+    name = (f"{variant}_eps{'none' if eps is None else f'{eps:g}'}_{composition}_B{batch_size or 'rule'}"
+            f"_c{args.batch_const:g}_eta{args.eta:g}_sc{'-'.join(f'{c:g}' for c in args.scales)}"
+            f"_F{args.class_size}_K{args.episodes}{keys}_s{seed}")
+    return os.path.join(args.runs, name)
+
+
+def run_one(variant, eps, batch_size, composition, seed, args, **over):
+    """One run through ``dppo.train``: (regret of every episode, the learner's release facts, eps spent).
+    Facts: B, Delta_S, beta of the first data-dependent release (``summary.json``) and eps_i of the data-dependent
+    releases (``gfa/eps0`` of rounds 1..M-1 in the run's log; round 0 uses no data)."""
+    path = run_dir(args, variant, eps, batch_size, composition, seed, **over)
+    summary = run_config(table_overrides(variant, eps, batch_size, composition, seed, args, **over), path)
+    schedule = [float(r["gfa/eps0"]) for r in progress_rows(path)[1:] if r.get("gfa/eps0") not in (None, "")]
+    facts = {"B": summary["batch_size"], "sensitivity": summary["sensitivity"], "beta": summary["beta"],
+             "eps0": summary["eps0"], "eps_schedule": schedule}
+    return episode_regret(path), facts, summary["epsilon_spent"]
+
+
+def built_learner(variant, eps, batch_size, composition, seed, args, **over):
+    """The learner the config of a run builds (``dppo.build.build``, no run directory: nothing is written, no
+    round is played): for its calibration (B, Delta_S, eps_0) and for the hypothetical-eps_0 diagnostic."""
+    import contextlib
+
+    from dppo.api import make_config
+    from dppo.build import build
+
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stderr(devnull):
+        return build(make_config(table_overrides(variant, eps, batch_size, composition, seed, args, **over))).learner
 
 
 def play(learner) -> torch.Tensor:
+    """All rounds of a built learner in this process (the hypothetical-eps_0 diagnostic only)."""
     for r in range(learner.num_rounds):
         learner.train_round(r)
     return torch.tensor(learner.regret, dtype=torch.float64)
-
-
-def run_one(variant, eps, batch_size, composition, seed, args, noise=None, **over):
-    learner, privacy = make_learner(variant, eps, batch_size, composition, seed, args, noise, **over)
-    regret = play(learner)
-    return regret, learner, privacy.spent()[0]
 
 
 def plateaus(args, eps, composition, batch_size=None, seeds=None, **over) -> dict:
@@ -109,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--class-size", type=int, default=GFA_TABLE["class_size"])
     ap.add_argument("--delta", type=float, default=GFA_TABLE["delta"])
     ap.add_argument("--out", default="runs/reference/gfa")
+    ap.add_argument("--runs", default="runs/gfa", help="the runs' directories (one per run, replaced when rerun)")
     ap.add_argument("--no-diagnostics", action="store_true", help="only the main table")
     ap.add_argument("--riverswim-seeds", type=int, default=5, help="Algorithm 1 on RiverSwim (0 = skip)")
     ap.add_argument("--riverswim-episodes", type=int, default=2000)
@@ -131,7 +159,7 @@ def main():
             plats, finals, last, cums = [], [], [], []
             for seed in range(args.seeds):
                 bar.set_postfix_str(f"{label[:40]} {variant} s{seed}")
-                regret, learner, spent = run_one(variant, eps, bs, comp, seed, args, **over)
+                regret, facts, spent = run_one(variant, eps, bs, comp, seed, args, **over)
                 bar.update(1)
                 plats.append(plateau_episode(regret))
                 finals.append(float(regret.sum()))
@@ -140,7 +168,7 @@ def main():
             results[label, variant] = (torch.tensor(plats, dtype=torch.float64), torch.tensor(finals),
                                        torch.tensor(last))
             curves[label, variant] = torch.stack(cums)
-            info[label] = (learner.B, learner.sensitivity, learner.eps_schedule, learner.beta, spent)
+            info[label] = (facts["B"], facts["sensitivity"], facts["eps_schedule"], facts["beta"], spent)
             bar.write(f"{label:52s} {variant}: plateau {fmt(results[label, variant][0])}  "
                       f"cum regret {fmt(results[label, variant][1], 1)}  last {fmt(results[label, variant][2], 3)}")
     bar.close()
@@ -238,7 +266,7 @@ def required_budget_section(args, consts=None, eps0s=(0.5, 1.0, 2.0, 3.0, 4.0)) 
 
 
 def required_budget(args, eps0s) -> list[str]:
-    probe, _ = make_learner("easy", 8.0, None, "advanced", 0, args)
+    probe = built_learner("easy", 8.0, None, "advanced", 0, args)
     R = probe.num_rounds - 1
     lines = ["", f"## What the paper's plateau episodes would need: plateau vs a hypothetical eps_0 per release "
              f"(c = {args.batch_const:g}, B = {probe.B}, {R} data-dependent releases, Delta_S = {probe.sensitivity:.4g}, "
@@ -255,7 +283,7 @@ def required_budget(args, eps0s) -> list[str]:
         for v in VARIANTS:
             vals = []
             for seed in range(args.seeds):
-                learner, _ = make_learner(v, 8.0, None, "advanced", seed, args)
+                learner = built_learner(v, 8.0, None, "advanced", seed, args)
                 sched = learner.schedule  # a fixed eps_0 per release instead of the calibrated one
                 sched.eps, sched.eps0, sched.beta = [e0] * R, e0, exp_mech_beta(e0, learner.sensitivity)
                 learner.eps_schedule, learner.eps0, learner.beta = sched.eps, sched.eps0, sched.beta
@@ -268,8 +296,7 @@ def required_budget(args, eps0s) -> list[str]:
 
 
 def probe_eps0(args, eps, composition) -> float:
-    learner, _ = make_learner("easy", eps, None, composition, 0, args)
-    return learner.eps0
+    return built_learner("easy", eps, None, composition, 0, args).eps0
 
 
 def ablation_section(args) -> list[str]:
@@ -287,7 +314,7 @@ def ablation_section(args) -> list[str]:
              "| configuration | B | " + " | ".join(c[0] for c in cols) + " |", "|---" * (len(cols) + 2) + "|"]
     for name, a in steps:
         cells = [pair(plateaus(a, eps, comp, **over)) for _, eps, comp, over in cols]
-        B = make_learner("easy", None, None, "advanced", 0, a)[0].B
+        B = built_learner("easy", None, None, "advanced", 0, a).B
         lines.append(f"| {name} | {B} | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
     lines.append("| paper | - | 24 / 34 | 37 / 87 | 127 / 218 | 37 / 87 | 127 / 218 |")
@@ -320,7 +347,7 @@ def batch_sweep(args, consts=(0.5, 1.0, 1.5, 2.0, 4.0)) -> list[str]:
     for c in consts:
         a = argparse.Namespace(**{**vars(args), "batch_const": c})
         cells = [pair(plateaus(a, eps, comp, **over)) for _, eps, comp, over in configs]
-        B = make_learner("easy", None, None, "advanced", 0, a)[0].B
+        B = built_learner("easy", None, None, "advanced", 0, a).B
         lines.append(f"| {c:g} ({B}) | " + " | ".join(cells) + " |")
         print(lines[-1], flush=True)
     return lines
@@ -328,7 +355,6 @@ def batch_sweep(args, consts=(0.5, 1.0, 1.5, 2.0, 4.0)) -> list[str]:
 
 def riverswim_rows(args) -> list[str]:
     """Algorithm 1 (Bellman-error score, linear epsilon-net class) on RiverSwim (H = 20), default config."""
-    from dppo.algos.gfa import GFALearner
     from dppo.envs.tabular import riverswim
 
     lines = [f"| configuration | final cum. regret (K = {args.riverswim_episodes}) | last-episode regret "
@@ -338,17 +364,19 @@ def riverswim_rows(args) -> list[str]:
         cum, last, secs = [], [], []
         for seed in range(args.riverswim_seeds):
             t = time.time()
-            privacy = PrivacyContext(eps, args.delta, accountant=make_accountant(comp), noise=NoiseSource(seed))
-            learner = GFALearner(riverswim(20), privacy, OnePassUserSampler(1), seed=seed,
-                                 episodes=args.riverswim_episodes)
-            for r in range(learner.num_rounds):
-                learner.train_round(r)
-            cum.append(sum(learner.regret))
-            last.append(learner.regret[-1])
+            path = os.path.join(args.runs, f"riverswim_h20_eps{'none' if eps is None else f'{eps:g}'}_{comp}"
+                                           f"_K{args.riverswim_episodes}_s{seed}")
+            summary = run_config(["algo=gfa", "env=riverswim", "env.horizon=20", f"seed={seed}",
+                                  f"eps={'null' if eps is None else eps}", f"delta={args.delta}",
+                                  f"privacy.composition={comp}", f"episodes={args.riverswim_episodes}",
+                                  "eval_every=null", *QUIET, *SEEDED], path)
+            regret = episode_regret(path).tolist()
+            cum.append(sum(regret))
+            last.append(regret[-1])
             secs.append(time.time() - t)
-        beta = "-" if learner.beta is None else f"{learner.beta:.4f}"
-        lines.append(f"| {label} | {fmt(torch.tensor(cum), 0)} | {fmt(torch.tensor(last), 3)} | {learner.B} "
-                     f"| {learner.sensitivity:.4g} | {beta} | {sum(secs) / len(secs):.1f} |")
+        beta = "-" if summary["beta"] is None else f"{summary['beta']:.4f}"
+        lines.append(f"| {label} | {fmt(torch.tensor(cum), 0)} | {fmt(torch.tensor(last), 3)} | {summary['batch_size']} "
+                     f"| {summary['sensitivity']:.4g} | {beta} | {sum(secs) / len(secs):.1f} |")
         print(lines[-1], flush=True)
     v_star = riverswim(20).optimal_value()
     return ["", f"## Algorithm 1 on RiverSwim (H = 20, V* = {v_star:.3f} per episode, |F| = 11^3 = 1331, "

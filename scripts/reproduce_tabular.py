@@ -6,8 +6,11 @@ tabular.png.
     python scripts/reproduce_tabular.py --T 1000 10000 100000 --seeds 0 1 2 3 4      # run (resumable)
     python scripts/reproduce_tabular.py --report                                     # table + plot only
 
-Each run uses the real learners through the Python API (one fresh user per episode from the one-pass
-sampler, PUCB's releases in the ledger, eps from the basic accountant). PUCB is parameterized by the
+Each run is a run like any other, through ``dppo.train`` (``algo=ubev|pucb env=riverswim|random_mdp
+episodes=T``, seeded noise): one fresh user per episode from the one-pass sampler, PUCB's releases in the
+ledger, eps from the basic accountant, and the run's directory under --out (config, journal, checkpoints,
+progress.csv, summary.json) beside its JSON; the per-episode regret is read from the run's last checkpoint
+(the learner's ``episode_regret``), the rest from its summary. PUCB is parameterized by the
 number of episodes T (the counters' capacity and E_eps depend on it), so the regret at T = 1e3, 1e4,
 1e5 comes from separate runs of that length. Runs already on disk are skipped, so the grid can be
 filled in over several invocations; the report uses whatever runs exist and says how many seeds.
@@ -20,45 +23,41 @@ import json
 import math
 import os
 import sys
-import time
 
 import torch
 from tqdm.auto import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import mean_std, parse_eps  # noqa: E402
+from common import QUIET, SEEDED, episode_regret, mean_std, parse_eps, run_config  # noqa: E402
 
-from dppo.algos.ucb import PUCB, UBEV
-from dppo.data.sampler import OnePassUserSampler
-from dppo.envs.tabular import random_mdp, riverswim
-from dppo.privacy import NoiseSource, PrivacyContext
-from dppo.privacy.accountants import make_accountant
-from dppo.training.rundir import write_report
+from dppo.training.rundir import write_report  # noqa: E402
 
 DP_SECTION = "<!-- dp_ubev section: scripts/reproduce_dp_tabular.py -->"
-ENVS = {"riverswim": lambda: riverswim(horizon=20), "random_mdp": lambda: random_mdp(S=10, A=3, H=10, seed=0)}
+# the envs' config: RiverSwim (H = 20) and the random MDP (S = 10, A = 3, H = 10, its own seed 0)
+ENVS = {"riverswim": ["env=riverswim", "env.horizon=20"],
+        "random_mdp": ["env=random_mdp", "env.S=10", "env.A=3", "env.H=10", "env.seed=0"]}
 ENV_LABEL = {"riverswim": "RiverSwim (S=6, A=2, H=20)", "random_mdp": "random MDP (S=10, A=3, H=10)"}
 
 
-def run_one(env_name: str, algo: str, eps: float | None, seed: int, T: int, bound: str) -> dict:
-    """One run; returns the curve of cumulative regret at log-spaced episodes and the run's facts."""
-    mdp = ENVS[env_name]()
-    privacy = PrivacyContext(eps, accountant=make_accountant("basic"), noise=NoiseSource(seed))  # seeded (= privacy.secure_rng=false): reproducible table
-    sampler = OnePassUserSampler(1000, seed=seed)
-    common = dict(privacy=privacy, sampler=sampler, seed=seed, episodes=T, episodes_per_round=min(1000, T))
-    learner = UBEV(mdp, **common) if algo == "ubev" else PUCB(mdp, count_error_bound=bound, **common)
-    t0 = time.perf_counter()
-    for r in range(learner.num_rounds):
-        learner.train_round(r)
-    wall = time.perf_counter() - t0
-    cum = torch.cumsum(learner.episode_regret, 0)
+def overrides(env_name: str, algo: str, eps: float | None, seed: int, T: int, bound: str) -> list[str]:
+    """One run's config: T episodes of one user each, 1000 a round (one log line and checkpoint step each)."""
+    learner = ["algo=ubev"] if algo == "ubev" else ["algo=pucb", f"algo.count_error_bound={bound}"]
+    return [*learner, *ENVS[env_name], f"eps={'null' if eps is None else eps}", f"seed={seed}", f"episodes={T}",
+            f"algo.episodes_per_round={min(1000, T)}", "eval_every=null", *QUIET, *SEEDED]
+
+
+def run_one(env_name: str, algo: str, eps: float | None, seed: int, T: int, bound: str, path: str) -> dict:
+    """One run in ``path``; returns the curve of cumulative regret at log-spaced episodes and the run's facts."""
+    summary = run_config(overrides(env_name, algo, eps, seed, T, bound), path)
+    wall = summary["wall_time_s"]
+    cum = torch.cumsum(episode_regret(path), 0)
     points = sorted({min(T, int(round(10 ** (k / 10)))) for k in range(0, 10 * int(math.log10(T)) + 1)} | {T})
     return {"env": env_name, "algo": algo, "eps": eps, "seed": seed, "T": T, "count_error_bound": bound,
             "cumulative_regret": float(cum[-1]), "curve_t": points, "curve": [float(cum[t - 1]) for t in points],
-            "epsilon_spent": privacy.spent()[0], "E": learner.count_error_bound(),
-            "optimal_value": learner.optimal, "wall_s": wall,
-            "gate_open_fraction": learner.gate_open_fraction() if algo == "pucb" else None, "users": len(sampler.used),
-            "episodes_per_s": T / wall}
+            "epsilon_spent": summary["epsilon_spent"], "E": summary["count_error_bound"],
+            "optimal_value": summary["optimal_value"], "wall_s": wall,
+            "gate_open_fraction": summary.get("gate_open_fraction") if algo == "pucb" else None,
+            "users": summary["users_seen"], "episodes_per_s": T / max(wall, 1e-3)}
 
 
 def _key(env, algo, eps, seed, T, bound):
@@ -74,7 +73,7 @@ def _key(env, algo, eps, seed, T, bound):
 def _run_and_save(job) -> str:
     out, (T, seed, env, algo, eps, bound) = job
     path = os.path.join(out, _key(env, algo, eps, seed, T, bound) + ".json")
-    res = run_one(env, algo, eps, seed, T, bound)
+    res = run_one(env, algo, eps, seed, T, bound, path.removesuffix(".json"))
     with open(path + ".tmp", "w") as f:
         json.dump(res, f)
     os.replace(path + ".tmp", path)
