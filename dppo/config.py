@@ -33,6 +33,8 @@ class PrivacyConfig:
     max_epsilon: Optional[float] = None  # stop cleanly before a release would exceed this total
     composition: Optional[str] = None  # deprecated, dropped in the next release: GFA's privacy.accountant
     allow_over_target: bool = False  # resume even if a crashed attempt's charged releases end the run above eps
+    noise_correlation: str = "none"  # none | banded | banded_sqrt: DP-PG's / DP-PPO's noise correlated across rounds
+    bands: int = 8  # bands of the correlated noise's factorization (docs/correlated_noise.md)
 
 
 @dataclass

@@ -5,12 +5,14 @@ from __future__ import annotations
 import inspect
 
 from hydra.utils import get_class
+from omegaconf import OmegaConf
 
 from dppo.config import to_container
 from dppo.data import OnePassUserSampler, PoissonUserSampler
 from dppo.errors import ConfigError
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
+from dppo.privacy.correlated import CORRELATIONS, CorrelatedNoise
 
 
 def build_privacy(cfg, cls) -> PrivacyContext:
@@ -24,9 +26,30 @@ def build_privacy(cfg, cls) -> PrivacyContext:
     if p.multi_pass and name not in ("rdp", "prv"):
         raise ConfigError("privacy.multi_pass=true needs privacy.accountant=rdp or prv (users are reused)")
     check_accountant(cfg, cls, name)
-    return PrivacyContext(cfg.eps, cfg.delta, accountant=make_accountant(name),
-                          noise=NoiseSource(cfg.seed, secure=p.secure_rng), max_epsilon=p.max_epsilon,
-                          multi_pass=p.multi_pass, population_size=p.population_size)
+    context = PrivacyContext(cfg.eps, cfg.delta, accountant=make_accountant(name),
+                             noise=NoiseSource(cfg.seed, secure=p.secure_rng), max_epsilon=p.max_epsilon,
+                             multi_pass=p.multi_pass, population_size=p.population_size)
+    if p.noise_correlation != "none" and cfg.eps is not None:
+        context.noise_correlation = correlated_noise(cfg, cls)
+    return context
+
+
+def correlated_noise(cfg, cls) -> CorrelatedNoise:
+    """``privacy.noise_correlation``: the option of DP-PG's and DP-PPO's Gaussian sums (``dppo.privacy.correlated``),
+    its factorization optimized for SGD with momentum when the learner steps with SGD and momentum."""
+    p = cfg.privacy
+    if p.noise_correlation not in CORRELATIONS:
+        raise ConfigError(f"privacy.noise_correlation must be one of {', '.join(CORRELATIONS)}, got "
+                          f"{p.noise_correlation!r}")
+    if not {"dp_pg", "dp_ppo"} & set(getattr(cls, "names", ())):
+        raise ConfigError(f"privacy.noise_correlation applies to algo=dp_pg and algo=dp_ppo; {cls.__name__} releases "
+                          f"otherwise: set privacy.noise_correlation=none")
+    algo, defaults = to_container(cfg.algo), inspect.signature(cls).parameters
+    value = lambda k: algo.get(k, defaults[k].default if k in defaults else None)  # noqa: E731
+    momentum = float(value("momentum") or 0.0) if value("optimizer") == "sgd" else 0.0
+    rounds = OmegaConf.select(cfg, "rounds", default=None)
+    return CorrelatedNoise(p.noise_correlation, int(p.bands), momentum=momentum,
+                           rounds=None if rounds is None else int(rounds))
 
 
 def _default_accountant(cls, cfg) -> str:
