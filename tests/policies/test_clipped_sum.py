@@ -3,7 +3,6 @@
 (its rows only), each user's gradient clipped, summed. Norms and sum, for every norm method, users of unequal
 lengths (one without rows), padded and flat layouts, Linear / Embedding / norm / fallback / root-parameter mixes,
 a layer called twice and tied weights."""
-import gymnasium as gym
 import pytest
 import torch
 from torch import nn
