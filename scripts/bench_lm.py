@@ -7,7 +7,7 @@ seven projections and full fine-tuning of the linear layers on the addition mode
 benched already (``--adapters`` picks others from ``common.ADAPTERS``) - it times, after a warm-up and as the median of ``--repeats``, interleaved:
   non-private: one backward pass of the summed GRPO objective (a plain PG step's cost);
   private:     DP-PG's update as the learner makes it: the users' norms and the clipped sum without the
-               (m, d) per-user gradients (``AdapterSpace.clipped_user_sum``, ``dppo.policies.clipped_sum``:
+               (m, d) per-user gradients (``AdapterSpace.clipped_user_sum``, ``dppo.policies.per_user_grads``:
                one forward/backward to the layers' outputs, per layer per-user blocks or Gram matrices,
                whichever is cheaper), then the noise (``GaussianSumPrivatizer.release_clipped_sum``);
   materialised: the same release from the (m, d) per-user gradients (``user_gradients``, the engine
@@ -111,7 +111,7 @@ def bench(policy, env, users: int, group: int, repeats: int, label: str) -> dict
                 t_ += g_.double()
         return torch.cat([t_.reshape(-1).cpu() for t_ in total]) / users
 
-    def private():  # the learner's path: norms and the clipped sum (dppo.policies.clipped_sum), the noise
+    def private():  # the learner's path: norms and the clipped sum (dppo.policies.per_user_grads), the noise
         total, norms = space.clipped_user_sum(batch, A, privatizer.clip_scale)
         return privatizer.release_clipped_sum(total, norms, 0)[0]
 

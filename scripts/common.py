@@ -138,7 +138,7 @@ def gfa_overrides(variant: str, eps: float | None, composition: str, seed: int, 
     sensitivity. Seeded noise (``privacy.secure_rng=false``) unless ``secure``."""
     t = {**GFA_TABLE, **table}
     return ["algo=gfa_outcome", "env=context_bits", f"env.variant={variant}", f"seed={seed}",
-            f"eps={'null' if eps is None else eps}", f"delta={t['delta']}", f"privacy.composition={composition}",
+            f"eps={'null' if eps is None else eps}", f"delta={t['delta']}", f"privacy.accountant={composition}",
             f"episodes={t['episodes']}", f"batch_size={'null' if batch_size is None else batch_size}",
             f"algo.batch_const={t['batch_const']}", f"algo.eta={t['eta']}", f"algo.class_size={t['class_size']}",
             "algo.class_scales=[" + ",".join(str(float(c)) for c in t["scales"]) + "]",

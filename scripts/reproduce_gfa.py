@@ -368,7 +368,7 @@ def riverswim_rows(args) -> list[str]:
                                            f"_K{args.riverswim_episodes}_s{seed}")
             summary = run_config(["algo=gfa", "env=riverswim", "env.horizon=20", f"seed={seed}",
                                   f"eps={'null' if eps is None else eps}", f"delta={args.delta}",
-                                  f"privacy.composition={comp}", f"episodes={args.riverswim_episodes}",
+                                  f"privacy.accountant={comp}", f"episodes={args.riverswim_episodes}",
                                   "eval_every=null", *QUIET, *SEEDED], path)
             regret = episode_regret(path).tolist()
             cum.append(sum(regret))

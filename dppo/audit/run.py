@@ -37,6 +37,7 @@ def suite() -> list[AuditSpec]:
     """Every private mechanism of the project that the audit knows how to drive."""
     from dppo.audit.dp_pg import audit_dp_pg
     from dppo.audit.dp_ppo import audit_dp_ppo, audit_dp_ppo_releases
+    from dppo.audit.correlated_noise import audit_correlated_noise
     from dppo.audit.gfa import audit_gfa
     from dppo.audit.gfa_tabular import audit_gfa_tabular
     from dppo.audit.multi_pass import audit_multi_pass_dp_pg
@@ -71,7 +72,10 @@ def suite() -> list[AuditSpec]:
         AuditSpec("gaussian_sqrt_counter_float_bits", audit_gaussian_counter, 1_000_000, 100_000, eps_values=(1.0,),
                   kwargs={"kind": "gaussian_sqrt", "float_bits": True}),
         AuditSpec("dp_ppo_releases_actor_share", audit_dp_ppo_releases, 2_000_000, 200_000, gaussian=True,
-                  kwargs={"actor_share": 0.85}),   # last: the rows above keep their seeds
+                  kwargs={"actor_share": 0.85}),
+        AuditSpec("correlated_noise", audit_correlated_noise, 1_000_000, 200_000, gaussian=True),
+        AuditSpec("correlated_noise_E6", audit_correlated_noise, 1_000_000, 200_000, gaussian=True,
+                  kwargs={"participations": 6}),   # last: the rows above keep their seeds
     ]
     return specs
 
