@@ -13,6 +13,20 @@ class Learner:
     Subclasses set ``num_rounds`` and implement ``train_round`` and ``evaluate``; ``state_dict`` must
     hold everything needed to resume (parameters, optimizer, learner RNGs), but not the privacy
     context or the sampler, which the trainer checkpoints itself.
+
+    What the trainer and the builder need to know of a learner it declares, so that neither guesses from
+    its attribute names or its constructor's signature:
+
+    - ``needs``: what the builder passes its constructor (``dppo.build.learner.build_learner``): objects
+      (``policy``, ``space``, ``env``, ``privacy``, ``sampler``, ``logger``, ``oracle``, ``init_critic``) and
+      run-level keys (``seed``, ``rounds``, ``episodes``, ``batch_size``, ``group_size``, ``max_grad_norm``,
+      ``reward_bound``, ``eps``, ``delta``); each one a keyword of its ``__init__`` (a test checks both ways).
+    - ``run_length``: the top-level key that sets how long a run is, ``rounds`` or ``episodes``; a resume
+      may raise it only where ``extension_refusal`` and the privacy context allow (``dppo.build.extension``).
+    - ``planned_length`` / ``planned_users``: that length, and the users a whole run draws.
+    - ``horizon``: the steps of each episode where a round's metrics carry no ``diag/env_steps``.
+    - ``uses_composition``: its releases compose over the run (the builder's accountant and extension rules).
+    - ``lost_attempt_charges`` / ``export_artifacts``: hooks of the trainer, with no-op defaults.
     """
 
     name = "learner"
@@ -24,6 +38,42 @@ class Learner:
     reads: tuple = ()
     # algo key -> (option, values): the key is read only when ``algo.<option>`` takes one of ``values``
     APPLIES: dict = {}
+    # what the builder passes the constructor (``dppo.config.INJECTABLE`` names every possible one)
+    needs: tuple = ()
+    # the top-level key that sets how long a run is ("rounds" or "episodes"): the one a resume may raise
+    run_length: str = "rounds"
+    # the releases compose over the run (the accountant composes them; more rounds or episodes spend more)
+    uses_composition: bool = False
+
+    @property
+    def planned_length(self) -> int:
+        """The planned value of ``run_length``: rounds here; a learner run by episodes returns its episodes."""
+        return int(self.num_rounds)
+
+    def planned_users(self, users_per_round: int) -> int:
+        """Users a whole run draws, given the sampler's round size: rounds x users per round here; one user per
+        episode for a learner run by episodes."""
+        return int(self.num_rounds) * int(users_per_round)
+
+    @property
+    def horizon(self) -> int | None:
+        """Env steps of each episode, for the step axis (``dppo.training.steps``) where a round's metrics carry
+        no ``diag/env_steps``; None: one step per episode is counted there."""
+        return None
+
+    @classmethod
+    def extension_refusal(cls, algo: str) -> str | None:
+        """Why a resume may not raise ``run_length`` whatever the privacy context (``algo``: the run's name for
+        the line); None: it may, where the privacy context allows (``dppo.build.extension``)."""
+        return None
+
+    def lost_attempt_charges(self, lost_rounds: list[int]) -> list[dict]:
+        """Ledger entries to charge, besides the journalled releases, for the rounds a crashed attempt lost
+        (a learner whose releases span rounds); none here."""
+        return []
+
+    def export_artifacts(self, run_dir: str, round_idx: int) -> None:
+        """Write, with each checkpoint, files of the policy in another layout (e.g. a LoRA adapter); none here."""
 
     @property
     def public_env_steps(self) -> int | None:

@@ -133,6 +133,7 @@ class GroupPolicyOptimizer(Learner):
 
     public_per_round = 0  # public rollouts (stream "fisher") collected alongside each round's users
     reads = ("users_per_round",)  # the sampler's round size
+    needs = ("policy", "env", "privacy", "sampler", "space", "logger", "seed", "rounds", "group_size", "reward_bound")
     APPLIES = {"gamma": ("advantage", ("to_go",)), "group_std": ("advantage", ("group",)),
                "leave_one_out": ("advantage", ("group",)), "explore_bonus": ("advantage", ("group",))}
 

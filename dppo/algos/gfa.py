@@ -89,6 +89,22 @@ class _GFABase(torch.nn.Module, Learner):
         self.round_eps = self.round_beta = None
         self.size = size
 
+    needs = ("env", "privacy", "sampler", "seed", "episodes", "batch_size")
+    run_length = "episodes"        # one user per episode, in batches of B (the rounds)
+    # horizon: None (the base's): its rounds report no diag/env_steps, and the step axis counts one per episode
+
+    @property
+    def planned_length(self) -> int:
+        return self.K
+
+    def planned_users(self, users_per_round: int) -> int:
+        return self.K
+
+    @classmethod
+    def extension_refusal(cls, algo: str) -> str:
+        return (f"algo={algo} splits its budget over the batches of the planned episodes (its releases compose): "
+                f"more episodes would spend more than the target eps")
+
     # ---- privacy -----------------------------------------------------------------------------
     uses_composition = True        # its releases compose: privacy.accountant=advanced (default) | zcdp
 

@@ -63,6 +63,7 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
     """
 
     names = ("npg", "dp_npg")
+    needs = (*GroupPolicyOptimizer.needs, "oracle")
     private_oracle = "ssp"          # the default private oracle (``default_oracle``)
     # more, smaller updates from one-pass users, chosen on CartPole seeds 100-109 (docs/npg_defaults.md); an
     # experiment file behind a reference table pins the shape its table was made with

@@ -59,6 +59,7 @@ class PolicyGradient(GroupPolicyOptimizer):
     """
 
     names = ("pg", "dp_pg")
+    needs = (*GroupPolicyOptimizer.needs, "max_grad_norm")
     APPLIES = {**GroupPolicyOptimizer.APPLIES, "momentum": ("optimizer", ("sgd",))}
 
     def __init__(self, policy, env, privacy, sampler, *, space=None, logger=None, seed: int, rounds: int,

@@ -144,6 +144,7 @@ class PPO(GroupPolicyOptimizer):
     """
 
     names = ("ppo", "dp_ppo")
+    needs = (*GroupPolicyOptimizer.needs, "max_grad_norm", "init_critic")
     space_defaults = {"subspace": "full", "dim": None}   # the builder's space for PPO unless policy.* says otherwise
     APPLIES = {"momentum": ("optimizer", ("sgd",)), "adam_eps": ("optimizer", ("adam", "adam_bc"))}
 

@@ -77,6 +77,24 @@ class TabularUCB(torch.nn.Module, Learner):
     """
 
     name = "tabular_ucb"
+    needs = ("env", "privacy", "sampler", "seed", "episodes", "reward_bound")
+    run_length = "episodes"     # one user per episode; rounds are blocks of episodes_per_round
+
+    @property
+    def planned_length(self) -> int:
+        return self.T
+
+    def planned_users(self, users_per_round: int) -> int:
+        return self.T
+
+    @property
+    def horizon(self) -> int:
+        return self.H
+
+    @classmethod
+    def extension_refusal(cls, algo: str) -> str:
+        return (f"algo={algo} sizes its counters and confidence bounds for the planned episodes (a private "
+                f"counter's capacity is fixed when it is built)")
 
     @classmethod
     def counter_of(cls, algo_cfg) -> str:
