@@ -42,6 +42,8 @@ class Learner:
     needs: tuple = ()
     # the top-level key that sets how long a run is ("rounds" or "episodes"): the one a resume may raise
     run_length: str = "rounds"
+    # the parameter space the builder makes for its policy unless policy.* says otherwise (None: the builder's)
+    space_defaults: dict | None = None
     # the releases compose over the run (the accountant composes them; more rounds or episodes spend more)
     uses_composition: bool = False
 
@@ -66,6 +68,11 @@ class Learner:
         """Why a resume may not raise ``run_length`` whatever the privacy context (``algo``: the run's name for
         the line); None: it may, where the privacy context allows (``dppo.build.extension``)."""
         return None
+
+    def released_modules(self) -> dict:
+        """The released modules that ``policy.pt`` carries and ``summary.json`` hashes: ``"policy"`` (and an
+        actor-critic's ``"critic"``); none here (a learner whose policy is no module: nothing to export)."""
+        return {}
 
     def lost_attempt_charges(self, lost_rounds: list[int]) -> list[dict]:
         """Ledger entries to charge, besides the journalled releases, for the rounds a crashed attempt lost

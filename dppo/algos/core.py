@@ -253,5 +253,8 @@ class GroupPolicyOptimizer(Learner):
         self.space.load_policy_state(state["policy"])
         self.tail_sum = [t.clone() for t in state["tail_sum"]] if "tail_sum" in state else None
 
+    def released_modules(self) -> dict:
+        return {"policy": self.policy}
+
     def export_artifacts(self, run_dir: str, round_idx: int) -> None:
         self.space.export(run_dir, round_idx)

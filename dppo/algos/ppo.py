@@ -415,6 +415,9 @@ class PPO(GroupPolicyOptimizer):
         return super().collect(users, round_idx)
 
     # ---- state ------------------------------------------------------------------------------------
+    def released_modules(self) -> dict:
+        return {**super().released_modules(), "critic": self.critic}   # released like the policy
+
     def state_dict(self) -> dict:
         return {**super().state_dict(), "critic": self.critic.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "critic_optimizer": self.critic_optimizer.state_dict()}
