@@ -119,9 +119,8 @@ class PolicyGradient(GroupPolicyOptimizer):
         Where the space offers it (``clipped_user_sum``: every trainable parameter, unprojected) the clipped
         sum is formed without the (m, dim) matrix of per-user gradients, with the release's clipping factors
         (``dppo.privacy.clipping``); otherwise the rows of ``user_gradients`` are clipped by the release."""
-        scale = getattr(self.release, "clip_scale", None)
-        if scale is not None and getattr(self.release, "shards", None) is None:  # sharded: gathers the rows
-            fused = self.space.clipped_user_sum(batch, A, scale, kl_coef=self.kl_coef)
+        if self.release.fused:  # not when sharded: the release then gathers every rank's clipped rows
+            fused = self.space.clipped_user_sum(batch, A, self.release.clip_scale, kl_coef=self.kl_coef)
             if fused is not None:
                 total, norms = fused
                 finite_or_fail(norms, "the policy gradient")

@@ -1,7 +1,7 @@
-"""Per-user clipping and the releases of a mean of per-user vectors: the Gaussian sum (DP-PG), with noise
+"""The releases of a mean of per-user vectors, one sum per user and round (DP-PG): the Gaussian sum, with noise
 correlated across rounds as an option (``dppo.privacy.correlated``), its multi-pass (Poisson) variant, and the
 plain mean of the non-private twin; ``sum_mechanism`` picks one from the privacy context, so the learner's
-update is the same code either way."""
+update is the same code either way. Per-user clipping and what every release shares: ``dppo.privacy.release``."""
 from __future__ import annotations
 
 import torch
@@ -10,44 +10,14 @@ from dppo.errors import ConfigError
 from dppo.privacy.calibration import analytic_gaussian_sigma
 from dppo.privacy.correlated import CorrelatedNoise, NoiseStream, correlation_of, stream_fields
 from dppo.privacy.factorizations import stream_sensitivity
-
-# relative margin of the clipping factor when the clipped sum is formed by another product than the one the
-# norm was measured on (``dppo.policies.clipped_sum``: a float32 weighted product per layer): it covers the
-# float32 rounding between the two (about 1e-7 per row summed), so each user's summed contribution stays <= C
-FUSED_MARGIN = 1e-5
+from dppo.privacy.release import FUSED_MARGIN, Release, clip_per_user, clip_scale  # noqa: F401 - re-exported
 
 
-def clip_scale(norms: torch.Tensor, max_norm: float, margin: float = 1e-9) -> torch.Tensor:
-    """The clipping factors min(1, C (1 - margin) / ||g_u||) of per-user norms (float64; 1 for a zero norm)."""
-    return (max_norm * (1 - margin) / norms.double().clamp_min(1e-300)).clamp(max=1.0)
-
-
-def clip_per_user(per_user: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale each row (one user's flattened gradient) to l2 norm <= max_norm.
-
-    Returns the clipped rows (float64) and the pre-clipping norms. Non-finite entries are zeroed (the
-    contribution is then bounded too), and the scale carries a 1e-9 relative margin against rounding,
-    so the bound holds for any input.
-    """
-    owned = per_user.dtype != torch.float64  # .double() then makes a copy, which may be scaled in place
-    per_user = per_user.double()
-    norms = torch.linalg.vector_norm(per_user, dim=1)
-    if not bool(torch.isfinite(norms).all()):  # a non-finite entry makes its row's norm non-finite
-        per_user, owned = torch.nan_to_num(per_user, nan=0.0, posinf=0.0, neginf=0.0), True
-        norms = torch.linalg.vector_norm(per_user, dim=1)
-    scale = clip_scale(norms, max_norm)
-    return (per_user.mul_(scale[:, None]) if owned else per_user * scale[:, None]), norms
-
-
-class ClippedSumRelease:
-    """What the three releases share for a clipped sum formed elsewhere (``dppo.policies.clipped_sum``): the
-    clipping factors (``FUSED_MARGIN``) and the release from the sum of the m users' vectors already scaled by
-    them, with the same sensitivity, noise and record as ``release_mean`` (``_from_clipped_sum``)."""
-
-    shards = None  # set by multi-process training (dppo.training.distributed)
-
-    def clip_scale(self, norms: torch.Tensor) -> torch.Tensor:
-        return clip_scale(norms, self.max_grad_norm, FUSED_MARGIN)
+class ClippedSumRelease(Release):
+    """What DP-PG's releases share (``dppo.privacy.release.Release``): the release from the sum of the m users'
+    vectors already scaled by ``clip_scale``'s factors (a clipped sum formed elsewhere: the fused path of
+    ``dppo.policies.per_user_grads``), with the same sensitivity, noise and record as ``release_mean``
+    (``_from_clipped_sum``)."""
 
     def release_clipped_sum(self, clipped_sum: torch.Tensor, norms: torch.Tensor, round_idx: int
                             ) -> tuple[torch.Tensor, dict]:
@@ -66,9 +36,7 @@ class GaussianSumPrivatizer(ClippedSumRelease):
     """
 
     mechanism = "gaussian_sum"
-    # multi-process runs (dppo/training/distributed.py) set this to a ShardedRelease: the rows passed in
-    # are then this rank's users, clipped here, summed and noised once on rank 0, the result broadcast
-    shards = None
+    private = True
 
     def __init__(self, privacy, max_grad_norm: float):
         self.privacy = privacy
@@ -79,6 +47,10 @@ class GaussianSumPrivatizer(ClippedSumRelease):
 
     def sigma(self, eps: float | None = None) -> float:
         return analytic_gaussian_sigma(eps or self.privacy.eps, self.privacy.delta, self.sensitivity())
+
+    def noise_std(self, clip: float | None = None, part=None) -> float:
+        """sigma: every release draws fresh N(0, sigma^2 I)."""
+        return self.sigma()
 
     def release_mean(self, per_user: torch.Tensor, round_idx: int, *, sigma: float | None = None,
                      extra: dict | None = None) -> tuple[torch.Tensor, dict]:
@@ -113,7 +85,6 @@ class CorrelatedGaussianSum(GaussianSumPrivatizer):
     sigma = analytic_gaussian_sigma(eps, delta, 2 C ||c||): the stream is (eps, delta)-DP in every user."""
 
     mechanism = "correlated_gaussian_sum"
-    shards = None
 
     def __init__(self, privacy, max_grad_norm: float, correlation: CorrelatedNoise, rounds: int):
         super().__init__(privacy, max_grad_norm)
@@ -124,6 +95,10 @@ class CorrelatedGaussianSum(GaussianSumPrivatizer):
     def sensitivity(self) -> float:
         """2 C max_i ||C_i|| = 2 C ||c|| (one participation, ``dppo.privacy.factorizations``)."""
         return stream_sensitivity(self.coefficients, self.max_grad_norm, 1)
+
+    def noise_std(self, clip: float | None = None, part=None) -> float:
+        """sigma times the std of the stream's last draw (the row norm of C^{-1}: ``NoiseStream.marginal_std``)."""
+        return self.sigma() * self.stream.marginal_std()
 
     def _release_sum(self, total, norms, m, round_idx, sigma, extra) -> tuple[torch.Tensor, dict]:
         sigma = self.sigma() if sigma is None else sigma
@@ -151,7 +126,7 @@ class PoissonGaussianSumPrivatizer(ClippedSumRelease):
     """
 
     mechanism = "poisson_gaussian_sum"
-    shards = None  # as GaussianSumPrivatizer.shards
+    private = True
 
     def __init__(self, privacy, max_grad_norm: float, sample_rate: float, population_size: int, rounds: int):
         from dppo.privacy.accountants.opacus import multi_pass_noise_multiplier
@@ -162,6 +137,10 @@ class PoissonGaussianSumPrivatizer(ClippedSumRelease):
         self.expected_users = self.sample_rate * population_size
         self.noise_multiplier = multi_pass_noise_multiplier(privacy.eps, privacy.delta, self.sample_rate, rounds,
                                                             privacy.accountant.name)
+
+    def noise_std(self, clip: float | None = None, part=None) -> float:
+        """z C (the noise of the sum; the mean divides it by the expected batch q N)."""
+        return self.noise_multiplier * self.max_grad_norm
 
     def release_mean(self, per_user: torch.Tensor, round_idx: int) -> tuple[torch.Tensor, dict]:
         """Clip rows to C, sum, add noise, divide by the expected batch size; records the release."""
@@ -193,7 +172,6 @@ class MeanRelease(ClippedSumRelease):
     private release (the twins differ by the noise only); no noise, nothing recorded."""
 
     mechanism = "none"
-    shards = None  # as GaussianSumPrivatizer.shards
 
     def __init__(self, max_grad_norm: float):
         self.max_grad_norm = float(max_grad_norm)

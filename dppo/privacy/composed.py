@@ -63,9 +63,9 @@ import torch
 
 from dppo.errors import ConfigError, PrivacyError
 from dppo.privacy.calibration import analytic_gaussian_sigma
-from dppo.privacy.clipping import clip_per_user
 from dppo.privacy.correlated import CorrelatedNoise, NoiseStream, correlation_of
 from dppo.privacy.factorizations import MAX_HORIZON, participation_norm_sq
+from dppo.privacy.release import Release, clip_fraction, clipped_total  # noqa: F401 - clipped_total re-exported
 
 COMPOSITIONS = ("gdp", "rdp")
 MECHANISM = "composed_gaussian_sum"
@@ -86,7 +86,7 @@ def composed_noise_multiplier(eps: float, delta: float, releases_per_user: int, 
     raise ConfigError(f"composition must be one of {COMPOSITIONS}, got {composition!r}")
 
 
-class ComposedGaussianSums:
+class ComposedGaussianSums(Release):
     """The releases of one round (module docstring): ``open_round`` records the round's (eps, delta) in the
     ledger, then each ``release_sum`` returns one noisy clipped sum.
 
@@ -148,6 +148,10 @@ class ComposedGaussianSums:
         """Noise std of one sum of ``part`` clipped to ``clip``: z_p x its replace-one sensitivity 2 C."""
         return self._multiplier(part) * 2.0 * float(clip)
 
+    def noise_std(self, clip: float | None = None, part=None) -> float:
+        """sigma(clip, part): every sum draws fresh N(0, sigma^2 I)."""
+        return self.sigma(clip, part)
+
     def _multiplier(self, part) -> float:
         if part not in self.multipliers:
             raise PrivacyError(f"release_sum: unknown part {part!r}; this round's parts are {list(self.parts)}")
@@ -176,7 +180,7 @@ class ComposedGaussianSums:
         self._check_users(users, part)
         total, norms = clipped_total(per_user, clip)
         noisy = total + self.privacy.noise.gaussian(total.shape, self.sigma(clip, part))
-        return noisy, {"diag/clip_fraction": _fraction(norms, clip)}
+        return noisy, {"diag/clip_fraction": clip_fraction(norms, clip)}
 
 
 class CorrelatedComposedSums(ComposedGaussianSums):
@@ -242,10 +246,10 @@ class CorrelatedComposedSums(ComposedGaussianSums):
             raise PrivacyError(f"release_sum: part {part!r} was opened with clip {self._clips[part]}, got {clip}")
         total, norms = clipped_total(per_user, clip)
         noisy = total + self.streams[part].scaled(total.shape, self.sigma(clip, part))
-        return noisy, {"diag/clip_fraction": _fraction(norms, clip)}
+        return noisy, {"diag/clip_fraction": clip_fraction(norms, clip)}
 
-    def noise_std(self, clip: float, part=None) -> float:
-        """The std of the last release's noise coordinates of ``part`` (public)."""
+    def noise_std(self, clip: float | None = None, part=None) -> float:
+        """The std of the last release's noise coordinates of ``part`` (public): sigma_p times the stream's."""
         return self.sigma(clip, part) * self.streams[part].marginal_std()
 
 
@@ -266,11 +270,9 @@ def _check_parts(releases_per_user, parts) -> dict:
     return out
 
 
-class ClippedSums:
+class ClippedSums(Release):
     """The non-private twin: the same clipped sums without noise; nothing is recorded."""
 
-    mechanism = "none"
-    private = False
     noise_multiplier = 0.0
 
     def open_round(self, round_idx: int, users, clips) -> None:
@@ -281,7 +283,7 @@ class ClippedSums:
 
     def release_sum(self, per_user, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
         total, norms = clipped_total(per_user, clip)
-        return total, {"diag/clip_fraction": _fraction(norms, clip)}
+        return total, {"diag/clip_fraction": clip_fraction(norms, clip)}
 
 
 def composed_sums(privacy, releases_per_user: int | None = None, composition: str = "gdp", *, parts: dict | None = None):
@@ -297,23 +299,3 @@ def composed_sums(privacy, releases_per_user: int | None = None, composition: st
                                       correlation=correlation_of(privacy))
     return ComposedGaussianSums(privacy, releases_per_user, composition, parts=parts)
 
-
-def clipped_total(per_user, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum_u clip_C(g_u), the norms ||g_u||): of a (b, P) matrix, or of an iterable of (b_k, P) blocks, each
-    clipped here as it comes, so a round's users never need to be in memory at once. A block is one user's rows
-    or several: each row is clipped on its own, so a user's contribution is at most C either way."""
-    if torch.is_tensor(per_user):
-        clipped, norms = clip_per_user(per_user, clip)
-        return clipped.sum(0), norms
-    total, norms = None, []
-    for block in per_user:
-        clipped, n = clip_per_user(block, clip)
-        total = clipped.sum(0) if total is None else total + clipped.sum(0)
-        norms.append(n)
-    if total is None:
-        raise ValueError("clipped_total: no rows")
-    return total, torch.cat(norms)
-
-
-def _fraction(norms: torch.Tensor, clip: float) -> float:
-    return float((norms > clip).double().mean()) if len(norms) else 0.0

@@ -56,17 +56,11 @@ import torch
 from scipy.optimize import minimize
 
 from dppo.errors import ConfigError
+# c_j = binom(2j, j) / 4^j, j < bands: the Toeplitz square root of the prefix-sum matrix (one home: the counters')
+from dppo.privacy.counter_factorizations import sqrt_coefficients  # noqa: F401 - re-exported
 
 KINDS = ("banded", "banded_sqrt")
 MAX_HORIZON = 1024   # the optimization's horizon is capped here (the guarantee never depends on it)
-
-
-def sqrt_coefficients(bands: int) -> np.ndarray:
-    """c_j = binom(2j, j) / 4^j for j < bands: the Toeplitz square root of the prefix-sum matrix, truncated."""
-    c = np.ones(int(bands))
-    for j in range(1, int(bands)):
-        c[j] = c[j - 1] * (2 * j - 1) / (2 * j)
-    return c
 
 
 def workload_coefficients(horizon: int, momentum: float = 0.0) -> np.ndarray:

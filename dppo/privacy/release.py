@@ -1,0 +1,95 @@
+"""What every release of clipped per-user sums shares, private or not: per-user clipping, the clipped sum of
+rows or of row blocks, the clipping factors of a clipped sum formed elsewhere (the fused path of
+``dppo.policies.per_user_grads``), and the base class ``Release`` whose interface the learners use.
+
+The releases: DP-PG's one sum per user and round (``dppo.privacy.clipping``: the Gaussian sum, its correlated and
+multi-pass variants, the plain mean of the non-private twin) and DP-PPO's 2 x epochs sums per user, in named parts
+(``dppo.privacy.composed``: the composed Gaussian sums, their correlated variant, the plain clipped sums of the
+twin). A learner asks a release, never its type: ``fused`` (a clipped sum formed elsewhere may be released; not
+when the rows are gathered across processes), ``clip_scale`` (the clipping factors for that sum) and
+``noise_std`` (the public std of each noise coordinate of a released sum: 0 for a twin).
+"""
+from __future__ import annotations
+
+import torch
+
+# relative margin of the clipping factor when the clipped sum is formed by another product than the one the
+# norm was measured on (``dppo.policies.per_user_grads``' fused path: a float32 weighted product per layer): it
+# covers the float32 rounding between the two (about 1e-7 per row summed), so each user's summed contribution
+# stays <= C
+FUSED_MARGIN = 1e-5
+
+
+def clip_scale(norms: torch.Tensor, max_norm: float, margin: float = 1e-9) -> torch.Tensor:
+    """The clipping factors min(1, C (1 - margin) / ||g_u||) of per-user norms (float64; 1 for a zero norm)."""
+    return (max_norm * (1 - margin) / norms.double().clamp_min(1e-300)).clamp(max=1.0)
+
+
+def clip_per_user(per_user: torch.Tensor, max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale each row (one user's flattened gradient) to l2 norm <= max_norm.
+
+    Returns the clipped rows (float64) and the pre-clipping norms. Non-finite entries are zeroed (the
+    contribution is then bounded too), and the scale carries a 1e-9 relative margin against rounding,
+    so the bound holds for any input.
+    """
+    owned = per_user.dtype != torch.float64  # .double() then makes a copy, which may be scaled in place
+    per_user = per_user.double()
+    norms = torch.linalg.vector_norm(per_user, dim=1)
+    if not bool(torch.isfinite(norms).all()):  # a non-finite entry makes its row's norm non-finite
+        per_user, owned = torch.nan_to_num(per_user, nan=0.0, posinf=0.0, neginf=0.0), True
+        norms = torch.linalg.vector_norm(per_user, dim=1)
+    scale = clip_scale(norms, max_norm)
+    return (per_user.mul_(scale[:, None]) if owned else per_user * scale[:, None]), norms
+
+
+def clipped_total(per_user, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum_u clip_C(g_u), the norms ||g_u||): of a (b, P) matrix, or of an iterable of (b_k, P) blocks, each
+    clipped here as it comes, so a round's users never need to be in memory at once. A block is one user's rows
+    or several: each row is clipped on its own, so a user's contribution is at most C either way."""
+    if torch.is_tensor(per_user):
+        clipped, norms = clip_per_user(per_user, clip)
+        return clipped.sum(0), norms
+    total, norms = None, []
+    for block in per_user:
+        clipped, n = clip_per_user(block, clip)
+        total = clipped.sum(0) if total is None else total + clipped.sum(0)
+        norms.append(n)
+    if total is None:
+        raise ValueError("clipped_total: no rows")
+    return total, torch.cat(norms)
+
+
+def clip_fraction(norms: torch.Tensor, clip: float) -> float:
+    """The fraction of users whose norm exceeded the clip (a raw diagnostic, ``diag/clip_fraction``)."""
+    return float((norms > clip).double().mean()) if len(norms) else 0.0
+
+
+class Release:
+    """The base of every release of clipped per-user sums (module docstring).
+
+    Attributes:
+        mechanism: the ledger's name of the mechanism ("none" for a twin, which records nothing).
+        private: whether the release adds noise (and records it).
+        max_grad_norm: the default clip C (DP-PG's; DP-PPO's releases take one clip per part per call).
+        shards: set by multi-process training (``dppo.training.distributed``): the rows passed in are then this
+            rank's users', gathered and released once on rank 0.
+    """
+
+    mechanism = "none"
+    private = False
+    max_grad_norm: float | None = None
+    shards = None
+
+    @property
+    def fused(self) -> bool:
+        """A clipped sum formed elsewhere (with ``clip_scale``'s factors) may be released: not when sharded (the
+        release then gathers every rank's clipped rows)."""
+        return self.shards is None
+
+    def clip_scale(self, norms: torch.Tensor, clip: float | None = None) -> torch.Tensor:
+        """The clipping factors of a clipped sum formed elsewhere, with ``FUSED_MARGIN``."""
+        return clip_scale(norms, self.max_grad_norm if clip is None else float(clip), FUSED_MARGIN)
+
+    def noise_std(self, clip: float | None = None, part=None) -> float:
+        """The std of each noise coordinate of the last released sum (public; 0 without noise)."""
+        return 0.0
