@@ -123,6 +123,8 @@ class GroupPolicyOptimizer(Learner):
     Args:
         policy, env, privacy, sampler: injected by the builder.
         space: the policy's parameter space (``dppo.policies.spaces.make_space``; built from ``policy`` if None).
+        collector: the env side (``collector_for(env, seed)`` if None; a learner passes its own, e.g. PPO's users'
+            horizon and correlated sampling uniforms).
         logger: injected (text examples of ``env=prompts``).
         seed, rounds, group_size, reward_bound: top-level keys (rewards clipped to +-reward_bound).
         advantage, group_std, leave_one_out, gamma: per-user advantages (module docstring).
@@ -140,7 +142,7 @@ class GroupPolicyOptimizer(Learner):
     def __init__(self, policy, env, privacy, sampler, *, space=None, logger=None, seed: int, rounds: int,
                  group_size: int, reward_bound: float | None, advantage: str = "group", group_std: bool = True,
                  leave_one_out: bool = False, gamma: float = 0.99, explore_bonus: float = 0.0,
-                 average_last: int = 0):
+                 average_last: int = 0, collector=None):
         if explore_bonus < 0:
             raise ConfigError(f"algo.explore_bonus must be >= 0, got {explore_bonus}")
         if int(average_last) < 0:
@@ -156,7 +158,7 @@ class GroupPolicyOptimizer(Learner):
         self.group_std, self.leave_one_out, self.gamma = bool(group_std), bool(leave_one_out), float(gamma)
         self.explore_bonus = float(explore_bonus)
         self.space = space if space is not None else make_space(policy, seed=seed)
-        self.collector = collector_for(env, seed)
+        self.collector = collector if collector is not None else collector_for(env, seed)
         self.collector.check(policy, self.num_rounds, sampler)
         self.public_batch = None
         self.average_last = int(average_last)

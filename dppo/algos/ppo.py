@@ -170,17 +170,19 @@ class PPO(GroupPolicyOptimizer):
         if space.kind == "head":
             raise ConfigError("algo=ppo differentiates a clipped surrogate, which policy.subspace=head (closed-form "
                               "scores only) cannot; use policy.subspace=full")
-        super().__init__(policy, env, privacy, sampler, space=space, logger=logger, seed=seed, rounds=rounds,
-                         reward_bound=reward_bound, group_size=group_size, advantage="to_go", gamma=gamma,
-                         explore_bonus=explore_bonus, average_last=average_last)
-        if adv_norm not in ADV_NORMS:
-            raise ConfigError(f"algo.adv_norm must be one of {ADV_NORMS}, got '{adv_norm}'")
-        if int(epochs) < 1 or int(minibatches) < 1:
-            raise ConfigError(f"algo.epochs and algo.minibatches must be >= 1, got {epochs}, {minibatches}")
         if not 0 <= action_noise_corr < 1:
             raise ConfigError(f"algo.action_noise_corr must lie in [0, 1), got {action_noise_corr}")
         if user_horizon is not None and int(user_horizon) < 1:
             raise ConfigError(f"algo.user_horizon must be >= 1 or null, got {user_horizon}")
+        # the env side: users' episodes cut at user_horizon, AR(1) sampling uniforms (both per user)
+        collector = EpisodeCollector(env, seed, user_horizon=user_horizon, action_noise_corr=action_noise_corr)
+        super().__init__(policy, env, privacy, sampler, space=space, logger=logger, seed=seed, rounds=rounds,
+                         reward_bound=reward_bound, group_size=group_size, advantage="to_go", gamma=gamma,
+                         explore_bonus=explore_bonus, average_last=average_last, collector=collector)
+        if adv_norm not in ADV_NORMS:
+            raise ConfigError(f"algo.adv_norm must be one of {ADV_NORMS}, got '{adv_norm}'")
+        if int(epochs) < 1 or int(minibatches) < 1:
+            raise ConfigError(f"algo.epochs and algo.minibatches must be >= 1, got {epochs}, {minibatches}")
         if not 0 < clip_range < 1 or not 0 <= gae_lambda <= 1 or not 0 < gamma <= 1:
             raise ConfigError("algo.clip_range must lie in (0, 1), algo.gae_lambda in [0, 1], algo.gamma in (0, 1]")
         for key, c in (("max_grad_norm", max_grad_norm), ("algo.critic_max_grad_norm", critic_max_grad_norm)):
@@ -198,9 +200,6 @@ class PPO(GroupPolicyOptimizer):
             if int(minibatches) > int(users_per_round):
                 raise ConfigError(f"algo.minibatches={minibatches} exceeds users_per_round={users_per_round}: "
                                   f"every minibatch needs at least one user")
-        # the env side: users' episodes cut at user_horizon, AR(1) sampling uniforms (both per user)
-        self.collector = EpisodeCollector(env, seed, user_horizon=user_horizon, action_noise_corr=action_noise_corr)
-        self.collector.check(policy, self.num_rounds, sampler)
         self.gae_lambda, self.epochs, self.minibatches = float(gae_lambda), int(epochs), int(minibatches)
         self.clip_range, self.ent_coef, self.adv_norm = float(clip_range), float(ent_coef), adv_norm
         self.clip, self.critic_clip = float(max_grad_norm), float(critic_max_grad_norm or max_grad_norm)
@@ -393,8 +392,8 @@ class PPO(GroupPolicyOptimizer):
         -``d_critic`` (both released means of ``users`` users; AdamBC is told their public noise variance)."""
         for opt, clip, part in ((self.optimizer, self.clip, "actor"), (self.critic_optimizer, self.critic_clip,
                                                                         "critic")):
-            if isinstance(opt, AdamBC):
-                opt.noise_var = (self.release.sigma(clip, part) / users) ** 2
+            if isinstance(opt, AdamBC):  # the std of this release's noise (correlated: its stream's, not sigma)
+                opt.noise_var = (self.release.noise_std(clip, part) / users) ** 2
         self.space.ascend(d_actor, self.optimizer)
         lo = 0
         for p in self.critic_params:
