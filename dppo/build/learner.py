@@ -1,8 +1,7 @@
-"""The learner: its own ``algo`` keys plus the objects and top-level keys its signature names (the injection), its
-oracle, and the reward bound it gets."""
+"""The learner: its own ``algo`` keys plus the objects and top-level keys it declares it needs (``Learner.needs``),
+its oracle, and the reward bound it gets."""
 from __future__ import annotations
 
-import inspect
 import sys
 
 from hydra.utils import instantiate
@@ -15,17 +14,16 @@ from dppo.training import distributed
 
 
 def build_learner(cfg, cls, objects: dict):
-    """Call the learner with its own algo keys plus the injectable objects and top-level keys its signature names."""
+    """Call the learner with its own algo keys (its hyper-parameters: ``Learner.defaults``) plus what it declares it
+    needs (``Learner.needs``: the injectable objects and top-level keys)."""
     params = dict(to_container(cfg.algo))
     params.pop("_target_")
     params.pop("name", None)     # the learner names itself (its name / names); a run saved before says it too
     params.pop("private", None)  # in the configs of runs saved before pucb.yaml dropped it; eps alone decides privacy
-    sig = inspect.signature(cls.__init__).parameters
-    accepts_any = any(p.kind == p.VAR_KEYWORD for p in sig.values())
+    valid = sorted(k for k in cls.defaults() if k not in INJECTABLE)
     # a run-level key under algo. (algo.rounds) would be replaced by the top-level one: refused, not ignored
-    unknown = [k for k in params if (k not in sig and not accepts_any) or k in INJECTABLE]
+    unknown = [k for k in params if k not in valid]
     if unknown:
-        valid = sorted(k for k in sig if k not in INJECTABLE and k != "self")
         hint = hint_line(did_you_mean(f"algo.{unknown[0]}", cfg))
         raise ConfigError(f"unknown key 'algo.{unknown[0]}'{hint} for algo={algo_name(cfg, cls, cfg.eps is not None)}; "
                           f"valid: {valid}")
@@ -34,16 +32,14 @@ def build_learner(cfg, cls, objects: dict):
                  "max_grad_norm": cfg.max_grad_norm, "reward_bound": learner_reward_bound(cfg, cls, objects),
                  "eps": objects["privacy"].eps,
                  "delta": cfg.delta, **objects}
-    if "oracle" in sig and "oracle" not in objects:
+    if "oracle" in cls.needs and "oracle" not in objects:
         space = objects.get("space")
         available["oracle"] = build_oracle(cfg, cls, objects["privacy"].private, space.dim if space is not None else 0)
-    if hasattr(cls, "check_config"):
-        oracle = available.get("oracle")
-        cls.check_config(params, oracle=oracle,
-                         oracle_keys=[k for k in (to_container(cfg.oracle) if cfg.oracle is not None else {})
-                                      if k != "_target_"])
-    for k in INJECTABLE:
-        if k in sig and k in available and (available[k] is not None or k not in ("episodes",)):
+    cls.check_config(params, oracle=available.get("oracle"),
+                     oracle_keys=[k for k in (to_container(cfg.oracle) if cfg.oracle is not None else {})
+                                  if k != "_target_"])
+    for k in cls.needs:
+        if k in available and (available[k] is not None or k not in ("episodes",)):
             params[k] = available[k]
     return cls(**params)
 
@@ -64,8 +60,7 @@ def build_oracle(cfg, cls, private: bool, dim: int):
 def learner_reward_bound(cfg, cls, objects: dict) -> float | None:
     """``reward_bound`` as the learner gets it (``dppo.envs.reward_ranges.resolve_reward_bound``), with a public
     warning on stderr when it cuts into the env's declared range."""
-    sig = inspect.signature(cls.__init__).parameters
-    needs = "reward_bound" in sig and sig["reward_bound"].default not in (None, inspect.Parameter.empty)
+    needs = "reward_bound" in cls.needs and cls.defaults().get("reward_bound") is not None
     private = objects["privacy"].private
     bound = resolve_reward_bound(cfg.reward_bound, objects["env"], private=private, needs_bound=needs,
                                  seed=cfg.seed, algo=algo_name(cfg, cls, private))

@@ -2,13 +2,13 @@
 space -> oracle -> learner -> trainer (``build``); each job's rules live in its own module of this package."""
 from __future__ import annotations
 
-import inspect
 import os
 
 import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import OmegaConf
 
+from dppo.algos.base import Learner
 from dppo.build.checks import algo_name, check_config_values, check_shortcuts, warn_renamed_keys
 from dppo.build.env import build_env
 from dppo.build.extension import extension_rules
@@ -38,10 +38,15 @@ def seed_everything(seed: int) -> None:
 
 
 def learner_class(cfg):
+    """The class ``algo._target_`` names: a ``Learner``, which declares what the builder and the trainer need."""
     try:
-        return get_class(cfg.algo._target_)
+        cls = get_class(cfg.algo._target_)
     except Exception:  # noqa: BLE001
         raise ConfigError(f"algo target '{cfg.algo._target_}' cannot be imported; check conf/algo/") from None
+    if not (isinstance(cls, type) and issubclass(cls, Learner)):
+        raise ConfigError(f"algo target '{cfg.algo._target_}' is not a dppo.algos.base.Learner: subclass it and "
+                          f"declare what it needs (Learner.needs)")
+    return cls
 
 
 def check_writable(run_dir: str) -> None:
@@ -87,11 +92,10 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     if logger is None:
         logger = make_logger(run_dir, **{**to_container(cfg.logger), **({} if dist.is_main else {"console": False})})
     if learner is None:
-        sig = inspect.signature(cls.__init__).parameters
         objects = {"env": env, "privacy": privacy, "sampler": sampler, "logger": logger}
-        if init_critic is not None and "init_critic" in sig:   # an actor-critic source: its critic too
+        if init_critic is not None and "init_critic" in cls.needs:   # an actor-critic source: its critic too
             objects["init_critic"] = init_critic
-        if "policy" in sig:
+        if "policy" in cls.needs:
             if env_given:
                 check_env(env)
             cls.check_env(env)
@@ -100,8 +104,8 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
             objects["policy"] = policy if policy is not None else build_policy(cfg, env, init_state)
             if objects["policy"] is not None:
                 check_policy(objects["policy"], env)  # before any user is drawn
-                if "space" in sig:
-                    objects["space"] = build_space(cfg, objects["policy"], getattr(cls, "space_defaults", None))
+                if "space" in cls.needs:
+                    objects["space"] = build_space(cfg, objects["policy"], cls.space_defaults)
         check_memory(cfg, env, objects.get("policy"))
         learner = build_learner(cfg, cls, objects)
     if dist.enabled:

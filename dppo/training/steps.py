@@ -1,7 +1,8 @@
 """The logging step axis (``global_step``): cumulative environment steps, or cumulative episodes.
 
 Counted from each round's metrics: ``rollout/episodes`` (users x group size; ``rollout/users`` if absent) and
-``diag/env_steps`` (this round's env steps; for fixed-horizon learners without it, episodes x ``learner.H``).
+``diag/env_steps`` (this round's env steps; for learners without it, episodes x
+``learner.horizon``, the fixed episode length it declares, or one step per episode where it declares none).
 With ``logger.diagnostics=false`` the axis is the number of episodes, which is public (the users drawn), while
 the number of env steps depends on the users' episode lengths. Saved in every checkpoint so a resumed run
 continues the axis.
@@ -20,8 +21,8 @@ class StepCounter:
         episodes = int(metrics.get("rollout/episodes", metrics.get("rollout/users", 0)) or 0)
         steps = metrics.get("diag/env_steps")
         if steps is None:
-            horizon = getattr(learner, "H", None)
-            steps = episodes * int(horizon) if isinstance(horizon, int) else episodes
+            horizon = None if learner is None else learner.horizon
+            steps = episodes * int(horizon) if horizon is not None else episodes
         self.episodes += episodes
         self.env_steps += int(steps)
 

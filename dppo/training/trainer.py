@@ -194,10 +194,9 @@ class Trainer:
             self.sampler.burn(sorted({int(u) for e in takes for u in e["users"]}))
         before = copy.deepcopy(self.privacy.accountant)
         charged = [self.privacy.charge(e["entry"], lost=True, incarnation=int(e["incarnation"])) for e in releases]
-        extra = getattr(self.learner, "lost_attempt_charges", None)
-        if takes and callable(extra):
-            charged += [self.privacy.charge(entry, replay=True)
-                        for entry in extra(sorted({int(e["round"]) for e in takes}))]
+        if takes:
+            charged += [self.privacy.charge(entry, replay=True) for entry in
+                        self.learner.lost_attempt_charges(sorted({int(e["round"]) for e in takes}))]
         if charged:
             self.check_resume_budget(before, charged)
 
@@ -245,9 +244,7 @@ class Trainer:
             return None
         try:
             path = save_checkpoint(self.ckpt_dir, self.round, self.state_dict())
-            export = getattr(self.learner, "export_artifacts", None)  # e.g. a LoRA adapter in peft's layout
-            if export is not None:
-                export(self.run_dir, self.round)
+            self.learner.export_artifacts(self.run_dir, self.round)  # e.g. a LoRA adapter in peft's layout
             self.write_summary()
         except OSError as err:
             raise DPPOError(f"cannot write a checkpoint in {self.ckpt_dir}: {err.strerror or err}; "
@@ -293,7 +290,7 @@ class Trainer:
         if not callable(getattr(s, "check_need", None)):
             return  # a sampler passed in without the capacity interface checks itself as it draws
         taken = len(s.used) - len(getattr(s, "burned", ()))     # the completed rounds' users
-        need = planned_users(self.learner, s.users_per_round) - taken
+        need = self.learner.planned_users(s.users_per_round) - taken
         s.check_need(need, self.capacity_limit, what)
 
     # ---- loop ------------------------------------------------------------------------------
@@ -354,14 +351,12 @@ class Trainer:
     def nothing_to_do_line(self) -> str:
         """One line for a resume with nothing to do: what is done and how to extend the run (or why not)."""
         rules = self.extend_refusal if isinstance(self.extend_refusal, dict) else {"rounds": self.extend_refusal}
-        planned = {"rounds": self.learner.num_rounds,
-                   "episodes": getattr(self.learner, "T", None) or getattr(self.learner, "K", None)}
-        unit = "episodes" if "episodes" in rules and planned["episodes"] else "rounds"
-        done = f"dppo: nothing to do: {self.run_dir} has done all {planned[unit]} of its {unit}"
+        unit, planned = self.learner.run_length, self.learner.planned_length
+        done = f"dppo: nothing to do: {self.run_dir} has done all {planned} of its {unit}"
         if rules.get(unit):
             return f"{done}; it cannot be extended ({rules[unit]}): start a new run"
         return (f"{done}; to extend it with new users, raise {unit}: python train.py resume={self.run_dir} "
-                f"{unit}={2 * int(planned[unit])}")
+                f"{unit}={2 * int(planned)}")
 
     def sync_from_main(self) -> None:
         """Multi-process run: every rank starts from rank 0's learner state and round (after its resume)."""
@@ -422,7 +417,7 @@ class Trainer:
                    "releases_lost": sum(1 for e in entries if e.get("lost")),
                    "final_return": None, "stop_reason": self.stop_reason,
                    "complete": final, **self.learner.summary(),
-                   "policy_sha256": parameters_sha256(getattr(self.learner, "policy", None)),
+                   "policy_sha256": parameters_sha256(self.learner.released_modules().get("policy")),
                    "world_size": self.dist.world_size,
                    "ledger": entries}
         if private and not self.privacy.noise.secure:
@@ -456,7 +451,8 @@ class Trainer:
         ``policy.init_from`` starts a new run's critic from it); no optimizer, RNG or noise state, no ledger, no
         journal. Loads with ``torch.load(weights_only=True)``.
         """
-        policy = getattr(self.learner, "policy", None)
+        released = self.learner.released_modules()
+        policy = released.get("policy")
         if self.run_dir is None or not hasattr(policy, "state_dict"):
             return None
         import io
@@ -470,23 +466,13 @@ class Trainer:
                  "rounds_done": int(self.round), "algo": self.meta.get("algo"), "env_id": self.meta.get("env_id"),
                  "summary": {k: copy.deepcopy(v) for k, v in (getattr(self, "summary", None) or {}).items()
                              if k in POLICY_SUMMARY_KEYS}}
-        critic = getattr(self.learner, "critic", None)
+        critic = released.get("critic")
         if hasattr(critic, "state_dict"):
             saved["critic"] = {k: v.detach().cpu().clone() for k, v in critic.state_dict().items()}
         torch.save(saved, buf)
         path = os.path.join(self.run_dir, "policy.pt")
         atomic_write_bytes(path, buf.getvalue())
         return path
-
-
-def planned_users(learner, users_per_round: int) -> int | None:
-    """Users a whole run of ``learner`` draws: its episodes for the learners that take one user per episode
-    (tabular ``T``; GFA ``K`` episodes in batches of ``B``), else rounds x users per round."""
-    if isinstance(getattr(learner, "T", None), int) and hasattr(learner, "episodes_done"):
-        return int(learner.T)
-    if isinstance(getattr(learner, "K", None), int) and hasattr(learner, "B"):
-        return int(learner.K)
-    return int(learner.num_rounds) * int(users_per_round)
 
 
 def parameters_sha256(module) -> str | None:
