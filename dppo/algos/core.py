@@ -169,9 +169,9 @@ class GroupPolicyOptimizer(Learner):
         users = self.sampler.next_round()
         if not users:  # Poisson sampling can draw nobody: the release is then noise only (as in DP-SGD)
             self.public_batch = None
-            return {"rollout/users": 0, "rollout/episodes": 0, **self.update(None, round_idx)}
+            return {"rollout/users": 0, "rollout/episodes": 0, **self.update(None, round_idx, [])}
         batch = self.collect(users, round_idx)
-        stats = self.update(batch, round_idx)
+        stats = self.update(batch, round_idx, [int(u) for u in users])
         self.collector.log_examples(self.policy, self.logger, round_idx)
         return {**batch.metrics(), **stats}
 
@@ -181,8 +181,9 @@ class GroupPolicyOptimizer(Learner):
                                                         self.reward_bound, public=self.public_per_round)
         return batch
 
-    def update(self, batch, round_idx: int) -> dict:
-        """Make this round's (private) update from ``batch``; return its metrics."""
+    def update(self, batch, round_idx: int, users: list[int]) -> dict:
+        """Make this round's (private) update from ``batch``, the groups of ``users`` (this round's user ids, in
+        the batch's order; None and [] when nobody was drawn); return its metrics."""
         raise NotImplementedError
 
     def average_tail(self, round_idx: int) -> None:

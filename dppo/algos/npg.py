@@ -159,7 +159,7 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
             batch = self.collector.public(self.policy, "fisher", round_idx, self.fisher_episodes)
         return self.space.fisher(batch, self.fisher_states)
 
-    def update(self, batch, round_idx: int) -> dict:
+    def update(self, batch, round_idx: int, users: list[int]) -> dict:
         if batch is None:  # no users on this rank: fine under torchrun (the oracle gathers every rank's rows)
             if not getattr(self.oracle, "sharded", False):
                 raise DataError("NPG/REBEL rounds need at least one user")

@@ -91,7 +91,7 @@ class PolicyGradient(GroupPolicyOptimizer):
             raise ConfigError(f"algo.optimizer must be one of {OPTIMIZERS}, got '{optimizer}'")
         self.release = sum_mechanism(privacy, max_grad_norm, sampler, self.num_rounds)
 
-    def update(self, batch, round_idx: int) -> dict:
+    def update(self, batch, round_idx: int, users: list[int]) -> dict:
         """The mean of the users' gradients (clipped + noised when private) and one optimizer step along it."""
         if batch is None:
             direction, stats = self.release.release_mean(torch.zeros(0, self.space.dim, dtype=torch.float64),

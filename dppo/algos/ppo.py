@@ -224,7 +224,6 @@ class PPO(GroupPolicyOptimizer):
                 "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr, momentum=momentum)}[optimizer]
         self.optimizer, self.critic_optimizer = make(self.space.params, self.lr), make(self.critic_params,
                                                                                          self.critic_lr)
-        self.round_users: list[int] = []
         # each user: one minibatch per epoch, two sums (actor, critic) per minibatch step
         if not 0 < actor_share < 1:
             raise ConfigError(f"algo.actor_share must lie in (0, 1) (the actor's share of the round's budget), "
@@ -233,17 +232,23 @@ class PPO(GroupPolicyOptimizer):
             "actor": (self.epochs, float(actor_share)), "critic": (self.epochs, 1.0 - float(actor_share))})
 
     # ---- one round ------------------------------------------------------------------------------
-    def update(self, batch, round_idx: int) -> dict:
-        users, m = self.round_users, batch.users
+    def update(self, batch, round_idx: int, users: list[int]) -> dict:
+        """One round (module docstring) on ``batch``, the groups of ``users`` (ids, in the batch's order)."""
+        m = batch.users
+        if len(users) != m:
+            raise ValueError(f"PPO.update: {len(users)} user ids for a batch of {m} users")
         t = self.round_targets(batch)
         self.set_lr(round_idx)
-        self.release.open_round(round_idx, users, (self.clip, self.critic_clip))
+        # the round's users and where ours start among them (multi-process: every rank's; one process: ours, 0)
+        everyone, lo = self.release.round_users(users)
+        self.release.open_round(round_idx, everyone, (self.clip, self.critic_clip))
         sums = {"diag/clip_fraction": 0.0, "diag/critic_clip_fraction": 0.0, "diag/ratio_clip_fraction": 0.0}
         steps = 0
-        for epoch in self.schedule(round_idx, m):
+        for epoch in self.schedule(round_idx, len(everyone)):
             for mb in epoch:
-                ids = [users[int(i)] for i in mb]
-                g_actor, g_critic, ratio = self.minibatch_blocks(t, mb)
+                ours = mb[(mb >= lo) & (mb < lo + m)] - lo   # the minibatch's users in this batch
+                ids = [users[int(i)] for i in ours]
+                g_actor, g_critic, ratio = self.minibatch_blocks(t, ours)
                 d_actor, s_a = self.release.release_sum(g_actor, ids, self.clip, part="actor")
                 d_critic, s_c = self.release.release_sum(g_critic, ids, self.critic_clip, part="critic")
                 self.step(d_actor / len(mb), d_critic / len(mb), len(mb))
@@ -295,6 +300,9 @@ class PPO(GroupPolicyOptimizer):
         one after the other (the release clips each block as it comes: ``dppo.privacy.composed.clipped_total``).
         ``ratio()`` is the fraction of steps whose ratio is clipped (read once the actor's rows are released).
         Every block sees the same parameters: nothing is stepped until both sums are released."""
+        if not len(mb):   # none of the minibatch's users is in this batch (another rank holds them)
+            return (torch.zeros(0, self.space.dim, dtype=torch.float64),
+                    torch.zeros(0, sum(p.numel() for p in self.critic_params), dtype=torch.float64), lambda: 0.0)
         params = sum(p.numel() for p in self.space.params) + sum(p.numel() for p in self.critic.parameters())
         per_block = max(1, PER_USER_MEMORY // max(1, 8 * 4 * params))
         if len(mb) <= per_block:
@@ -402,16 +410,17 @@ class PPO(GroupPolicyOptimizer):
             lo += n
         self.critic_optimizer.step()
 
+    def distribute(self, shards) -> None:
+        """Multi-process: this rank's share of each round's users; each clipped sum adds every rank's users' sums on
+        rank 0, whose release draws the noise once (``dppo.training.distributed.ShardedSums``)."""
+        self.sampler = shards.sampler(self.sampler)
+        self.release = shards.round_release(self.release, self.sampler)
+
     def set_lr(self, round_idx: int) -> None:
         frac = 1.0 - round_idx / self.num_rounds if self.anneal_lr else 1.0
         for opt, lr in ((self.optimizer, self.lr), (self.critic_optimizer, self.critic_lr)):
             for group in opt.param_groups:
                 group["lr"] = lr * frac
-
-    def collect(self, users, round_idx: int):
-        """The users' episodes from the collector (``dppo.envs.rollout.EpisodeCollector``)."""
-        self.round_users = [int(u) for u in users]
-        return super().collect(users, round_idx)
 
     # ---- state ------------------------------------------------------------------------------------
     def released_modules(self) -> dict:

@@ -88,7 +88,8 @@ class TranscriptScore:
 
 def build_round(eps: float, delta: float, *, users: int = 2, group_size: int = 1, epochs: int = 2,
                 minibatches: int = 2, clip: float = 1e-3, seed: int = 0, noise=None, actor_share: float = 0.5):
-    """A DP-PPO learner, one collected CartPole round and its two neighbours (batches D, D')."""
+    """A DP-PPO learner, one collected CartPole round of users 0..users-1 (user 0 the canary) and its two
+    neighbours (batches D, D')."""
     from dppo.algos.ppo import PPO
     from dppo.data.sampler import OnePassUserSampler
     from dppo.envs.gym_env import GymEnvFactory
@@ -130,14 +131,14 @@ def audit_dp_ppo(eps: float, delta: float = 1e-5, trials: int = 20_000, *, seed:
                                  actor_share=actor_share)
     if release is not None:
         learner.release = release(learner)
-    wrapper = TranscriptScore(learner.release, learner, learner.round_users[0], learner.round_targets(D),
+    wrapper = TranscriptScore(learner.release, learner, 0, learner.round_targets(D),
                               learner.round_targets(Dp))
     learner.release = wrapper
     initial = copy.deepcopy(learner.state_dict())
     claims, scores = [], ([], [])
     for trial in range(max(2, trials)):
         learner.load_state_dict(copy.deepcopy(initial))
-        learner.update(Dp if trial % 2 else D, trial)     # each trial its own round: spent() is one round's
+        learner.update(Dp if trial % 2 else D, trial, list(range(users)))     # each trial its own round: spent() is one round's
         scores[trial % 2].append(wrapper.score)
         if trial < 2:
             claims.append(learner.privacy.spent())
@@ -156,7 +157,7 @@ def audit_dp_ppo_releases(eps: float, delta: float = 1e-5, trials: int = 1_000_0
     learner, D, Dp = build_round(eps, delta, users=users, epochs=epochs, minibatches=minibatches, seed=seed,
                                  noise=noise, actor_share=actor_share)
     mech = learner.release if mechanism is None else mechanism(learner.privacy, learner.release.parts)
-    users_ids, canary = learner.round_users, learner.round_users[0]
+    users_ids, canary = list(range(users)), 0   # build_round's users, the canary first
     targets = (learner.round_targets(D), learner.round_targets(Dp))
     releases = []   # per release of the schedule: (ids, rows on D, canary's row on D' or None, its index, clip)
     for epoch in learner.schedule(0, len(users_ids)):

@@ -178,7 +178,16 @@ class ComposedGaussianSums(Release):
 
         Returns (noisy sum float64, stats: ``diag/clip_fraction`` is raw)."""
         self._check_users(users, part)
-        total, norms = clipped_total(per_user, clip)
+        return self._noisy(*clipped_total(per_user, clip), clip, part)
+
+    def release_clipped_sum(self, total, norms, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
+        """The same release from a clipped sum formed elsewhere (every row scaled to norm <= ``clip``: the fused
+        path's ``clip_scale``, or the sums of every rank's users under multi-process training) and its users'
+        pre-clipping ``norms``."""
+        self._check_users(users, part)
+        return self._noisy(total.double(), norms, clip, part)
+
+    def _noisy(self, total, norms, clip, part) -> tuple[torch.Tensor, dict]:
         noisy = total + self.privacy.noise.gaussian(total.shape, self.sigma(clip, part))
         return noisy, {"diag/clip_fraction": clip_fraction(norms, clip)}
 
@@ -244,7 +253,15 @@ class CorrelatedComposedSums(ComposedGaussianSums):
         self._check_users(users, part)
         if float(clip) != self._clips.get(part, float(clip)):
             raise PrivacyError(f"release_sum: part {part!r} was opened with clip {self._clips[part]}, got {clip}")
-        total, norms = clipped_total(per_user, clip)
+        return self._noisy(*clipped_total(per_user, clip), clip, part)
+
+    def release_clipped_sum(self, total, norms, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
+        self._check_users(users, part)
+        if float(clip) != self._clips.get(part, float(clip)):
+            raise PrivacyError(f"release_sum: part {part!r} was opened with clip {self._clips[part]}, got {clip}")
+        return self._noisy(total.double(), norms, clip, part)
+
+    def _noisy(self, total, norms, clip, part) -> tuple[torch.Tensor, dict]:
         noisy = total + self.streams[part].scaled(total.shape, self.sigma(clip, part))
         return noisy, {"diag/clip_fraction": clip_fraction(norms, clip)}
 
@@ -284,6 +301,9 @@ class ClippedSums(Release):
     def release_sum(self, per_user, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
         total, norms = clipped_total(per_user, clip)
         return total, {"diag/clip_fraction": clip_fraction(norms, clip)}
+
+    def release_clipped_sum(self, total, norms, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
+        return total.double(), {"diag/clip_fraction": clip_fraction(norms, clip)}
 
 
 def composed_sums(privacy, releases_per_user: int | None = None, composition: str = "gdp", *, parts: dict | None = None):

@@ -93,3 +93,8 @@ class Release:
     def noise_std(self, clip: float | None = None, part=None) -> float:
         """The std of each noise coordinate of the last released sum (public; 0 without noise)."""
         return 0.0
+
+    def round_users(self, users: list[int]) -> tuple[list[int], int]:
+        """(the round's users, where ``users`` start among them): ``users`` and 0 in one process; under
+        multi-process training every rank's users and this rank's offset (``dppo.training.distributed``)."""
+        return list(users), 0

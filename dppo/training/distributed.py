@@ -300,6 +300,53 @@ class ShardedSampler:
             setattr(self.inner, name, value)
 
 
+class ShardedSums:
+    """A round's release of clipped sums (``dppo.privacy.release.Release``: DP-PPO's parts) under ``torchrun``.
+
+    The round opens on rank 0 for every rank's users (one ledger entry, as in one process). For each sum, a rank
+    clips its own users' rows and sums them (``clipped_total``; no rows: a zero vector); the sums, norms and ids
+    are gathered to rank 0 in rank order (the users' order: shards are contiguous), added there, and rank 0's
+    release checks the users and draws the noise once (``release_clipped_sum``); the released vector reaches
+    every rank bit for bit. Against one process only the order of the float64 sum of the rows differs.
+    """
+
+    def __init__(self, release, sampler: "ShardedSampler", info: DistInfo):
+        self.inner, self.sampler, self.info = release, sampler, info
+        release.shards = self
+
+    def round_users(self, users: list[int]) -> tuple[list[int], int]:
+        everyone = list(self.sampler.round_users)
+        return everyone, shard_bounds(len(everyone), self.info.world_size, self.info.rank)[0]
+
+    def open_round(self, round_idx: int, users, clips):
+        return on_main(lambda: self.inner.open_round(round_idx, users, clips), self.info)
+
+    def release_sum(self, per_user, users, clip: float, part=None):
+        from dppo.privacy.release import clipped_total
+
+        total, norms = clipped_total(per_user, clip)
+        parts = gather_objects((total.double(), norms.double(), [int(u) for u in users]), self.info)
+        kept = {}
+
+        def main():
+            rows = [p for p in parts if p[2]] or parts[:1]
+            total = rows[0][0].clone()
+            for t, _, _ in rows[1:]:
+                total += t
+            vec, stats = self.inner.release_clipped_sum(total, torch.cat([n for _, n, _ in parts]),
+                                                        [u for _, _, ids in parts for u in ids], clip, part)
+            kept["vec"] = vec
+            return tuple(vec.shape), vec.dtype, stats
+
+        shape, dtype, stats = on_main(main, self.info)
+        return broadcast_tensor(kept.get("vec"), shape, dtype, self.info), stats
+
+    def __getattr__(self, name):  # sigma, noise_std, noise_multiplier, parts, mechanism, ... are the release's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+
 class Shards:
     """The collective parts a learner wraps itself with (``Learner.distribute``): this rank's share of each
     round's users, and the release that combines every rank's contributions on rank 0."""
@@ -315,6 +362,10 @@ class Shards:
         release = ShardedRelease(self.info)
         privatizer.shards = release
         return release
+
+    def round_release(self, release, sampler: ShardedSampler) -> ShardedSums:
+        """A round's release of clipped sums (``dppo.privacy.composed``) whose noise rank 0 draws once."""
+        return ShardedSums(release, sampler, self.info)
 
     def oracle(self, oracle) -> ShardedOracle:
         return ShardedOracle(oracle, self.info)

@@ -243,7 +243,7 @@ def test_user_horizon_cuts_the_users_episodes_and_bootstraps_them_while_evaluati
     assert L.env.horizon == 30 and L.collector.engine.factory.horizon == 30
     assert L.collector.user_engine.factory.horizon == 6
     assert L.collector.public(L.policy, "eval", 0, 4).mask.shape[-1] > 6
-    L.update(batch, 0)
+    L.update(batch, 0, list(range(4)))
     with pytest.raises(ConfigError, match="user_horizon"):
         _learner(user_horizon=0)
     with pytest.raises(ConfigError, match="optimizer"):

@@ -41,14 +41,14 @@ def test_the_score_is_the_transcripts_privacy_loss_at_most_the_calibrated_mu():
     """Under D the adaptive round's log-likelihood ratio is N(mu^2/2, mu^2) (mean = variance / 2), with mu at
     most the calibrated sqrt(k)/z and close to it (the canary is clipped in all its k = 2 x epochs releases)."""
     learner, D, Dp = build_round(1.0, 1e-5, seed=2)
-    w = TranscriptScore(learner.release, learner, learner.round_users[0], learner.round_targets(D),
+    w = TranscriptScore(learner.release, learner, 0, learner.round_targets(D),
                         learner.round_targets(Dp))
     learner.release = w
     init = copy.deepcopy(learner.state_dict())
     scores = []
     for trial in range(300):
         learner.load_state_dict(copy.deepcopy(init))
-        learner.update(D, trial)
+        learner.update(D, trial, [0, 1])
         scores.append(w.score)
     assert w.releases == 300 * 4        # 2 epochs x (actor, critic)
     mu = math.sqrt(4) / learner.release.noise_multiplier

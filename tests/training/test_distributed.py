@@ -100,6 +100,20 @@ def test_two_process_run_equals_the_single_process_run(tmp_path):
     assert not os.path.exists(tmp_path / "two" / "rank1")  # only rank 0 writes the run directory
 
 
+def test_two_process_dp_ppo_equals_the_single_process_run(tmp_path):
+    """DP-PPO (2 rounds, 5 users split 3 + 2, 2 epochs x 2 minibatches: a minibatch may lie on one rank only):
+    each rank clips and sums its users' rows, rank 0 adds the sums and draws the noise once, so the ledger (one
+    entry per round, opened on rank 0 for every rank's users) is the single process's and the final parameters
+    equal its own to float32 rounding (only the order of the float64 sums of the rows differs)."""
+    args = ["rounds=2", "algo.epochs=2", "algo.minibatches=2"]
+    one = _train(args, str(tmp_path / "one"), algo="dp_ppo")
+    two = _train(args, str(tmp_path / "two"), n=2, algo="dp_ppo")
+    assert two["world_size"] == 2 and len(one["ledger"]) == 2
+    assert two["ledger"] == one["ledger"] and one["ledger"][0]["mechanism"] == "composed_gaussian_sum"
+    assert two["users_seen"] == one["users_seen"] == 10
+    assert_same_policy(tmp_path / "one", tmp_path / "two")
+
+
 @pytest.mark.parametrize("algo", ["dp_npg", "dp_rebel"])
 def test_two_process_oracle_learners_equal_the_single_process_run(tmp_path, algo):
     """DP-NPG (ssp oracle) and DP-REBEL (dp_gd oracle): each rank builds its users' regression rows, rank 0's
