@@ -204,19 +204,18 @@ def check_shortcuts(cfg, cls) -> None:
     naming what it reads instead (``algo=dp_npg max_grad_norm=0.1``: DP-NPG's oracle clips its rows)."""
     from dppo.config import TrainConfig, run_shape_defaults
 
-    sig = inspect.signature(cls.__init__).parameters
-    reads = {k for k in SHORTCUTS if k in sig} | set(getattr(cls, "reads", ()))
+    reads = {k for k in SHORTCUTS if k in cls.needs} | set(cls.reads)     # what the learner declares it reads
     defaults = {**vars(TrainConfig()), **run_shape_defaults(cfg)}
     for key in SHORTCUTS:
         if key not in reads and cfg[key] != defaults[key]:
             hint = ""
-            if key == "max_grad_norm" and "oracle" in sig:
+            if key == "max_grad_norm" and "oracle" in cls.needs:
                 hint = " (its oracle clips each user's rows: oracle.x_bound, oracle.y_bound)"
             elif key in ("rounds", "users_per_round") and "episodes" in reads:
                 hint = ", which runs for a number of episodes (one user each)"
             raise ConfigError(f"{key}={cfg[key]} does not apply to algo={algo_name(cfg, cls, cfg.eps is not None)}"
                               f"{hint}; it reads {sorted(reads) or 'none of them'}: remove {key}")
-    if cfg.oracle is not None and "oracle" not in sig:
+    if cfg.oracle is not None and "oracle" not in cls.needs:
         raise ConfigError(f"oracle= applies to the regression learners (npg, rebel and their private twins), not to "
                           f"algo={algo_name(cfg, cls, cfg.eps is not None)}: remove it")
 
