@@ -26,6 +26,8 @@ class Learner:
     - ``planned_length`` / ``planned_users``: that length, and the users a whole run draws.
     - ``horizon``: the steps of each episode where a round's metrics carry no ``diag/env_steps``.
     - ``uses_composition``: its releases compose over the run (the builder's accountant and extension rules).
+    - ``space_defaults``: the parameter space the builder makes for its policy unless ``policy.*`` says otherwise.
+    - ``released_modules``: the released modules ``policy.pt`` carries and ``summary.json`` hashes.
     - ``lost_attempt_charges`` / ``export_artifacts``: hooks of the trainer, with no-op defaults.
     """
 
