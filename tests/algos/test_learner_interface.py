@@ -121,7 +121,10 @@ LEARNER_NAMES = {"learner", "cls"}
 def _guesses(path: str, source: str | None = None) -> list[str]:
     """Calls that read a learner by guessing: getattr / hasattr on the learner (``learner``, ``self.learner``,
     ``cls``) and ``inspect.signature``."""
-    tree = ast.parse(source if source is not None else open(os.path.join(ROOT, path)).read())
+    if source is None:
+        with open(os.path.join(ROOT, path)) as f:
+            source = f.read()
+    tree = ast.parse(source)
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
