@@ -228,16 +228,20 @@ class PPO(GroupPolicyOptimizer):
         if not 0 < actor_share < 1:
             raise ConfigError(f"algo.actor_share must lie in (0, 1) (the actor's share of the round's budget), "
                               f"got {actor_share}")
+        if privacy.private and privacy.multi_pass and self.minibatches > 1:
+            raise ConfigError("privacy.multi_pass=true keeps each user's neighbours in its sums: set algo.minibatches=1 "
+                              "(a minibatch split of a Poisson sample depends on who else was sampled)")
         self.release = composed_sums(privacy, composition=composition, parts={
-            "actor": (self.epochs, float(actor_share)), "critic": (self.epochs, 1.0 - float(actor_share))})
+            "actor": (self.epochs, float(actor_share)), "critic": (self.epochs, 1.0 - float(actor_share))},
+            sampler=sampler, rounds=self.num_rounds)
 
     # ---- one round ------------------------------------------------------------------------------
     def update(self, batch, round_idx: int, users: list[int]) -> dict:
         """One round (module docstring) on ``batch``, the groups of ``users`` (ids, in the batch's order)."""
-        m = batch.users
+        m = 0 if batch is None else batch.users   # None: a Poisson round drew nobody (its sums are noise only)
         if len(users) != m:
             raise ValueError(f"PPO.update: {len(users)} user ids for a batch of {m} users")
-        t = self.round_targets(batch)
+        t = None if batch is None else self.round_targets(batch)
         self.set_lr(round_idx)
         # the round's users and where ours start among them (multi-process: every rank's; one process: ours, 0)
         everyone, lo = self.release.round_users(users)
@@ -251,21 +255,24 @@ class PPO(GroupPolicyOptimizer):
                 g_actor, g_critic, ratio = self.minibatch_blocks(t, ours)
                 d_actor, s_a = self.release.release_sum(g_actor, ids, self.clip, part="actor")
                 d_critic, s_c = self.release.release_sum(g_critic, ids, self.critic_clip, part="critic")
-                self.step(d_actor / len(mb), d_critic / len(mb), len(mb))
+                n = self.release.batch_size(len(mb))   # the count, or a multi-pass release's expected count
+                self.step(d_actor / n, d_critic / n, n)
                 sums["diag/clip_fraction"] += s_a["diag/clip_fraction"]
                 sums["diag/critic_clip_fraction"] += s_c["diag/clip_fraction"]
                 sums["diag/ratio_clip_fraction"] += ratio()
                 steps += 1
         self.average_tail(round_idx)
-        mask = batch.mask
-        return {**{k: v / steps for k, v in sums.items()},
-                "losses/actor_update_norm": float(d_actor.norm() / len(mb)),
-                "losses/critic_update_norm": float(d_critic.norm() / len(mb)),
-                "privacy/noise_multiplier": self.release.noise_multiplier,
-                "privacy/actor_noise_multiplier": self.release.sigma(1.0, "actor") / 2.0,
-                "privacy/critic_noise_multiplier": self.release.sigma(1.0, "critic") / 2.0,
-                "diag/value_error": float(((t["returns"] - t["values"]) ** 2 * mask).sum() / mask.sum()),
-                "diag/advantage_rms": float((t["A"] ** 2 * mask).sum().div(mask.sum()).sqrt())}
+        stats = {**{k: v / steps for k, v in sums.items()},
+                 "losses/actor_update_norm": float(d_actor.norm() / n),
+                 "losses/critic_update_norm": float(d_critic.norm() / n),
+                 "privacy/noise_multiplier": self.release.noise_multiplier,
+                 "privacy/actor_noise_multiplier": self.release.multipliers.get("actor", 0.0),
+                 "privacy/critic_noise_multiplier": self.release.multipliers.get("critic", 0.0)}
+        if t is not None:
+            mask = t["mask"]
+            stats["diag/value_error"] = float(((t["returns"] - t["values"]) ** 2 * mask).sum() / mask.sum())
+            stats["diag/advantage_rms"] = float((t["A"] ** 2 * mask).sum().div(mask.sum()).sqrt())
+        return stats
 
     def schedule(self, round_idx: int, m: int) -> list[list[torch.Tensor]]:
         """The round's minibatches: per epoch, a public random partition of the positions 0..m-1 into

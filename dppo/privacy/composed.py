@@ -52,6 +52,9 @@ form one stream whose noise is sigma_p (C^{-1} z)_t, a user's E = k_p releases o
 sensitivity, and the whole run is one Gaussian mechanism per user (``dppo.privacy.correlated``,
 ``dppo.privacy.factorizations``).
 
+Multi-pass (``privacy.multi_pass``, ``PoissonComposedSums``): users Poisson-sampled each round, add/remove
+adjacency, each round one subsampled Gaussian for the RDP / PRV accountant (its docstring).
+
 The non-private twin (``ClippedSums``) clips the same vectors to the same norms and adds no noise.
 """
 from __future__ import annotations
@@ -270,6 +273,67 @@ class CorrelatedComposedSums(ComposedGaussianSums):
         return self.sigma(clip, part) * self.streams[part].marginal_std()
 
 
+class PoissonComposedSums(ComposedGaussianSums):
+    """Multi-pass DP-PPO (``privacy.multi_pass``): each round's users Poisson-sampled at rate q from a population
+    of N, so a user takes part in many rounds; adjacency is add/remove one user (Opacus' analysis).
+
+    Sensitivity: adding or removing user u changes each sum it takes part in by clip_{C_j}(v_u), norm <= C_j
+    (the other users' vectors are unchanged given the history, as in the module docstring; ``PPO`` then keeps
+    one minibatch per epoch, so removing u moves nobody else to another sum). Part p's sums carry N(0, (z_p C)^2 I).
+
+    Accounting: given that u is sampled, the round's k adaptive releases are (sqrt(sum_p k_p / z_p^2))-GDP, and
+    that composition is exact for Gaussians (one Gaussian's trade-off curve: DRS 2019, Cor. 3.3), so the round is
+    the Poisson-subsampled Gaussian mechanism of multiplier z_round = 1 / mu at rate q: one ledger entry per round
+    (``noise_multiplier`` z_round, ``sample_rate`` q) for the RDP / PRV accountant, which composes the rounds;
+    z_round is the smallest meeting (eps, delta) after ``rounds`` rounds (``multi_pass_noise_multiplier``), and
+    z_p = sqrt(k) z_round sqrt(k_p / (k w_p)) splits it between the parts as for one-pass rounds. A sum over a
+    minibatch becomes a mean by the expected count q N (``batch_size``: the sampled count is not released).
+    """
+
+    mechanism = "poisson_composed_gaussian_sum"
+
+    def __init__(self, privacy, composition: str = "gdp", *, parts: dict, sample_rate: float, population_size: int,
+                 rounds: int):
+        from dppo.privacy.accountants.opacus import multi_pass_noise_multiplier
+
+        self.privacy = privacy
+        self.parts = _check_parts(None, parts)
+        self.releases_per_user = k = sum(kp for kp, _ in self.parts.values())
+        self.composition = composition
+        self.sample_rate = float(sample_rate)
+        self.expected_users = self.sample_rate * int(population_size)
+        self.noise_multiplier = multi_pass_noise_multiplier(privacy.eps, privacy.delta, self.sample_rate, int(rounds),
+                                                            privacy.accountant.name)
+        z = math.sqrt(k) * self.noise_multiplier
+        self.multipliers = {p: z if w * k == kp else z * math.sqrt(kp / (k * w)) for p, (kp, w) in self.parts.items()}
+        self._round = None
+        self._users: frozenset = frozenset()
+        self._count: Counter = Counter()
+
+    def sigma(self, clip: float, part=None) -> float:
+        """z_p x the add/remove sensitivity C of one sum."""
+        return self._multiplier(part) * float(clip)
+
+    def batch_size(self, users: int) -> float:
+        return self.expected_users
+
+    def open_round(self, round_idx: int, users, clips) -> dict:
+        """The round's one entry (a Poisson-subsampled Gaussian of multiplier 1 / mu), before any sum leaves."""
+        users = [int(u) for u in users]
+        names, clips = list(self.parts), [float(c) for c in clips]
+        if len(names) > 1 and len(clips) != len(names):
+            raise PrivacyError(f"open_round: one clip norm per part {names}, got {len(clips)}")
+        zs = [self.multipliers[p] for p in names] if len(names) > 1 else [self.multipliers[names[0]]] * len(clips)
+        self._round, self._users, self._count = int(round_idx), frozenset(users), Counter()
+        parts = {str(p): {"releases_per_user": kp, "share": w, "noise_multiplier": self.multipliers[p]}
+                 for p, (kp, w) in self.parts.items()}
+        return self.privacy.release(self.mechanism, round=int(round_idx), users=len(users), eps=None, delta=None,
+                                    adjacency="add_remove", noise_multiplier=self.noise_multiplier,
+                                    sample_rate=self.sample_rate, releases_per_user=self.releases_per_user,
+                                    gdp_mu=self.gdp_mu, clips=clips, sigmas=[z * c for z, c in zip(zs, clips)],
+                                    parts=parts)
+
+
 def _check_parts(releases_per_user, parts) -> dict:
     """{part: (k_p, w_p)}: ``parts`` checked (k_p >= 1, w_p in (0, 1], shares summing to 1), or one part
     ``None`` of ``releases_per_user`` releases."""
@@ -291,6 +355,7 @@ class ClippedSums(Release):
     """The non-private twin: the same clipped sums without noise; nothing is recorded."""
 
     noise_multiplier = 0.0
+    multipliers: dict = {}   # no part is noised
 
     def open_round(self, round_idx: int, users, clips) -> None:
         return None
@@ -306,14 +371,23 @@ class ClippedSums(Release):
         return total.double(), {"diag/clip_fraction": clip_fraction(norms, clip)}
 
 
-def composed_sums(privacy, releases_per_user: int | None = None, composition: str = "gdp", *, parts: dict | None = None):
+def composed_sums(privacy, releases_per_user: int | None = None, composition: str = "gdp", *, parts: dict | None = None,
+                  sampler=None, rounds: int = 1):
     """The round's release for this privacy context: ``ComposedGaussianSums`` (``CorrelatedComposedSums`` with
-    ``privacy.noise_correlation``: ``dppo.privacy.correlated``), or ``ClippedSums`` if eps is null."""
+    ``privacy.noise_correlation``: ``dppo.privacy.correlated``; ``PoissonComposedSums`` with ``privacy.multi_pass``,
+    from the ``sampler``'s rate and population, calibrated over ``rounds``), or ``ClippedSums`` if eps is null."""
     if composition not in COMPOSITIONS:
         raise ConfigError(f"algo.composition must be one of {COMPOSITIONS}, got {composition!r}")
     _check_parts(releases_per_user, parts)
     if not privacy.private:
         return ClippedSums()
+    if privacy.multi_pass:
+        if getattr(privacy, "noise_correlation", None) is not None:
+            raise ConfigError("privacy.noise_correlation needs one-pass users: set privacy.multi_pass=false or "
+                              "privacy.noise_correlation=none")
+        return PoissonComposedSums(privacy, composition, parts=parts if parts is not None else
+                                   {None: (releases_per_user, 1.0)}, sample_rate=sampler.sample_rate,
+                                   population_size=sampler.population_size, rounds=rounds)
     if getattr(privacy, "noise_correlation", None) is not None:  # one correlated stream per part
         return CorrelatedComposedSums(privacy, releases_per_user, composition, parts=parts,
                                       correlation=correlation_of(privacy))

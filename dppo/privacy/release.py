@@ -94,6 +94,11 @@ class Release:
         """The std of each noise coordinate of the last released sum (public; 0 without noise)."""
         return 0.0
 
+    def batch_size(self, users: int) -> float:
+        """What a released sum over ``users`` users is divided by to form a mean: the count (public under
+        replace-one adjacency); a multi-pass release divides by the expected count instead."""
+        return users
+
     def round_users(self, users: list[int]) -> tuple[list[int], int]:
         """(the round's users, where ``users`` start among them): ``users`` and 0 in one process; under
         multi-process training every rank's users and this rank's offset (``dppo.training.distributed``)."""
