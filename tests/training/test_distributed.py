@@ -112,6 +112,11 @@ def test_two_process_dp_ppo_equals_the_single_process_run(tmp_path):
     assert two["ledger"] == one["ledger"] and one["ledger"][0]["mechanism"] == "composed_gaussian_sum"
     assert two["users_seen"] == one["users_seen"] == 10
     assert_same_policy(tmp_path / "one", tmp_path / "two")
+    import torch
+
+    a, b = (torch.load(tmp_path / d / "policy.pt", weights_only=True)["critic"] for d in ("one", "two"))
+    assert a.keys() == b.keys()   # the critic, released like the policy, to the same tolerance
+    assert all(float((a[k] - b[k]).abs().max()) <= 1e-5 * max(1.0, float(a[k].abs().max())) for k in a)
 
 
 @pytest.mark.parametrize("algo", ["dp_npg", "dp_rebel"])
