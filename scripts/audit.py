@@ -46,8 +46,9 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(ROOT / "runs" / "reference" / "audit.md"))
-    parser.add_argument("--rows", default=str(ROOT / "runs" / "audit" / "rows.json"),
-                        help="every row measured so far (JSON); --only replaces just its mechanisms' rows")
+    parser.add_argument("--rows", default=str(ROOT / "runs" / "reference" / "audit_rows.json"),
+                        help="every row measured so far (JSON, committed with the table it renders); --only "
+                             "reruns just the named mechanisms and merges them into these rows")
     parser.add_argument("--render-only", action="store_true", help="rewrite --out from --rows, run nothing")
     args = parser.parse_args()
     torch.set_num_threads(1)
