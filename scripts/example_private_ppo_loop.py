@@ -142,9 +142,10 @@ def main(args: Args) -> dict:
                         lo += p.numel()
                     optimizers[part].step()
         spent = privacy.spent() if privacy.private else (None, None)
-        print(f"round {round_idx}: users' mean return {returns_seen[-1]:.1f}, (eps, delta) spent {spent}")
+        print(f"round {round_idx}: (eps, delta) spent {spent} (accountant); diag/return {returns_seen[-1]:.1f} "
+              "(the round's users' mean return: a raw statistic, not covered by the guarantee)")
     out = {"ledger": privacy.ledger.entries, "spent": list(privacy.spent()) if privacy.private else None,
-           "returns": returns_seen, "seeded_noise": args.seeded_noise}
+           "diag_returns": returns_seen, "seeded_noise": args.seeded_noise}
     if args.ledger:
         with open(args.ledger, "w") as f:
             json.dump(out, f, indent=1)
