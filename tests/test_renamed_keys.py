@@ -70,10 +70,10 @@ def test_every_renamed_key_names_a_key_that_exists():
     """The new names are real keys: the schema's, or a parameter of the object the group builds."""
     from dppo.config import known_keys
 
-    known = known_keys(compose(["algo=dp_rebel", "oracle=dp_gd"]))
+    configs = [compose(["algo=dp_rebel", "oracle=dp_gd"]), compose(["algo=dp_ppo"])]
     for old, (new, _) in RENAMED_KEYS.items():
         group, _, key = new.rpartition(".")
-        assert key in known[group], new
+        assert any(key in known_keys(cfg)[group] for cfg in configs), new
 
 
 def test_dp_gd_refuses_both_names_disagreeing():
@@ -81,3 +81,19 @@ def test_dp_gd_refuses_both_names_disagreeing():
 
     with pytest.raises(ConfigError, match="disagree"):
         make_oracle("dp_gd", accountant="rdp", composition="gdp")
+
+
+def test_ppo_accountant_is_the_new_name_of_algo_composition_and_builds_the_same_release(tmp_path):
+    """algo.composition (deprecated) and algo.accountant give DP-PPO the same release multiplier; contradicting
+    values are refused in one line."""
+    from dppo.api import train
+
+    common = ["algo=dp_ppo", "rounds=1", "users_per_round=4", "eval_episodes=0", "eval_every=null",
+              "progress=false", "logger=console", "env.horizon=20"]
+    new = train(common + ["algo.accountant=rdp"], run_dir=str(tmp_path / "new"))
+    old = train(common + ["algo.composition=rdp"], run_dir=str(tmp_path / "old"))
+    gdp = train(common, run_dir=str(tmp_path / "gdp"))
+    z = [s["ledger"][0].get("noise_multiplier", s["ledger"][0].get("sigma")) for s in (new, old, gdp)]
+    assert z[0] == z[1] != z[2]
+    with pytest.raises(ConfigError, match="disagree"):
+        train(common + ["algo.accountant=rdp", "algo.composition=gdp"], run_dir=str(tmp_path / "both"))

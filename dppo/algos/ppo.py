@@ -126,8 +126,8 @@ class PPO(GroupPolicyOptimizer):
         optimizer, momentum: ``adam``, ``sgd`` (with ``momentum``) or ``adam_bc`` (Adam with the release's public
             noise variance (sigma / |b|)^2 taken out of its second moment, ``dppo.algos.dp_adam``) on the
             released means.
-        composition: ``gdp`` (exact) or ``rdp``: how the round's releases are composed
-            (``dppo.privacy.composed``).
+        accountant: ``gdp`` (exact) or ``rdp``: how the round's releases are composed
+            (``dppo.privacy.composed``); ``composition`` is its deprecated name (the builder says so in one line).
         actor_share: the actor's share of the round's privacy budget (in mu^2 under Gaussian DP, the same
             (eps, delta) in all): its ``epochs`` releases get multiplier z sqrt(1 / (2 actor_share)), the
             critic's z sqrt(1 / (2 (1 - actor_share))) (z: the equal multiplier of 2 x epochs releases);
@@ -161,10 +161,15 @@ class PPO(GroupPolicyOptimizer):
                  adam_eps: float = 1e-5, critic_max_grad_norm: float | None = None, critic_hidden_sizes=(16,),
                  critic_activation: str = "tanh", value_scale="auto", adv_norm: str = "scale",
                  action_noise_corr: float = 0.0, user_horizon: int | None = None, optimizer: str = "adam",
-                 momentum: float = 0.9, composition: str = "gdp", explore_bonus: float = 0.0,
+                 momentum: float = 0.9, accountant: str = "gdp", explore_bonus: float = 0.0,
                  critic_normalize_obs: bool = False, actor_share: float = 0.5, average_last: int = 0,
-                 init_critic: dict | None = None):
+                 init_critic: dict | None = None, composition: str | None = None):
         self.check_env(env)
+        if composition is not None:   # the deprecated name of accountant
+            if accountant not in ("gdp", composition):
+                raise ConfigError(f"algo.accountant={accountant} and the deprecated algo.composition={composition} "
+                                  f"disagree; set algo.accountant only")
+            accountant = composition
         if space is None:
             space = make_space(policy, **self.space_defaults, seed=seed)
         if space.kind == "head":
@@ -231,7 +236,7 @@ class PPO(GroupPolicyOptimizer):
         if privacy.private and privacy.multi_pass and self.minibatches > 1:
             raise ConfigError("privacy.multi_pass=true keeps each user's neighbours in its sums: set algo.minibatches=1 "
                               "(a minibatch split of a Poisson sample depends on who else was sampled)")
-        self.release = composed_sums(privacy, composition=composition, parts={
+        self.release = composed_sums(privacy, composition=accountant, parts={
             "actor": (self.epochs, float(actor_share)), "critic": (self.epochs, 1.0 - float(actor_share))},
             sampler=sampler, rounds=self.num_rounds)
 

@@ -23,7 +23,7 @@ SHORTCUTS = ("rounds", "users_per_round", "group_size", "max_grad_norm", "reward
 # renamed keys: old name -> (new name, the old name's default, which saved configs may carry and which says
 # nothing); the old name still works for one release, with a one-line warning (one name, one meaning: the
 # accountant that composes a set of releases is an ``accountant`` in every group)
-RENAMED_KEYS = {"oracle.composition": ("oracle.accountant", None),
+RENAMED_KEYS = {"algo.composition": ("algo.accountant", None), "oracle.composition": ("oracle.accountant", None),
                 "privacy.composition": ("privacy.accountant", "advanced")}
 
 

@@ -205,7 +205,7 @@ class CorrelatedComposedSums(ComposedGaussianSums):
     def __init__(self, privacy, releases_per_user: int | None = None, composition: str = "gdp", *,
                  parts: dict | None = None, correlation: CorrelatedNoise):
         if composition != "gdp":
-            raise ConfigError("privacy.noise_correlation composes its stream in Gaussian DP: use algo.composition=gdp")
+            raise ConfigError("privacy.noise_correlation composes its stream in Gaussian DP: use algo.accountant=gdp")
         super().__init__(privacy, releases_per_user, composition, parts=parts)
         self.correlation = correlation
         self.mu = 1.0 / analytic_gaussian_sigma(privacy.eps, privacy.delta, 1.0)
@@ -377,7 +377,7 @@ def composed_sums(privacy, releases_per_user: int | None = None, composition: st
     ``privacy.noise_correlation``: ``dppo.privacy.correlated``; ``PoissonComposedSums`` with ``privacy.multi_pass``,
     from the ``sampler``'s rate and population, calibrated over ``rounds``), or ``ClippedSums`` if eps is null."""
     if composition not in COMPOSITIONS:
-        raise ConfigError(f"algo.composition must be one of {COMPOSITIONS}, got {composition!r}")
+        raise ConfigError(f"algo.accountant must be one of {COMPOSITIONS}, got {composition!r}")
     _check_parts(releases_per_user, parts)
     if not privacy.private:
         return ClippedSums()

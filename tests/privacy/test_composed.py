@@ -153,7 +153,7 @@ def test_twin_is_the_same_clipped_sum_without_noise_and_records_nothing():
 def test_multi_pass_and_bad_settings_are_refused():
     with pytest.raises(ConfigError, match="one-pass"):
         ComposedGaussianSums(PrivacyContext(1.0, 1e-5, multi_pass=True, population_size=10), 2)
-    with pytest.raises(ConfigError, match="composition"):
+    with pytest.raises(ConfigError, match="accountant"):
         composed_sums(_ctx(), 2, composition="advanced")
     with pytest.raises(ConfigError, match=">= 1"):
         composed_noise_multiplier(1.0, 1e-5, 0)

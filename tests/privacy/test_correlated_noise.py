@@ -165,7 +165,7 @@ def test_refusals_are_one_line_config_errors():
     with pytest.raises(ConfigError, match="bands"):
         CorrelatedNoise("banded", 0)
     privacy.noise_correlation = CorrelatedNoise("banded", 2)
-    with pytest.raises(ConfigError, match="composition=gdp"):
+    with pytest.raises(ConfigError, match="accountant=gdp"):
         composed_sums(privacy, composition="rdp", parts={"actor": (2, 0.5), "critic": (2, 0.5)})
     assert type(composed_sums(PrivacyContext(1.0, 1e-5), parts={"a": (2, 1.0)})) is ComposedGaussianSums
 
