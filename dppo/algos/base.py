@@ -48,6 +48,24 @@ class Learner:
     space_defaults: dict | None = None
     # the releases compose over the run (the accountant composes them; more rounds or episodes spend more)
     uses_composition: bool = False
+    # the learner's names, (non-private, private): algo=<name> picks it
+    names: tuple = ()
+
+    @classmethod
+    def accountant_name(cls, privacy_cfg, algo_cfg: dict | None = None) -> str:
+        """The accountant a run gets with ``privacy.accountant`` null: parallel composition of one-pass rounds,
+        Opacus' RDP for multi-pass ones; a learner whose releases need another says so."""
+        return "rdp" if privacy_cfg.multi_pass else "parallel"
+
+    @classmethod
+    def releases_pure_dp(cls, cfg) -> bool:
+        """Whether every release is pure eps-DP (delta = 0) under this config (default: Gaussian releases)."""
+        return False
+
+    @classmethod
+    def releases_carry_rho(cls, cfg) -> bool:
+        """Whether the ledger entries carry their zCDP rho (the Gaussian continual counters')."""
+        return False
 
     @property
     def planned_length(self) -> int:

@@ -113,7 +113,7 @@ class _GFABase(torch.nn.Module, Learner):
         return True                # exponential-mechanism releases only
 
     @classmethod
-    def accountant_name(cls, privacy_cfg) -> str:
+    def accountant_name(cls, privacy_cfg, algo_cfg: dict | None = None) -> str:
         """The default accountant of the M releases (``privacy.accountant`` null): ``advanced``, or ``zcdp`` where
         the deprecated ``privacy.composition`` says so."""
         comp = getattr(privacy_cfg, "composition", None) or "advanced"

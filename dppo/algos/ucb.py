@@ -406,7 +406,7 @@ class UBEV(TabularUCB):
         self._planner = None                  # the CPU planner's work arrays (made at the first plan)
 
     @classmethod
-    def accountant_name(cls, privacy_cfg) -> str:
+    def accountant_name(cls, privacy_cfg, algo_cfg: dict | None = None) -> str:
         return "basic"
 
     def _log_term(self) -> float:

@@ -2,7 +2,6 @@
 accountant or composition that cannot account the learner's releases."""
 from __future__ import annotations
 
-import inspect
 
 from hydra.utils import get_class
 from omegaconf import OmegaConf
@@ -41,11 +40,11 @@ def correlated_noise(cfg, cls) -> CorrelatedNoise:
     if p.noise_correlation not in CORRELATIONS:
         raise ConfigError(f"privacy.noise_correlation must be one of {', '.join(CORRELATIONS)}, got "
                           f"{p.noise_correlation!r}")
-    if not {"dp_pg", "dp_ppo"} & set(getattr(cls, "names", ())):
+    if not {"dp_pg", "dp_ppo"} & set(cls.names):
         raise ConfigError(f"privacy.noise_correlation applies to algo=dp_pg and algo=dp_ppo; {cls.__name__} releases "
                           f"otherwise: set privacy.noise_correlation=none")
-    algo, defaults = to_container(cfg.algo), inspect.signature(cls).parameters
-    value = lambda k: algo.get(k, defaults[k].default if k in defaults else None)  # noqa: E731
+    algo, defaults = to_container(cfg.algo), cls.defaults()
+    value = lambda k: algo.get(k, defaults.get(k))  # noqa: E731
     momentum = float(value("momentum") or 0.0) if value("optimizer") == "sgd" else 0.0
     rounds = OmegaConf.select(cfg, "rounds", default=None)
     return CorrelatedNoise(p.noise_correlation, int(p.bands), momentum=momentum,
@@ -53,13 +52,8 @@ def correlated_noise(cfg, cls) -> CorrelatedNoise:
 
 
 def _default_accountant(cls, cfg) -> str:
-    """The learner's own accountant choice (``accountant_name(privacy_cfg[, algo_cfg])``), else rdp/parallel."""
-    fn = getattr(cls, "accountant_name", None)
-    if fn is None:
-        return "rdp" if cfg.privacy.multi_pass else "parallel"
-    if len(inspect.signature(fn).parameters) >= 2:
-        return fn(cfg.privacy, to_container(cfg.algo))
-    return fn(cfg.privacy)
+    """The learner's own accountant choice (``Learner.accountant_name``: parallel / rdp unless it says otherwise)."""
+    return cls.accountant_name(cfg.privacy, to_container(cfg.algo))
 
 
 def check_accountant(cfg, cls, name: str) -> None:
@@ -75,7 +69,7 @@ def check_accountant(cfg, cls, name: str) -> None:
     if p.multi_pass and pure:
         raise ConfigError(f"privacy.multi_pass=true: Opacus' RDP/PRV accounting composes Poisson-subsampled "
                           f"Gaussian releases, and {cls.__name__} makes pure-DP releases; use one-pass training")
-    carries_rho = bool(getattr(cls, "releases_carry_rho", lambda c: False)(cfg))   # Gaussian releases with their zCDP rho
+    carries_rho = bool(cls.releases_carry_rho(cfg))   # Gaussian releases with their zCDP rho
     if name in ("advanced", "zcdp") and not pure and not (name == "zcdp" and carries_rho):
         raise ConfigError(f"privacy.accountant={name} composes pure-DP (delta=0) releases only, and "
                           f"{cls.__name__} makes (eps, delta) Gaussian releases; use privacy.accountant=parallel "
@@ -84,7 +78,7 @@ def check_accountant(cfg, cls, name: str) -> None:
         raise ConfigError(f"privacy.accountant=gdp composes the Gaussian continual counters' releases only, and "
                           f"{cls.__name__} (with this config) makes other releases; use privacy.accountant=null "
                           f"(the learner's default)")
-    uses_composition = getattr(cls, "uses_composition", False)
+    uses_composition = cls.uses_composition
     # privacy.composition: the deprecated name of GFA's privacy.accountant ('advanced', its old default, in the
     # configs of runs saved before, is GFA's default and means nothing to another learner)
     legacy = p.composition if p.composition not in (None, "advanced") else None
@@ -112,12 +106,10 @@ def check_accountant(cfg, cls, name: str) -> None:
 
 def _releases_pure_dp(cfg, cls) -> bool:
     """Whether every release of the learner is pure eps-DP (delta = 0): a learner says so itself
-    (``releases_pure_dp``); an oracle-based learner is pure with the exponential-mechanism oracle."""
-    if hasattr(cls, "releases_pure_dp"):
-        return bool(cls.releases_pure_dp(cfg))
-    if "oracle" in inspect.signature(cls.__init__).parameters and cfg.oracle is not None:
-        return getattr(get_class(cfg.oracle._target_), "name", None) == "exp_mech"
-    return False
+    (``Learner.releases_pure_dp``); an oracle-based learner is pure with the exponential-mechanism oracle."""
+    if "oracle" in cls.needs and cfg.oracle is not None:
+        return getattr(get_class(cfg.oracle._target_), "name", None) == "exp_mech"   # a user oracle may have no name
+    return bool(cls.releases_pure_dp(cfg))
 
 
 def build_sampler(cfg, noise=None):
