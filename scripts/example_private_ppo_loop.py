@@ -145,7 +145,7 @@ def main(args: Args) -> dict:
         print(f"round {round_idx}: (eps, delta) spent {spent} (accountant); diag/return {returns_seen[-1]:.1f} "
               "(the round's users' mean return: a raw statistic, not covered by the guarantee)")
     out = {"ledger": privacy.ledger.entries, "spent": list(privacy.spent()) if privacy.private else None,
-           "diag_returns": returns_seen, "seeded_noise": args.seeded_noise}
+           "seeded_noise": args.seeded_noise}   # released and public only: the raw returns stay on the console
     if args.ledger:
         with open(args.ledger, "w") as f:
             json.dump(out, f, indent=1)
