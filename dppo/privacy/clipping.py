@@ -159,7 +159,7 @@ class PoissonGaussianSumPrivatizer(ClippedSumRelease):
         C = self.max_grad_norm
         sigma = self.noise_multiplier * C
         noise = self.privacy.noise.gaussian(total.shape, sigma)
-        self.privacy.release(self.mechanism, round=round_idx, users=int(norms.shape[0]), eps=None, delta=None,
+        self.privacy.release(self.mechanism, round=round_idx, users=round(self.expected_users), eps=None, delta=None,
                              sigma=sigma, noise_multiplier=self.noise_multiplier, sample_rate=self.sample_rate,
                              sensitivity=C, adjacency="add_remove", dim=int(total.shape[0]), clip=C)
         stats = {"privacy/noise_multiplier": self.noise_multiplier,

@@ -327,8 +327,9 @@ class PoissonComposedSums(ComposedGaussianSums):
         self._round, self._users, self._count = int(round_idx), frozenset(users), Counter()
         parts = {str(p): {"releases_per_user": kp, "share": w, "noise_multiplier": self.multipliers[p]}
                  for p, (kp, w) in self.parts.items()}
-        return self.privacy.release(self.mechanism, round=int(round_idx), users=len(users), eps=None, delta=None,
-                                    adjacency="add_remove", noise_multiplier=self.noise_multiplier,
+        # users: the expected count q N (public); the realised size of a Poisson sample is not (add/remove)
+        return self.privacy.release(self.mechanism, round=int(round_idx), users=round(self.expected_users), eps=None,
+                                    delta=None, adjacency="add_remove", noise_multiplier=self.noise_multiplier,
                                     sample_rate=self.sample_rate, releases_per_user=self.releases_per_user,
                                     gdp_mu=self.gdp_mu, clips=clips, sigmas=[z * c for z, c in zip(zs, clips)],
                                     parts=parts)

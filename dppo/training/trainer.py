@@ -387,6 +387,8 @@ class Trainer:
                 self.save_checkpoint()
                 raise
             self.round = r + 1
+            if getattr(self.sampler, "multi_pass", False):
+                metrics = self.expected_counts(metrics)
             self.steps.update(metrics, self.learner)
             metrics.setdefault("privacy/epsilon", self.privacy.spent()[0])
             if "diag/return" in metrics:
@@ -400,6 +402,18 @@ class Trainer:
         self.callbacks.on_train_end(self)
         return summary
 
+    def expected_counts(self, metrics: dict) -> dict:
+        """A multi-pass round draws a Poisson sample, whose size depends on who is in the population (add/remove
+        adjacency): the released counts are the expected ones (q N users, q N G episodes, public), the realised
+        ones raw diagnostics (``diag/users``, ``diag/episodes``)."""
+        out = dict(metrics)
+        expected = self.sampler.sample_rate * self.sampler.population_size
+        for key, per_user in (("users", 1), ("episodes", self.learner.summary().get("group_size") or 1)):
+            if f"rollout/{key}" in out:
+                out[f"diag/{key}"] = out.pop(f"rollout/{key}")
+                out[f"rollout/{key}"] = expected * per_user
+        return out
+
     def write_summary(self, final: bool = False) -> dict:
         """``summary.json``: a file safe to share (released and public quantities only, plus the ``diag``
         section of raw statistics, present only with ``logger.diagnostics=true``)."""
@@ -407,13 +421,16 @@ class Trainer:
         private = self.privacy.private
         entries = self.privacy.ledger.entries
         adjacencies = sorted({e.get("adjacency") for e in entries if e.get("adjacency")})
+        # multi-pass: the users a Poisson sample drew are counted in the diag section only (expected_counts)
+        multi_pass = bool(getattr(self.sampler, "multi_pass", False))
+        realised_private = self.sampler is None or multi_pass
         summary = {**self.meta, "eps": self.privacy.eps, "delta": self.privacy.delta,
                    "epsilon_spent": eps_spent, "delta_spent": delta_spent, "accountant": self.privacy.accountant.name,
                    "adjacency": ("/".join(adjacencies) if adjacencies else self.privacy.adjacency) if private else None,
                    "noise_source": self.privacy.noise.label if private else None,
                    "rounds_done": self.round,
-                   "users_seen": None if self.sampler is None else len(self.sampler.used),
-                   "users_burned": None if self.sampler is None else len(getattr(self.sampler, "burned", ())),
+                   "users_seen": None if realised_private else len(self.sampler.used),
+                   "users_burned": None if realised_private else len(getattr(self.sampler, "burned", ())),
                    "releases_lost": sum(1 for e in entries if e.get("lost")),
                    "final_return": None, "stop_reason": self.stop_reason,
                    "complete": final, **self.learner.summary(),
@@ -427,6 +444,9 @@ class Trainer:
             # timing depends on the users' episode lengths: like every raw statistic, only with diagnostics on
             summary["wall_time_s"] = round(self.wall_time(), 3)
             summary["diag"] = {"best_round_return": _finite(self.best_round_return)}
+            if multi_pass:
+                summary["diag"]["users_seen"] = len(self.sampler.used)
+                summary["diag"]["users_burned"] = len(getattr(self.sampler, "burned", ()))
         if final and self.eval_episodes > 0:
             summary["final_return"] = float(self.learner.evaluate(self.eval_episodes, self.eval_greedy))
         # env steps: the public rollouts' (evaluation, public Fisher states) are public; the users' are a raw
