@@ -56,6 +56,8 @@ class TranscriptScore:
     """Wraps the learner's release mechanism: passes every call through, and adds to ``score`` the
     log-likelihood ratio (D against D') of each release that contains the canary."""
 
+    fused = False   # the score reads every user's rows: the learner then passes them to release_sum (not fused)
+
     def __init__(self, inner, learner, canary: int, targets_D: dict, targets_Dp: dict):
         self.inner, self.learner, self.canary = inner, learner, int(canary)
         self.targets = (targets_D, targets_Dp)
@@ -87,9 +89,14 @@ class TranscriptScore:
 
 
 def build_round(eps: float, delta: float, *, users: int = 2, group_size: int = 1, epochs: int = 2,
-                minibatches: int = 2, clip: float = 1e-3, seed: int = 0, noise=None, actor_share: float = 0.5):
+                minibatches: int = 2, clip: float = 1e-3, seed: int = 0, noise=None, actor_share: float = 0.5,
+                privacy=None, sampler=None, rounds: int = 10 ** 9):
     """A DP-PPO learner, one collected CartPole round of users 0..users-1 (user 0 the canary) and its two
-    neighbours (batches D, D')."""
+    neighbours (batches D, D').
+
+    ``privacy``, ``sampler``, ``rounds``: the learner's context, user sampler and planned rounds (default: a
+    one-pass context of ``eps``, ``delta``, ``noise`` and a ``OnePassUserSampler``; the multi-pass audit passes
+    its own)."""
     from dppo.algos.ppo import PPO
     from dppo.data.sampler import OnePassUserSampler
     from dppo.envs.gym_env import GymEnvFactory
@@ -99,8 +106,10 @@ def build_round(eps: float, delta: float, *, users: int = 2, group_size: int = 1
     torch.manual_seed(seed)
     env = GymEnvFactory("CartPole-v1", horizon=12)
     policy = MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
-    privacy = PrivacyContext(eps, delta, noise=noise if noise is not None else NoiseSource(seed))
-    learner = PPO(policy, env, privacy, OnePassUserSampler(users, seed=seed), seed=seed, rounds=10 ** 9,
+    if privacy is None:
+        privacy = PrivacyContext(eps, delta, noise=noise if noise is not None else NoiseSource(seed))
+    sampler = sampler if sampler is not None else OnePassUserSampler(users, seed=seed)
+    learner = PPO(policy, env, privacy, sampler, seed=seed, rounds=rounds,
                   max_grad_norm=clip, critic_max_grad_norm=clip, group_size=group_size, epochs=epochs,
                   minibatches=minibatches, ent_coef=0.01, lr=0.05, critic_hidden_sizes=(4,), reward_bound=1.0,
                   actor_share=actor_share)

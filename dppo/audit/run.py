@@ -41,6 +41,7 @@ def suite() -> list[AuditSpec]:
     from dppo.audit.gfa import audit_gfa
     from dppo.audit.gfa_tabular import audit_gfa_tabular
     from dppo.audit.multi_pass import audit_multi_pass_dp_pg
+    from dppo.audit.multi_pass_ppo import audit_multi_pass_dp_ppo
     from dppo.audit.oracle_rounds import audit_oracle_round
     from dppo.audit.oracles import audit_dp_gd, audit_exp_mech, audit_ssp
     from dppo.audit.gaussian_counter import audit_gaussian_counter
@@ -75,7 +76,11 @@ def suite() -> list[AuditSpec]:
                   kwargs={"actor_share": 0.85}),
         AuditSpec("correlated_noise", audit_correlated_noise, 1_000_000, 200_000, gaussian=True),
         AuditSpec("correlated_noise_E6", audit_correlated_noise, 1_000_000, 200_000, gaussian=True,
-                  kwargs={"participations": 6}),   # last: the rows above keep their seeds
+                  kwargs={"participations": 6}),
+        AuditSpec("multi_pass_dp_ppo", audit_multi_pass_dp_ppo, 2_000_000, 100_000, gaussian=True,
+                  kwargs={"accountant": "rdp"}),
+        AuditSpec("multi_pass_dp_ppo_prv", audit_multi_pass_dp_ppo, 2_000_000, 100_000, gaussian=True,
+                  kwargs={"accountant": "prv"}),   # last: the rows above keep their seeds
     ]
     return specs
 

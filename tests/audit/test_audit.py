@@ -232,14 +232,15 @@ def test_module_entry_rejects_an_unknown_mechanism(capsys):
 def test_full_audit_every_mechanism_within_claim_and_gaussian_power():
     rows = run_suite(fast=False)
     names = {r.mechanism.split(" ")[0] for r in rows}
-    assert {s.name for s in suite()} - {"tree_counter_float_bits", "multi_pass_dp_pg_prv",
+    assert {s.name for s in suite()} - {"tree_counter_float_bits", "multi_pass_dp_pg_prv", "multi_pass_dp_ppo_prv",
                                         "gaussian_sqrt_counter_float_bits"} <= names | {"gfa_exponential"}
-    assert {"multi_pass_dp_pg (rdp)", "multi_pass_dp_pg (prv)"} <= {r.mechanism for r in rows}
+    assert {"multi_pass_dp_pg (rdp)", "multi_pass_dp_pg (prv)", "multi_pass_dp_ppo (rdp)",
+            "multi_pass_dp_ppo (prv)"} <= {r.mechanism for r in rows}
     bad = [(r.mechanism, r.claimed_eps, r.eps_lb) for r in rows if not r.passed]
     assert not bad, f"eps_LB above the claimed eps (privacy bug): {bad}"
     checks = power_checks(rows)
     assert {m.split(" ")[0] for m, *_ in checks} == {"dp_pg_round", "dp_ppo_releases", "dp_ppo_releases_actor_share", "dp_rebel_round", "dp_npg_round", "ssp", "dp_gd",
-                                                     "multi_pass_dp_pg", "gaussian_sqrt_counter",
+                                                     "multi_pass_dp_pg", "multi_pass_dp_ppo", "gaussian_sqrt_counter",
                                                      "gaussian_tree_counter"}
     assert all(ok for *_, ok in checks), checks
 
