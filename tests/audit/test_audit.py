@@ -233,7 +233,8 @@ def test_full_audit_every_mechanism_within_claim_and_gaussian_power():
     rows = run_suite(fast=False)
     names = {r.mechanism.split(" ")[0] for r in rows}
     assert {s.name for s in suite()} - {"tree_counter_float_bits", "multi_pass_dp_pg_prv", "multi_pass_dp_ppo_prv",
-                                        "gaussian_sqrt_counter_float_bits"} <= names | {"gfa_exponential"}
+                                        "gaussian_sqrt_counter_float_bits", "correlated_noise",
+                                        "correlated_noise_E6"} <= names | {"gfa_exponential"}
     assert {"multi_pass_dp_pg (rdp)", "multi_pass_dp_pg (prv)", "multi_pass_dp_ppo (rdp)",
             "multi_pass_dp_ppo (prv)"} <= {r.mechanism for r in rows}
     bad = [(r.mechanism, r.claimed_eps, r.eps_lb) for r in rows if not r.passed]
@@ -241,7 +242,8 @@ def test_full_audit_every_mechanism_within_claim_and_gaussian_power():
     checks = power_checks(rows)
     assert {m.split(" ")[0] for m, *_ in checks} == {"dp_pg_round", "dp_ppo_releases", "dp_ppo_releases_actor_share", "dp_rebel_round", "dp_npg_round", "ssp", "dp_gd",
                                                      "multi_pass_dp_pg", "multi_pass_dp_ppo", "gaussian_sqrt_counter",
-                                                     "gaussian_tree_counter"}
+                                                     "gaussian_tree_counter", "correlated_noise_banded_b4_E1",
+                                                     "correlated_noise_banded_b4_E6"}
     assert all(ok for *_, ok in checks), checks
 
 
