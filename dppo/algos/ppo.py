@@ -22,7 +22,11 @@ One round, read top to bottom in ``update`` (CleanRL's ``ppo.py`` with the user 
 
 Per-user gradients come from the one per-user-gradient engine (``dppo.policies.per_user_grads``: the actor's
 through its parameter space's ``gradients``, the critic's directly): it differentiates sum_r w_r f(x_r) per
-user, and every term above is of that form. The surrogate's gradient is
+user, and every term above is of that form. Each clipped sum is formed by the engine's fused path (``fused``:
+the users' norms and the sum of their clipped gradients, never the (b, P) rows; the space's
+``clipped_rows_sum`` for the actor) with the release's clipping factors, unless the release gathers rows across
+processes or the actor's space is projected; then from the materialised rows, clipped by the release. The two
+are equal to float32 rounding. The surrogate's gradient is
 sum_t w_t grad log pi(a_t|s_t) with w_t = rho_t A_t [not clipped] / n_u (clipped terms have zero gradient);
 the entropy's, exactly, sum_a -pi(a|s) log pi(a|s) grad log pi(a|s) (one row per action) for a softmax
 policy, and 1/2 [grad log pi(mu + sqrt2 sigma | s) + grad log pi(mu - sqrt2 sigma | s)] = sum_k grad log sigma_k(s)
@@ -49,7 +53,7 @@ from dppo.data import streams
 from dppo.envs.rollout import EpisodeCollector
 from dppo.errors import ConfigError
 from dppo.policies.critic import ValueMLP
-from dppo.policies.per_user_grads import per_user_gradients
+from dppo.policies.per_user_grads import clipped_gradient_sum, per_user_gradients
 from dppo.policies.spaces import finite_or_fail, make_space
 from dppo.privacy.composed import composed_sums
 
@@ -141,6 +145,9 @@ class PPO(GroupPolicyOptimizer):
             0: off). Value targets and GAE see it; evaluation returns do not.
         critic_normalize_obs: the critic sees observations scaled onto [-1, 1] by the public bounds (as
             ``policy.normalize_obs`` does for the actor).
+        fused: form each clipped sum without the users' gradient rows where the release and the actor's space
+            allow (module docstring); false: always materialise the rows (the reference path: the same sums to
+            float32 rounding, more memory and time).
     """
 
     names = ("ppo", "dp_ppo")
@@ -163,7 +170,7 @@ class PPO(GroupPolicyOptimizer):
                  action_noise_corr: float = 0.0, user_horizon: int | None = None, optimizer: str = "adam",
                  momentum: float = 0.9, accountant: str = "gdp", explore_bonus: float = 0.0,
                  critic_normalize_obs: bool = False, actor_share: float = 0.5, average_last: int = 0,
-                 init_critic: dict | None = None, composition: str | None = None):
+                 init_critic: dict | None = None, composition: str | None = None, fused: bool = True):
         self.check_env(env)
         if composition is not None:   # the deprecated name of accountant
             if accountant not in ("gdp", composition):
@@ -206,6 +213,7 @@ class PPO(GroupPolicyOptimizer):
                 raise ConfigError(f"algo.minibatches={minibatches} exceeds users_per_round={users_per_round}: "
                                   f"every minibatch needs at least one user")
         self.gae_lambda, self.epochs, self.minibatches = float(gae_lambda), int(epochs), int(minibatches)
+        self.fused = bool(fused)
         self.clip_range, self.ent_coef, self.adv_norm = float(clip_range), float(ent_coef), adv_norm
         self.clip, self.critic_clip = float(max_grad_norm), float(critic_max_grad_norm or max_grad_norm)
         if value_scale == "auto":
@@ -257,14 +265,11 @@ class PPO(GroupPolicyOptimizer):
             for mb in epoch:
                 ours = mb[(mb >= lo) & (mb < lo + m)] - lo   # the minibatch's users in this batch
                 ids = [users[int(i)] for i in ours]
-                g_actor, g_critic, ratio = self.minibatch_blocks(t, ours)
-                d_actor, s_a = self.release.release_sum(g_actor, ids, self.clip, part="actor")
-                d_critic, s_c = self.release.release_sum(g_critic, ids, self.critic_clip, part="critic")
+                d_actor, d_critic, diag = self.release_minibatch(t, ours, ids)
                 n = self.release.batch_size(len(mb))   # the count, or a multi-pass release's expected count
                 self.step(d_actor / n, d_critic / n, n)
-                sums["diag/clip_fraction"] += s_a["diag/clip_fraction"]
-                sums["diag/critic_clip_fraction"] += s_c["diag/clip_fraction"]
-                sums["diag/ratio_clip_fraction"] += ratio()
+                for k, v in diag.items():
+                    sums[k] += v
                 steps += 1
         self.average_tail(round_idx)
         stats = {**{k: v / steps for k, v in sums.items()},
@@ -305,6 +310,43 @@ class PPO(GroupPolicyOptimizer):
                 "A": normalize_per_user(A, mask, batch.users, self.adv_norm), "logp_old": logp_old,
                 "steps_per_user": batch.grouped(batch.lengths).sum(1).double().clamp_min(1),  # n_u: means
                 "group_size": batch.group_size}
+
+    def release_minibatch(self, t: dict, mb: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, dict]:
+        """The released sums of the actor's and the critic's clipped per-user gradients over the users at
+        positions ``mb`` (ids ``ids``), at the current parameters, and the step's raw clip fractions. Fused
+        (``fused_sums``: the release's clipping factors, ``release_clipped_sum``) where the learner, the release
+        and the actor's space allow, else from the rows (``minibatch_blocks``, clipped by ``release_sum``)."""
+        rel = self.release
+        fused = self.fused_sums(t, mb) if self.fused and rel.fused and len(mb) else None
+        if fused is None:
+            g_actor, g_critic, ratio = self.minibatch_blocks(t, mb)
+            d_actor, s_a = rel.release_sum(g_actor, ids, self.clip, part="actor")
+            d_critic, s_c = rel.release_sum(g_critic, ids, self.critic_clip, part="critic")
+            frac = ratio()
+        else:
+            (actor, actor_norms, frac), (critic, critic_norms) = fused
+            d_actor, s_a = rel.release_clipped_sum(actor, actor_norms, ids, self.clip, part="actor")
+            d_critic, s_c = rel.release_clipped_sum(critic, critic_norms, ids, self.critic_clip, part="critic")
+        return d_actor, d_critic, {"diag/clip_fraction": s_a["diag/clip_fraction"],
+                                   "diag/critic_clip_fraction": s_c["diag/clip_fraction"],
+                                   "diag/ratio_clip_fraction": frac}
+
+    def fused_sums(self, t: dict, mb: torch.Tensor) -> tuple | None:
+        """((actor sum, actor norms, ratio clip fraction), (critic sum, critic norms)) of the users at positions
+        ``mb``: each sum_u c_u g_u with c_u the release's clipping factors of ||g_u|| (``Release.clip_scale``,
+        with its fused margin: every user's term has norm <= C), formed by the engine without the (b, P) rows;
+        None when the actor's space has no such path (a projection)."""
+        (o, a), w, user, frac = self.actor_rows(*self._actor_inputs(t, mb))
+        actor = self.space.clipped_rows_sum((o, a), w, user, lambda n: self.release.clip_scale(n, self.clip),
+                                            num_users=len(mb))
+        if actor is None:
+            return None
+        inputs, w, user = self.critic_rows(*self._critic_inputs(t, mb))
+        critic = clipped_gradient_sum(self.critic, inputs, w, lambda n: self.release.clip_scale(n, self.critic_clip),
+                                      user, num_users=len(mb))
+        actor = tuple(finite_or_fail(x, "the PPO actor gradient") for x in actor)
+        critic = tuple(finite_or_fail(x, "the PPO critic gradient") for x in critic)
+        return (*actor, frac), critic
 
     def minibatch_blocks(self, t: dict, mb: torch.Tensor):
         """(actor rows, critic rows, ratio()) of ``mb``: its ``minibatch_gradients``, or, when its users x
@@ -361,6 +403,13 @@ class PPO(GroupPolicyOptimizer):
 
     def actor_gradients(self, obs, actions, mask, A, logp_old, n_u, G) -> tuple[torch.Tensor, float]:
         """(b, P) per-user gradients of J_u (module docstring), and the fraction of steps whose ratio is clipped."""
+        inputs, w, user, frac = self.actor_rows(obs, actions, mask, A, logp_old, n_u, G)
+        g = finite_or_fail(self.space.gradients(inputs, w, user, num_users=len(n_u)), "the PPO actor gradient")
+        return g, frac
+
+    def actor_rows(self, obs, actions, mask, A, logp_old, n_u, G) -> tuple[tuple, torch.Tensor, torch.Tensor, float]:
+        """The engine's rows of J_u: ((obs, action), weight w, user), the weighted score sum of user u's rows its
+        gradient (module docstring), grouped by user; and the fraction of steps whose ratio is clipped."""
         b = len(n_u)
         keep = mask.reshape(-1)
         o, a = obs.flatten(0, 1)[keep], actions.flatten(0, 1)[keep]
@@ -376,8 +425,7 @@ class PPO(GroupPolicyOptimizer):
             o, a, w, user = torch.cat([o, eo]), torch.cat([a, ea]), torch.cat([w, ew]), torch.cat([user, eu])
             order = torch.argsort(user, stable=True)  # rows grouped by user
             o, a, w, user = o[order], a[order], w[order], user[order]
-        g = finite_or_fail(self.space.gradients((o, a), w, user, num_users=b), "the PPO actor gradient")
-        return g, float(clipped.double().mean())
+        return (o, a), w, user, float(clipped.double().mean())
 
     @torch.no_grad()
     def entropy_rows(self, obs, user, scale):
@@ -396,6 +444,13 @@ class PPO(GroupPolicyOptimizer):
 
     def critic_gradients(self, obs, mask, returns, n_u, G) -> torch.Tensor:
         """(b, P_critic) per-user gradients of -L_u (ascent direction)."""
+        inputs, w, user = self.critic_rows(obs, mask, returns, n_u, G)
+        g = per_user_gradients(self.critic, inputs, w, user, num_users=len(n_u)).double()
+        return finite_or_fail(g, "the PPO critic gradient")
+
+    def critic_rows(self, obs, mask, returns, n_u, G) -> tuple[tuple, torch.Tensor, torch.Tensor]:
+        """The engine's rows of -L_u: ((obs,), w, user), w_t = (R_t / c - V(s_t) / c) / n_u (the critic's forward
+        is V / c), so that sum_t w_t grad (V(s_t) / c) = -grad L_u."""
         b = len(n_u)
         keep = mask.reshape(-1)
         o = obs.flatten(0, 1)[keep]
@@ -403,9 +458,7 @@ class PPO(GroupPolicyOptimizer):
         c = self.value_scale
         with torch.no_grad():
             v = self.critic.value(o).double()
-        w = (returns.reshape(-1)[keep] / c - v) / n_u[user]
-        g = per_user_gradients(self.critic, (o,), w, user, num_users=b).double()
-        return finite_or_fail(g, "the PPO critic gradient")
+        return (o,), (returns.reshape(-1)[keep] / c - v) / n_u[user], user
 
     def step(self, d_actor: torch.Tensor, d_critic: torch.Tensor, users: int) -> None:
         """One optimizer step each: the space ascends J along ``d_actor``; the critic descends L along

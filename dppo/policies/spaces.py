@@ -11,8 +11,10 @@ A learner (``dppo.algos``) never reads or writes a policy's parameters itself. I
 * ``gradients(inputs, weights, objective=...)``: per-user gradients of any per-row objective (a clipped
   surrogate plus a value loss, ...), through the one engine ``dppo.policies.per_user_grads``;
 * ``clipped_user_sum(batch, weights, scale)``: sum_i scale(||g_i||)_i g_i of those rows and their norms, without
-  forming the (m, dim) matrix (``dppo.policies.clipped_sum``; None where a space cannot: a projected space,
-  the head's closed form): what DP-PG releases, at about the cost of one backward;
+  forming the (m, dim) matrix (``dppo.policies.per_user_grads.fused``; None where a space cannot: a projected
+  space, the head's closed form): what DP-PG releases, at about the cost of one backward;
+* ``clipped_rows_sum(inputs, weights, user_index, scale)``: the same for the per-user gradients of any weighted
+  score rows (what ``gradients`` returns, clipped and summed without being formed): what DP-PPO's actor releases;
 * ``step(delta)`` / ``ascend(delta, optimizer)``: theta <- theta + P delta, or one optimizer step along it.
 
 Implementations (``make_space``; ``policy.subspace``, ``policy.dim``):
@@ -168,6 +170,18 @@ class ParameterSpace:
         g = per_user_gradients(self.policy, inputs, weights, user_index, objective=objective, num_users=num_users)
         return self._project(g.double())
 
+    def clipped_rows_sum(self, inputs: tuple, weights: torch.Tensor, user_index: torch.Tensor, scale, *,
+                         objective=None, num_users: int | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(sum_u scale(n)_u g_u (dim,) float64, n = ||g_u|| (m,) float64) for the rows g_u of ``gradients`` (same
+        arguments), without forming them (the engine's ``clipped_gradient_sum``); None when this space has no such
+        path (a projected space, the head's closed form: then clip the rows of ``gradients``). ``scale``: the
+        release's clipping factors (``dppo.privacy.release.Release.clip_scale``)."""
+        if self.projection is not None:
+            return None
+        return clipped_gradient_sum(self.policy, inputs, weights, scale, user_index, objective=objective,
+                                    num_users=num_users)
+
     # ---- the update ----------------------------------------------------------------------------------
     def to_params(self, delta: torch.Tensor) -> list[torch.Tensor]:
         """The parameter change (P) delta, one tensor per trainable parameter (zeros outside the space)."""
@@ -245,6 +259,9 @@ class HeadSubspace(ParameterSpace):
     def gradients(self, inputs, weights, user_index=None, *, objective=None, num_users=None):
         raise ConfigError("policy.subspace=head gives the policy-gradient and NPG scores in closed form only; "
                           "use policy.subspace=full for another objective")
+
+    def clipped_rows_sum(self, inputs, weights, user_index, scale, *, objective=None, num_users=None):
+        return None   # no per-user gradients of another objective here (``gradients``)
 
     def to_params(self, delta: torch.Tensor) -> list[torch.Tensor]:
         flat = delta.double() if self.projection is None else self.projection @ delta.double()

@@ -175,17 +175,25 @@ def test_a_users_per_user_gradients_do_not_depend_on_the_other_users_of_its_mini
     torch.testing.assert_close(out[0][1], out[1][1], rtol=1e-5, atol=1e-8)
 
 
-def test_a_private_round_records_one_composed_release_and_every_user_is_in_one_minibatch_per_epoch():
-    L = _learner(eps=3.0, users=6, epochs=3, minibatches=2)
-    seen = []
-    real = L.release.release_sum
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_private_round_records_one_composed_release_and_every_user_is_in_one_minibatch_per_epoch(fused):
+    """Fused: every sum reaches the release as a clipped total (``release_clipped_sum``); not fused: as rows."""
+    L = _learner(eps=3.0, users=6, epochs=3, minibatches=2, fused=fused)
+    seen, other = [], []
+    rows, totals = L.release.release_sum, L.release.release_clipped_sum
 
-    def spy(per_user, users, clip, part=None):
-        seen.append((tuple(users), clip))
-        return real(per_user, users, clip, part=part)
+    def spy_rows(per_user, users, clip, part=None):
+        (other if fused else seen).append((tuple(users), clip))
+        return rows(per_user, users, clip, part=part)
 
-    L.release.release_sum = spy
+    def spy_totals(total, norms, users, clip, part=None):
+        (seen if fused else other).append((tuple(users), clip))
+        assert len(norms) == len(users)
+        return totals(total, norms, users, clip, part=part)
+
+    L.release.release_sum, L.release.release_clipped_sum = spy_rows, spy_totals
     stats = L.train_round(0)
+    assert not other
     entries = L.privacy.ledger.entries
     assert len(entries) == 1 and entries[0]["releases_per_user"] == 6 and entries[0]["users"] == 6
     assert L.privacy.spent()[0] == pytest.approx(3.0)
