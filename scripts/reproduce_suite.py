@@ -7,8 +7,8 @@ MountainCar-v0, in one script.
                                                         # report always shows every run cached on disk
 
 dppo rows: ``python train.py +experiment=<env>_<algo> eps=<eps> seed=<seed>`` where the env has a tuned
-``conf/experiment`` file (``<env>_ppo`` / ``<env>_dp_ppo`` for the PPO family; the NPG/PG families' existing
-files for CartPole, Acrobot and Pendulum), else the algorithm's defaults with ``env.id=<id>``; each private
+``conf/experiment`` file (``<env>_ppo`` / ``<env>_dp_ppo`` for the PPO family, ``<env>_<algo>_eps<eps>`` where one
+budget has its own tuning; the NPG/PG families' existing files for CartPole, Acrobot and Pendulum), else the algorithm's defaults with ``env.id=<id>``; each private
 learner at eps 5 and eps 1, delta 1e-5, seeded noise (``privacy.secure_rng=false``: the table reproduces).
 SB3 rows (``pip install -e ".[bench]"``; imported only here): PPO with rl-baselines3-zoo's published
 hyper-parameters and budget for each env, and SAC (zoo) on Pendulum; the SB3 learner's env steps are all
@@ -31,8 +31,9 @@ report sees is also kept as a record (final return, users' env steps, eps, wall 
 stamped with the fingerprint of what defines the run (the composed dppo config without its seed, or the
 SB3 spec). A code change under a row is not in its fingerprint: rerun that row (delete its records, or
 ``--fresh``). The report takes each seed from disk if the run is there, else from a
-record whose fingerprint still matches (a changed experiment file or default drops its records, which
-the report says, as it does for a run on disk whose saved config differs from the row's); rows with neither
+record whose fingerprint still matches (a changed experiment file or default sets its records aside, kept in
+the file but unused until the row is rerun, which the report says, as it does for a run on disk whose saved
+config differs from the row's); rows with neither
 keep their line from the previous ``suite.md``, marked as carried.
 ``--fresh`` ignores records and carried lines: the table is then exactly the runs on disk (from an empty
 ``--out``: a regeneration from scratch).
@@ -138,9 +139,17 @@ def run_dir(out: str, env: str, name: str, seed: int) -> str:
     return os.path.join(out, env, f"{name.replace(' ', '_').replace('=', '')}_s{seed}")
 
 
+def experiment_file(env: str, algo: str, eps) -> str:
+    """The row's experiment file: ``<env>_<algo>_eps<eps>`` where one is tuned for that budget, else ``<env>_<algo>``."""
+    name = f"{env}_{algo}"
+    if eps is not None and os.path.isfile(os.path.join(ROOT, "conf", "experiment", f"{name}_eps{eps:g}.yaml")):
+        return f"{name}_eps{eps:g}"
+    return name
+
+
 def dppo_overrides(env: str, algo: str, eps, files, eval_every: int, seed: int) -> list[str]:
     spec = ENVS[env]
-    base = [f"+experiment={env}_{algo}"] if env in files else [f"algo={algo}", f"env.id={spec['id']}"]
+    base = [f"+experiment={experiment_file(env, algo, eps)}"] if env in files else [f"algo={algo}", f"env.id={spec['id']}"]
     if env == "pendulum" and env not in files:
         base += ["env=pendulum", "policy=gaussian", "reward_bound=16.3"]
     extra = [] if eps is None else [f"eps={eps}"]
@@ -406,7 +415,7 @@ def public_init_note(env: str, name: str) -> str | None:
         else "actor starts"
     return (f"{label}: the {parts} from `{init}` ({pre['algo']} on the public simulator {pre['env_id']}, "
             f"{pre['env_steps']['users']:,} public env steps of its training, not in the users' env steps column); "
-            f"`conf/experiment/{env}_{algo}.yaml`.")
+            f"`conf/experiment/{experiment_file(env, algo, None if eps is None else float(eps))}.yaml`.")
 
 
 def run_fingerprint(path: str, name: str) -> str | None:
@@ -471,7 +480,7 @@ def report(args, wall: float | None) -> None:
               f"the learner trained on (for SB3: its training steps), mean over seeds. Env steps to target: the "
               f"first point of the evaluation curve ({CURVE_EPISODES} held-out episodes) at or above the target, "
               f"mean and max over seeds (k/n: seeds that reached it). delta = 1e-5, seeded noise (`privacy.secure_rng=false`). Configs: "
-              f"`conf/experiment/<env>_<algo>.yaml` where one exists, else the algorithm's defaults; SB3: "
+              f"`conf/experiment/<env>_<algo>_eps<eps>.yaml` or `<env>_<algo>.yaml` where one exists, else the algorithm's defaults; SB3: "
               f"rl-baselines3-zoo's hyper-parameters and budgets. Command: `python scripts/reproduce_suite.py "
               f"--jobs 2`.", ""]
     for env in ENVS:   # every env and row cached on disk, whatever subset this invocation ran
@@ -490,13 +499,14 @@ def report(args, wall: float | None) -> None:
                 got = run_fingerprint(run_dir(args.out, env, name, s_), name)
                 if got is not None and got != fp:
                     seeds.remove(s_)
-                    stale.append(f"{env}/{name} seed {s_} (on disk)")
+                    stale.append((f"{env}/{name} (on disk)", s_))
             runs = [load(run_dir(args.out, env, name, s)) for s in seeds]
             for s_, r in sorted(old.items()):
                 if s_ in seeds:
                     continue
-                if r["fingerprint"] != fp:
-                    stale.append(f"{env}/{name} seed {s_}")
+                if r["fingerprint"] != fp:   # kept aside (unused) until the row is rerun: no record is lost
+                    stale.append((f"{env}/{name}", s_))
+                    kept[f"{prefix}{s_}"] = r
                     continue
                 seeds.append(s_)
                 runs.append({**r, "curve": [tuple(p) for p in r["curve"]]})
@@ -542,8 +552,12 @@ def report(args, wall: float | None) -> None:
                   f"report (an earlier invocation, older code or config possible; hollow squares in suite.png, not in the curves). "
                   f"`--fresh` drops them.", ""]
     if stale:
-        lines += [f"Left out: {len(stale)} runs made with another config than their row's current one: "
-                  + ", ".join(stale) + ".", ""]
+        by_row = {}
+        for row, s_ in stale:
+            by_row.setdefault(row, []).append(s_)
+        lines += [f"Left out: {len(stale)} runs made with another config than their row's current one (records set "
+                  f"aside: kept in the records file, unused): " + "; ".join(f"{row} seeds {_seed_list(s_)}" for row, s_ in by_row.items())
+                  + ".", ""]
     write_report(args.md, "\n".join(lines))
     if records_path:
         with open(records_path, "w") as f:

@@ -83,8 +83,8 @@ def test_the_report_shows_every_cached_run_whatever_rows_envs_and_seeds_the_invo
 
 def test_records_keep_a_run_after_its_directory_is_gone_and_a_changed_config_drops_them(tmp_path):
     """Every run the report sees is kept in the records file; the next report takes the seed from there when
-    the directory is gone, with the same numbers, unless the row's fingerprint changed (then it is dropped and
-    the report names it)."""
+    the directory is gone, with the same numbers, unless the row's fingerprint changed (then it is set aside,
+    kept in the file but unused, and the report names it)."""
     import shutil
 
     mod = _module()
@@ -104,8 +104,13 @@ def test_records_keep_a_run_after_its_directory_is_gone_and_a_changed_config_dro
     mod.fingerprint = lambda env, name: "fp-2"   # the row's config changed: seed 1's record is stale
     mod.report(args, None)
     text = (tmp_path / "suite.md").read_text()
-    assert "| PPO | 1 (0) |" in line(text) and "Left out: 1 runs" in text and "cartpole/PPO seed 1" in text
-    assert set(json.loads(records.read_text())) == {"cartpole|PPO|0"}
+    assert "| PPO | 1 (0) |" in line(text) and "Left out: 1 runs" in text and "cartpole/PPO seeds 1 (1)" in text
+    saved = json.loads(records.read_text())   # set aside, not lost: still stamped with the config it was made with
+    assert set(saved) == {"cartpole|PPO|0", "cartpole|PPO|1"} and saved["cartpole|PPO|1"]["fingerprint"] == "fp-1"
+    assert saved["cartpole|PPO|0"]["fingerprint"] == "fp-2"   # seed 0 is on disk: re-stamped from its run
+    mod.fingerprint = lambda env, name: "fp-1"   # the config back as it was: the kept record counts again
+    mod.report(args, None)
+    assert "| PPO | 2 (0, 1) |" in line((tmp_path / "suite.md").read_text())
 
 
 def test_a_row_with_no_run_keeps_its_previous_line_marked_and_fresh_drops_it(tmp_path):
@@ -136,7 +141,7 @@ def test_a_run_on_disk_made_with_another_config_is_left_out_and_named(tmp_path):
     mod.fingerprint = lambda env, name: mod._hash({"algo": {"lr": 0.1}})
     mod.report(args, None)
     text = (tmp_path / "suite.md").read_text()
-    assert "| PPO | 1 (0) |" in text and "Left out: 1 runs" in text and "cartpole/PPO seed 1 (on disk)" in text
+    assert "| PPO | 1 (0) |" in text and "Left out: 1 runs" in text and "cartpole/PPO (on disk) seeds 1 (1)" in text
     fps = {}
     assert mod.up_to_date(args.out, "cartpole", "PPO", 0, fps) and not mod.up_to_date(args.out, "cartpole", "PPO", 1, fps)
 
