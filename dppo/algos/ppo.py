@@ -22,11 +22,11 @@ One round, read top to bottom in ``update`` (CleanRL's ``ppo.py`` with the user 
 
 Per-user gradients come from the one per-user-gradient engine (``dppo.policies.per_user_grads``: the actor's
 through its parameter space's ``gradients``, the critic's directly): it differentiates sum_r w_r f(x_r) per
-user, and every term above is of that form. Each clipped sum is formed by the engine's fused path (``fused``:
-the users' norms and the sum of their clipped gradients, never the (b, P) rows; the space's
-``clipped_rows_sum`` for the actor) with the release's clipping factors, unless the release gathers rows across
-processes or the actor's space is projected; then from the materialised rows, clipped by the release. The two
-are equal to float32 rounding. The surrogate's gradient is
+user, and every term above is of that form. A minibatch whose (b, P) rows would exceed ``PER_USER_MEMORY`` forms
+each clipped sum by the engine's fused path (``fused``: the users' norms and the sum of their clipped gradients,
+never the rows; the space's ``clipped_rows_sum`` for the actor) with the release's clipping factors, unless the
+release gathers rows across processes or the actor's space is projected; a smaller one materialises the rows
+(cheaper for small networks), clipped by the release. The two are equal to float32 rounding. The surrogate's gradient is
 sum_t w_t grad log pi(a_t|s_t) with w_t = rho_t A_t [not clipped] / n_u (clipped terms have zero gradient);
 the entropy's, exactly, sum_a -pi(a|s) log pi(a|s) grad log pi(a|s) (one row per action) for a softmax
 policy, and 1/2 [grad log pi(mu + sqrt2 sigma | s) + grad log pi(mu - sqrt2 sigma | s)] = sum_k grad log sigma_k(s)
@@ -145,9 +145,11 @@ class PPO(GroupPolicyOptimizer):
             0: off). Value targets and GAE see it; evaluation returns do not.
         critic_normalize_obs: the critic sees observations scaled onto [-1, 1] by the public bounds (as
             ``policy.normalize_obs`` does for the actor).
-        fused: form each clipped sum without the users' gradient rows where the release and the actor's space
-            allow (module docstring); false: always materialise the rows (the reference path: the same sums to
-            float32 rounding, more memory and time).
+        fused: form each clipped sum without the users' gradient rows (the engine's fused path) where the
+            release and the actor's space allow: null (by size) when a minibatch's rows would exceed
+            ``PER_USER_MEMORY`` (for small networks the rows are cheaper: on CPU the fused update of the
+            114-parameter CartPole actor and its critic takes about 5x the time), true always, false never (module
+            docstring; the two paths give the same sums to float32 rounding).
     """
 
     names = ("ppo", "dp_ppo")
@@ -170,7 +172,7 @@ class PPO(GroupPolicyOptimizer):
                  action_noise_corr: float = 0.0, user_horizon: int | None = None, optimizer: str = "adam",
                  momentum: float = 0.9, accountant: str = "gdp", explore_bonus: float = 0.0,
                  critic_normalize_obs: bool = False, actor_share: float = 0.5, average_last: int = 0,
-                 init_critic: dict | None = None, composition: str | None = None, fused: bool = True):
+                 init_critic: dict | None = None, composition: str | None = None, fused: bool | None = None):
         self.check_env(env)
         if composition is not None:   # the deprecated name of accountant
             if accountant not in ("gdp", composition):
@@ -213,7 +215,9 @@ class PPO(GroupPolicyOptimizer):
                 raise ConfigError(f"algo.minibatches={minibatches} exceeds users_per_round={users_per_round}: "
                                   f"every minibatch needs at least one user")
         self.gae_lambda, self.epochs, self.minibatches = float(gae_lambda), int(epochs), int(minibatches)
-        self.fused = bool(fused)
+        if fused not in (None, True, False):
+            raise ConfigError(f"algo.fused must be true, false or null (by size), got {fused!r}")
+        self.fused = fused
         self.clip_range, self.ent_coef, self.adv_norm = float(clip_range), float(ent_coef), adv_norm
         self.clip, self.critic_clip = float(max_grad_norm), float(critic_max_grad_norm or max_grad_norm)
         if value_scale == "auto":
@@ -317,7 +321,7 @@ class PPO(GroupPolicyOptimizer):
         (``fused_sums``: the release's clipping factors, ``release_clipped_sum``) where the learner, the release
         and the actor's space allow, else from the rows (``minibatch_blocks``, clipped by ``release_sum``)."""
         rel = self.release
-        fused = self.fused_sums(t, mb) if self.fused and rel.fused and len(mb) else None
+        fused = self.fused_sums(t, mb) if self.fuses(len(mb)) else None
         if fused is None:
             g_actor, g_critic, ratio = self.minibatch_blocks(t, mb)
             d_actor, s_a = rel.release_sum(g_actor, ids, self.clip, part="actor")
@@ -330,6 +334,19 @@ class PPO(GroupPolicyOptimizer):
         return d_actor, d_critic, {"diag/clip_fraction": s_a["diag/clip_fraction"],
                                    "diag/critic_clip_fraction": s_c["diag/clip_fraction"],
                                    "diag/ratio_clip_fraction": frac}
+
+    def fuses(self, users: int) -> bool:
+        """Whether a minibatch of ``users`` users takes the fused path (``fused``; public: sizes only): never when
+        the release gathers every rank's rows (``Release.fused`` false); by default when its rows would not fit in
+        ``PER_USER_MEMORY`` at once (the materialised path would run in blocks)."""
+        if not (users and self.release.fused) or self.fused is False:
+            return False
+        return self.fused is True or users > self.users_per_block()
+
+    def users_per_block(self) -> int:
+        """Users whose actor and critic gradient rows (float32 and float64 copies) fit in ``PER_USER_MEMORY``."""
+        params = sum(p.numel() for p in self.space.params) + sum(p.numel() for p in self.critic.parameters())
+        return max(1, PER_USER_MEMORY // max(1, 8 * 4 * params))
 
     def fused_sums(self, t: dict, mb: torch.Tensor) -> tuple | None:
         """((actor sum, actor norms, ratio clip fraction), (critic sum, critic norms)) of the users at positions
@@ -357,8 +374,7 @@ class PPO(GroupPolicyOptimizer):
         if not len(mb):   # none of the minibatch's users is in this batch (another rank holds them)
             return (torch.zeros(0, self.space.dim, dtype=torch.float64),
                     torch.zeros(0, sum(p.numel() for p in self.critic_params), dtype=torch.float64), lambda: 0.0)
-        params = sum(p.numel() for p in self.space.params) + sum(p.numel() for p in self.critic.parameters())
-        per_block = max(1, PER_USER_MEMORY // max(1, 8 * 4 * params))
+        per_block = self.users_per_block()
         if len(mb) <= per_block:
             g_actor, g_critic, frac = self.minibatch_gradients(t, mb)
             return g_actor, g_critic, lambda: frac

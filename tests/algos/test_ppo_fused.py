@@ -1,7 +1,8 @@
 """DP-PPO's fused clipped sums (``PPO.fused_sums``: the space's ``clipped_rows_sum`` for the actor, the engine's
 ``clipped_gradient_sum`` for the critic) against the materialised path (the rows of ``actor_gradients`` /
 ``critic_gradients`` clipped and summed in float64): the same sums and norms to float32 rounding, every user's
-term of norm <= C, no per-user rows formed, and a whole private round with the same released parameters.
+term of norm <= C, no per-user rows formed, a whole private round with the same released parameters, and when
+the learner takes which path (``PPO.fuses``).
 
 Stated tolerance: the engine computes in float32, so sums agree to 1e-5 of the sum's norm and norms to 1e-5
 relative (``tests/policies/test_clipped_sum.py``); a round's parameters (Adam steps along released means) to
@@ -10,6 +11,7 @@ relative (``tests/policies/test_clipped_sum.py``); a round's parameters (Adam st
 import pytest
 import torch
 
+from dppo.errors import ConfigError
 from dppo.privacy.release import FUSED_MARGIN, clipped_total
 from tests.algos.test_ppo import _learner, _perturb
 
@@ -104,7 +106,7 @@ def test_every_users_term_of_the_fused_actor_sum_has_norm_at_most_the_clip(env_i
 def test_a_projected_actor_space_has_no_fused_path_and_the_round_falls_back_to_the_rows():
     from dppo.policies.spaces import make_space
 
-    L = _learner(users=3)
+    L = _learner(users=3, fused=True)
     L.space = make_space(L.policy, subspace="full", dim=4)
     t = L.round_targets(L.collect([0, 1, 2], 0))
     assert L.fused_sums(t, torch.arange(3)) is None
@@ -132,3 +134,24 @@ def test_a_private_round_fused_gives_the_materialised_rounds_parameters(env_id):
     gap = torch.cat([(a - b).reshape(-1) for a, b in zip(e0, e1)])
     assert float(change.norm()) > 0
     assert float(gap.norm()) <= 1e-4 * float(change.norm()), float(gap.norm() / change.norm())
+
+
+def test_by_default_a_minibatch_is_fused_only_when_its_rows_would_not_fit_in_memory(monkeypatch):
+    """``fused`` null: small networks' rows are materialised (cheaper); a minibatch whose rows exceed
+    ``PER_USER_MEMORY`` (here made tiny) takes the fused path; ``fused=false`` never, and a sharded release
+    (``Release.fused`` false) never."""
+    from dppo.algos import ppo
+
+    L = _learner(users=4)
+    assert L.fused is None and not L.fuses(4) and not L.fuses(0)
+    monkeypatch.setattr(ppo, "PER_USER_MEMORY", 1)
+    assert L.users_per_block() == 1 and L.fuses(2) and not L.fuses(1)
+    assert not _learner(users=4, fused=False).fuses(4)
+    L.release.shards = object()   # what multi-process training sets: the release gathers rows
+    assert not L.fuses(4)
+    always = _learner(users=4, fused=True)
+    assert always.fuses(1)
+    always.release.shards = object()
+    assert not always.fuses(1)
+    with pytest.raises(ConfigError, match="algo.fused"):
+        _learner(users=4, fused="auto")
