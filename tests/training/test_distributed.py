@@ -104,8 +104,8 @@ def test_two_process_dp_ppo_equals_the_single_process_run(tmp_path):
     """DP-PPO (2 rounds, 5 users split 3 + 2, 2 epochs x 2 minibatches: a minibatch may lie on one rank only):
     each rank clips and sums its users' rows, rank 0 adds the sums and draws the noise once, so the ledger (one
     entry per round, opened on rank 0 for every rank's users) is the single process's and the final parameters
-    equal its own to float32 rounding (one process forms each clipped sum by the engine's fused path, the ranks
-    clip their materialised rows: ``dppo.algos.ppo``)."""
+    equal its own to float32 rounding (only the order of the float64 sums of the rows differs; with
+    ``algo.fused=true`` one process would form its sums by the engine's fused path, also to float32 rounding)."""
     args = ["rounds=2", "algo.epochs=2", "algo.minibatches=2"]
     one = _train(args, str(tmp_path / "one"), algo="dp_ppo")
     two = _train(args, str(tmp_path / "two"), n=2, algo="dp_ppo")
