@@ -48,6 +48,9 @@ def test_the_schedule_has_every_row_at_eps_5_and_1_and_sb3_1e6_rows_on_fewer_see
     assert [j[3] for j in jobs] == list(range(mod.SB3_SEEDS[("acrobot", "PPO")]))
     cp = mod.jobs(_args(tmp_path, rows=["DP-PPO eps=5"]))
     assert [j[4][0] for j in cp] == ["+experiment=cartpole_dp_ppo"] * 2 and all("eps=5.0" in j[4] for j in cp)
+    # a budget with its own file (cartpole_dp_ppo_eps1.yaml) runs that file; the others keep the env's file
+    eps1 = {j[1]: j[4][0] for j in mod.jobs(_args(tmp_path, envs=["cartpole", "acrobot"], rows=["DP-PPO eps=1"]))}
+    assert eps1 == {"cartpole": "+experiment=cartpole_dp_ppo_eps1", "acrobot": "+experiment=acrobot_dp_ppo"}
 
 
 def test_the_report_gives_mean_and_min_final_return_and_the_first_curve_point_at_the_target(tmp_path):
