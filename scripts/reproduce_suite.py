@@ -485,6 +485,7 @@ def report(args, wall: float | None) -> None:
               f"--jobs 2`.", ""]
     for env in ENVS:   # every env and row cached on disk, whatever subset this invocation ran
         spec = ENVS[env]
+        env_start = len(lines)
         lines += [f"## {spec['id']}", "",
                   "| learner | seeds | users' env steps | final return (mean) | min | env steps to target | "
                   "eps spent | wall s/run |", "|---|---|---|---|---|---|---|---|"]
@@ -538,6 +539,9 @@ def report(args, wall: float | None) -> None:
             lines.append(f"| {name} | {_seed_list(seeds)} | {_fmt(sum(steps) / len(steps) if steps else None, 0)} | "
                          f"{sum(finals) / len(finals):.1f} | {min(finals):.1f} | {hit} | "
                          f"{'-' if not eps else f'{eps:.3g}'} | {wall_s:.0f} |")
+        if all(line.endswith("| 0 | (not run) | | | | | |") for line in lines[env_start + 4:]):
+            del lines[env_start:]   # nothing measured on this env (never run here): no section of empty rows
+            continue
         lines += reference_lines(env)
         lines.append("")
         notes = sorted({n for name in rows_by_env.get(env, {}) if (n := public_init_note(env, name))})

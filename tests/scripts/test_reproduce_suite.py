@@ -129,7 +129,8 @@ def test_a_row_with_no_run_keeps_its_previous_line_marked_and_fresh_drops_it(tmp
     assert (tmp_path / "suite.md").read_text().count("DP-PPO eps=5 †|") == 1
     args.fresh = True
     mod.report(args, None)
-    assert "| DP-PPO eps=5 | 0 | (not run) |" in (tmp_path / "suite.md").read_text()
+    text = (tmp_path / "suite.md").read_text()   # nothing measured on Acrobot then: its section is left out
+    assert "DP-PPO eps=5 †" not in text and "## Acrobot-v1" not in text
 
 
 def test_a_run_on_disk_made_with_another_config_is_left_out_and_named(tmp_path):
@@ -163,3 +164,14 @@ def test_the_public_init_row_runs_only_where_its_file_exists_and_the_report_name
         public = json.load(f)["env_steps"]["users"]
     assert "| DP-PPO public-init eps=5 | 1 (0) | 300,000 |" in text
     assert f"{public:,} public env steps" in text and text.count("DP-PPO public-init eps=1") == 1  # cartpole only
+
+
+def test_an_env_with_nothing_measured_gets_no_section_of_empty_rows(tmp_path):
+    """A report made where an env was never run (no run, record or earlier line) leaves that env out, rather
+    than a section whose every row is '(not run)'; an env with one run keeps its section."""
+    mod = _module()
+    args = _args(tmp_path, rows=["PPO"])
+    _fake_run(mod, args, "cartpole", "PPO", 0, 500.0, 100_000, [(10_000, 480.0)])
+    mod.report(args, None)
+    text = (tmp_path / "suite.md").read_text()
+    assert "## CartPole-v1" in text and "## Acrobot-v1" not in text and "(not run)" in text   # CartPole's other rows
