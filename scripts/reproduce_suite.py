@@ -491,6 +491,7 @@ def report(args, wall: float | None) -> None:
                   "eps spent | wall s/run |", "|---|---|---|---|---|---|---|---|"]
         names = [row_name(l, e) for l, _, eps_list, _, _ in env_rows(env) for e in eps_list] + \
                 [f"SB3-{a}" for (e, a) in SB3 if e == env]
+        not_run = 0
         for name in names:
             seeds = cached_seeds(args.out, env, name)
             prefix = f"{env}|{name}|"
@@ -523,6 +524,7 @@ def report(args, wall: float | None) -> None:
                         carried_points.setdefault(env, {})[name] = point
                 else:
                     lines.append(f"| {name} | 0 | (not run) | | | | | |")
+                    not_run += 1
                 continue
             seeds, runs = zip(*sorted(zip(seeds, runs), key=lambda p: p[0]))
             rows_by_env.setdefault(env, {})[name] = runs
@@ -539,7 +541,7 @@ def report(args, wall: float | None) -> None:
             lines.append(f"| {name} | {_seed_list(seeds)} | {_fmt(sum(steps) / len(steps) if steps else None, 0)} | "
                          f"{sum(finals) / len(finals):.1f} | {min(finals):.1f} | {hit} | "
                          f"{'-' if not eps else f'{eps:.3g}'} | {wall_s:.0f} |")
-        if all(line.endswith("| 0 | (not run) | | | | | |") for line in lines[env_start + 4:]):
+        if not_run == len(names):
             del lines[env_start:]   # nothing measured on this env (never run here): no section of empty rows
             continue
         lines += reference_lines(env)
