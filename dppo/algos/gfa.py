@@ -91,7 +91,12 @@ class _GFABase(torch.nn.Module, Learner):
 
     needs = ("env", "privacy", "sampler", "seed", "episodes", "batch_size")
     run_length = "episodes"        # one user per episode, in batches of B (the rounds)
-    # horizon: None (the base's): its rounds report no diag/env_steps, and the step axis counts one per episode
+
+    @property
+    def horizon(self) -> int:
+        """H, the steps of every episode (a model-free env's episode is padded to H in its absorbing state, as the
+        tabular learners count it): its rounds report no ``diag/env_steps``, so the step axis counts episodes x H."""
+        return int(self.env.H)
 
     @property
     def planned_length(self) -> int:

@@ -347,6 +347,34 @@ def test_python_api_runs_algorithm_1_on_a_tabular_env_object(tmp_path):
     assert s["algo"] == "gfa" and s["rounds_done"] == 4 and s["epsilon_spent"] == pytest.approx(5.0)
 
 
+@pytest.mark.parametrize("overrides,episodes,batch,H", [
+    (["algo=gfa", "env=riverswim", "env.horizon=7", "algo.grid_points=4"], 30, 10, 7),
+    (["algo=gfa_outcome", "env=context_bits", "env.horizon=3"], 24, 8, 3),
+])
+@pytest.mark.parametrize("diagnostics", [True, False])
+def test_the_step_axis_counts_every_episode_as_the_envs_horizon_h_of_steps(tmp_path, overrides, episodes, batch, H,
+                                                                           diagnostics):
+    """GFA declares its horizon (``Learner.horizon``: the env's H), so ``progress.csv``'s ``global_step`` is the
+    users' env steps, episodes x H after each batch (one user per episode, every episode H steps), and
+    ``summary.json``'s ``env_steps.users`` is K H; with diagnostics off the axis is the episodes, as for every
+    learner."""
+    import csv
+    import json
+
+    import dppo
+
+    summary = dppo.train([*overrides, "eps=5", f"episodes={episodes}", f"batch_size={batch}", "progress=false",
+                          "eval_episodes=1", "privacy.secure_rng=false", f"logger.diagnostics={str(diagnostics).lower()}"],
+                         run_dir=str(tmp_path))
+    with open(tmp_path / "progress.csv", newline="") as f:
+        steps = [int(float(r["global_step"])) for r in csv.DictReader(f) if r.get("rollout/users")]
+    per_step = H if diagnostics else 1
+    assert steps == [b * batch * per_step for b in range(1, episodes // batch + 1)]
+    if diagnostics:
+        assert summary["env_steps"]["users"] == json.load(open(tmp_path / "summary.json"))["env_steps"]["users"] \
+            == episodes * H
+
+
 def test_stopped_and_resumed_run_ends_with_the_same_ledger_and_regret(tmp_path):
     import dppo
     from dppo.training.callbacks import Callback
