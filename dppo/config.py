@@ -276,11 +276,10 @@ SPACE_KEYS = ("subspace", "dim")  # policy.* keys of the parameter space (dppo.p
 
 
 def accepted_keys(target) -> set | None:
-    """The keyword arguments ``target`` (a class or function) accepts, following ``**kwargs`` into the base
-    classes' ``__init__``; None when it accepts anything. A target that takes ``**kwargs`` it checks itself may
-    name the keys it takes in ``config_keys`` (``dppo.policies.auto.auto_policy``)."""
-    if getattr(target, "config_keys", None) is not None:
-        return set(target.config_keys)
+    """The keyword arguments ``target`` (an env, policy or oracle class or function, dppo's or a user's) accepts,
+    following ``**kwargs`` into the base classes' ``__init__``; None when it accepts anything. Its signature is its
+    declaration: these targets share no base class to declare keys on (a learner declares its own:
+    ``Learner.hyperparameters``)."""
     accepted, classes = set(), [target]
     if inspect.isclass(target):
         classes = [c for c in target.__mro__ if "__init__" in vars(c) and c is not object]

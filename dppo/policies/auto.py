@@ -13,8 +13,6 @@ through ``dppo.policies.observations``.
 """
 from __future__ import annotations
 
-import difflib
-
 import gymnasium as gym
 
 from dppo.errors import ConfigError
@@ -22,26 +20,24 @@ from dppo.policies.gaussian import GaussianMLPPolicy
 from dppo.policies.mlp import MLPPolicy
 from dppo.policies.multi_discrete import MultiDiscreteMLPPolicy, action_components
 
-BOX_ONLY = ("log_std", "log_std_init", "log_std_min", "log_std_max", "squash")
-
 
 def auto_policy(observation_space: gym.Space, action_space: gym.Space, hidden_sizes=(64, 64),
-                activation: str = "tanh", normalize_obs: bool = False, **box_options):
-    """The MLP policy for ``action_space`` (module docstring).
+                activation: str = "tanh", normalize_obs: bool = False, log_std: str | None = None,
+                log_std_init: float | None = None, log_std_min: float | None = None, log_std_max: float | None = None,
+                squash: str | None = None):
+    """The MLP policy for ``action_space`` (module docstring). Its signature is the list of keys ``policy=auto``
+    takes (the builder checks a config's keys and types against it).
 
     Args:
         observation_space, action_space: the env's spaces (passed by the builder).
         hidden_sizes, activation: the MLP body of either policy.
         normalize_obs: the softmax MLP's observation scaling onto [-1, 1] from the observation bounds.
-        box_options: options of the Gaussian policy (``log_std``, ``log_std_init``, ``log_std_min``,
-            ``log_std_max``, ``squash``), for Box actions only.
+        log_std, log_std_init, log_std_min, log_std_max, squash: options of the Gaussian policy, for Box actions
+            only (null: ``GaussianMLPPolicy``'s default).
     """
-    unknown = sorted(set(box_options) - set(BOX_ONLY))
-    if unknown:
-        valid = sorted(("hidden_sizes", "activation", "normalize_obs") + BOX_ONLY)
-        close = difflib.get_close_matches(unknown[0], valid, n=1)
-        hint = f" (did you mean 'policy.{close[0]}'?)" if close else ""
-        raise ConfigError(f"unknown key 'policy.{unknown[0]}'{hint}: policy=auto takes {valid}")
+    given = {"log_std": log_std, "log_std_init": log_std_init, "log_std_min": log_std_min,
+             "log_std_max": log_std_max, "squash": squash}
+    box_options = {k: v for k, v in given.items() if v is not None}
     if isinstance(action_space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
         if box_options:
             raise ConfigError(f"policy.{sorted(box_options)[0]} applies to Box (continuous) actions; the env's "
@@ -59,8 +55,3 @@ def auto_policy(observation_space: gym.Space, action_space: gym.Space, hidden_si
                       f"(policy=multi_discrete) and a Gaussian MLP for 1-d Box actions (policy=gaussian); flatten "
                       f"the actions with a wrapper (env.wrappers=[...]) or pass your own policy "
                       f"(dppo.train(cfg, policy=...))")
-
-
-# the keys auto_policy takes (its **box_options included), so the builder checks them before it is called
-auto_policy.config_keys = ("observation_space", "action_space", "hidden_sizes", "activation",
-                           "normalize_obs") + BOX_ONLY
