@@ -156,12 +156,20 @@ def run_shape_defaults(cfg) -> dict:
     none, or a target that does not import, gets the base ``Learner``'s)."""
     from dppo.algos.base import Learner
 
+    cls = learner_target(cfg)
+    return dict((cls or Learner).default_run_shape)
+
+
+def learner_target(cfg):
+    """The ``Learner`` subclass ``algo._target_`` names, or None where it names none that imports (the build refuses
+    it then, in one line: ``dppo.build.run.learner_class``); what a learner declares is read from it."""
+    from dppo.algos.base import Learner
+
     try:
         cls = get_object(str(OmegaConf.select(cfg, "algo._target_", default=None)))
     except Exception:  # noqa: BLE001 - an unknown target is reported by validate / the build
-        cls = None
-    shape = getattr(cls, "default_run_shape", None)
-    return dict(shape if isinstance(shape, dict) else Learner.default_run_shape)
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, Learner) else None
 
 
 def resolve_run_shape(cfg):
@@ -295,11 +303,15 @@ def accepted_keys(target) -> set | None:
 
 def group_keys(cfg, group: str) -> set:
     """The keys the ``group`` (algo, env, policy, oracle) of the composed ``cfg`` takes, as the build checks them:
-    the learner's constructor parameters less what the builder passes it (``INJECTABLE``); what the env, policy
-    (with ``POLICY_KEYS`` and ``SPACE_KEYS``) or oracle takes. Empty when the group has no target that imports."""
+    the learner's declared ``algo.*`` keys (``Learner.hyperparameters``: its constructor's less what the builder
+    passes it); what the env, policy (with ``POLICY_KEYS`` and ``SPACE_KEYS``) or oracle takes (``accepted_keys``).
+    Empty when the group has no target that imports."""
     node = cfg.get(group) if cfg is not None else None
     if node is None or "_target_" not in node:
         return set()
+    if group == "algo":   # a learner declares its keys (Learner.hyperparameters); any other target: none to read
+        cls = learner_target(cfg)
+        return set(cls.hyperparameters()) if cls is not None else set()
     try:
         target = get_object(str(node["_target_"]))
     except Exception:  # noqa: BLE001 - reported when the object is built
@@ -310,8 +322,6 @@ def group_keys(cfg, group: str) -> set:
         keys = {n for n, p in inspect.signature(fn).parameters.items()
                 if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     keys -= {"self", "observation_space", "action_space"}
-    if group == "algo":
-        keys -= set(INJECTABLE)
     if group == "policy":
         keys |= set(POLICY_KEYS + SPACE_KEYS)
     return keys

@@ -138,14 +138,14 @@ def _load_policy_file(path: str, folder: str, overrides, inputs=None) -> SavedRu
     else:
         raise ConfigError(f"{path} carries no config and {folder} has no .hydra/config.yaml; nothing to rebuild from")
     trainer = _build(_without_init_source(cfg), inputs)
-    policy = getattr(trainer.learner, "policy", None)
+    released = trainer.learner.released_modules()     # what the learner releases, as it declares it
+    policy = released.get("policy")
     if policy is None:
         raise ConfigError(f"the config in {path} builds a learner without a neural policy")
     try:
         policy.load_state_dict(saved["policy"])
-        critic = getattr(trainer.learner, "critic", None)
-        if isinstance(saved.get("critic"), dict) and hasattr(critic, "load_state_dict"):
-            critic.load_state_dict(saved["critic"])   # an actor-critic's released critic, as its checkpoint has it
+        if isinstance(saved.get("critic"), dict) and "critic" in released:
+            released["critic"].load_state_dict(saved["critic"])   # an actor-critic's released critic, as saved
     except (RuntimeError, TypeError, KeyError) as err:
         raise ConfigError(f"{path}: the weights do not fit the policy its config builds: "
                           f"{str(err).splitlines()[0]}") from None
@@ -185,9 +185,9 @@ def _saved(trainer, cfg, folder: str, path: str, rounds: int, provenance, carrie
     if os.path.isfile(spath):
         with open(spath) as f:
             summary = json.load(f)
-    policy = getattr(trainer.learner, "policy", None)
-    if policy is not None and hasattr(policy, "eval"):
+    policy = trainer.learner.released_modules().get("policy")   # None: a learner whose policy is no module
+    if policy is not None:
         policy.eval()
     return SavedRun(policy=policy, config=cfg, summary=summary, learner=trainer.learner,
-                    env=getattr(trainer.learner, "env", None), checkpoint=path, run_dir=folder,
+                    env=trainer.population.env, checkpoint=path, run_dir=folder,   # the env the build made
                     rounds_done=rounds, provenance=provenance)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import inspect
+import typing
 
 from dppo.errors import ConfigError
 
@@ -27,6 +28,10 @@ class Learner:
     - ``horizon``: the steps of each episode where a round's metrics carry no ``diag/env_steps``.
     - ``uses_composition``: its releases compose over the run (the builder's accountant and extension rules).
     - ``space_defaults``: the parameter space the builder makes for its policy unless ``policy.*`` says otherwise.
+    - ``hyperparameters()``: its ``algo.*`` keys with their types and defaults (the config checks read them).
+    - ``name`` / ``names``: its name, and its (non-private, private) twins' (the run's ``algo`` name).
+    - ``resolved_hparams()``: what the builder resolved for it beyond its config (the oracle a null
+      ``oracle`` became), for the run's recorded hyper-parameters.
     - ``released_modules``: the released modules ``policy.pt`` carries and ``summary.json`` hashes.
     - ``lost_attempt_charges`` / ``export_artifacts``: hooks of the trainer, with no-op defaults.
     """
@@ -104,22 +109,39 @@ class Learner:
 
     @property
     def public_env_steps(self) -> int | None:
-        """Env steps of the public rollouts run so far (evaluation, public Fisher states): the learner's
-        collector counts them (``EpisodeCollector.public_env_steps``); None where nothing counts them. The
-        trainer checkpoints it and reports it in ``summary.json``'s ``env_steps``."""
-        return getattr(getattr(self, "collector", None), "public_env_steps", None)
+        """Env steps of the public rollouts run so far (evaluation, public Fisher states); None here, where nothing
+        counts them (a learner with a collector asks it: ``GroupPolicyOptimizer``). The trainer checkpoints it and
+        reports it in ``summary.json``'s ``env_steps``."""
+        return None
 
     @public_env_steps.setter
     def public_env_steps(self, value: int) -> None:
-        collector = getattr(self, "collector", None)
-        if collector is not None and hasattr(collector, "public_env_steps"):
-            collector.public_env_steps = int(value)
+        """Restore the count from a checkpoint; nothing to restore here."""
 
     @classmethod
     def defaults(cls) -> dict:
         """The defaults of the learner's keyword arguments (the one home of each hyper-parameter)."""
         return {n: p.default for n, p in inspect.signature(cls.__init__).parameters.items()
                 if p.default is not inspect.Parameter.empty}
+
+    @classmethod
+    def hyperparameters(cls) -> dict[str, tuple]:
+        """The ``algo.*`` keys this learner takes: each keyword argument of ``__init__`` that the builder does not
+        inject (not in ``needs``), as ``name -> (type, default)`` (the annotation resolved, or the text it cannot be
+        resolved from; ``inspect.Parameter.empty`` where there is none). The config checks read their names and
+        types here, so a learner taking a key another way (e.g. ``**kwargs``) overrides this."""
+        params = inspect.signature(cls.__init__).parameters
+        try:
+            hints = typing.get_type_hints(cls.__init__)
+        except Exception:  # noqa: BLE001 - an annotation that does not resolve: its text is read instead
+            hints = {}
+        return {n: (hints.get(n, p.annotation), p.default) for n, p in params.items()
+                if n != "self" and n not in cls.needs and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+    def resolved_hparams(self) -> dict:
+        """Hyper-parameters the builder resolved for this learner beyond its config, recorded with the run's (e.g.
+        ``{"oracle": "ssp"}`` where ``oracle`` was null); none here."""
+        return {}
 
     @classmethod
     def check_config(cls, algo: dict, **context) -> None:

@@ -259,5 +259,16 @@ class GroupPolicyOptimizer(Learner):
     def released_modules(self) -> dict:
         return {"policy": self.policy}
 
+    @property
+    def public_env_steps(self) -> int | None:
+        """The collector's count of its public rollouts' env steps (``EpisodeCollector.public_env_steps``); None for
+        a collector that counts none (the env's side, which may be a user's: the count is optional there)."""
+        return getattr(self.collector, "public_env_steps", None)
+
+    @public_env_steps.setter
+    def public_env_steps(self, value: int) -> None:
+        if getattr(self.collector, "public_env_steps", None) is not None:
+            self.collector.public_env_steps = int(value)
+
     def export_artifacts(self, run_dir: str, round_idx: int) -> None:
         self.space.export(run_dir, round_idx)

@@ -76,14 +76,14 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         Gram matrix (ssp), and with that Gram matrix ssp's keys shaping a released Gram matrix do nothing."""
         super().check_config(algo, **context)
         values = {**cls.defaults(), **algo}
-        public_gram = bool(getattr(oracle, "uses_public_gram", False)) and values["fisher_episodes"] > 0
+        public_gram = oracle is not None and oracle.uses_public_gram and values["fisher_episodes"] > 0
         if values["step"] != "kl" and not public_gram:  # fisher_episodes=0 is the switch that turns it off
             for key in ("fisher_episodes", "fisher_states"):
                 if key in algo and not (key == "fisher_episodes" and algo[key] == 0):
                     raise ConfigError(f"algo.{key} sets the public Fisher matrix, which algo.step={values['step']} "
-                                      f"with oracle={getattr(oracle, 'name', oracle)} does not read: remove it")
+                                      f"with oracle={oracle.name if oracle is not None else None} does not read: remove it")
         if public_gram:
-            for key in getattr(oracle, "PUBLIC_GRAM_IGNORES", ()):
+            for key in oracle.PUBLIC_GRAM_IGNORES:
                 if key in oracle_keys:
                     raise ConfigError(f"oracle.{key} shapes the released Gram matrix, which {cls.names[1]} replaces "
                                       f"by its public Fisher matrix: remove it, or set algo.fisher_episodes=0 "
@@ -107,10 +107,9 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
             raise ConfigError("NPG/REBEL support one-pass training only (privacy.multi_pass=false)")
         if privacy.private and not oracle.private_capable:
             raise ConfigError(f"oracle '{oracle.name}' is not private; with eps set choose oracle=ssp|dp_gd|exp_mech")
-        max_dim = getattr(oracle, "max_dim", None)
-        if max_dim is not None and self.space.dim > max_dim:
+        if oracle.max_dim is not None and self.space.dim > oracle.max_dim:
             raise ConfigError(f"oracle={oracle.name} works with d x d statistics or a cover of R^d, unusable for "
-                              f"d = {self.space.dim} dimensions (at most {max_dim}); use oracle=dp_gd (noisy "
+                              f"d = {self.space.dim} dimensions (at most {oracle.max_dim}); use oracle=dp_gd (noisy "
                               f"gradient steps) or a smaller policy.dim")
         if not 0.0 <= momentum < 1.0:
             raise ConfigError(f"algo.momentum must lie in [0, 1), got {momentum}")
@@ -121,7 +120,7 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         self.momentum, self.step_decay = float(momentum), float(step_decay)
         self.fisher_episodes, self.fisher_states = int(fisher_episodes), int(fisher_states)
         # the public Fisher is collected only when the step or the oracle reads it
-        self.uses_fisher = self.fisher_episodes > 0 and (step == "kl" or getattr(oracle, "uses_public_gram", False))
+        self.uses_fisher = self.fisher_episodes > 0 and (step == "kl" or oracle.uses_public_gram)
         self.public_per_round = self.fisher_episodes if self.uses_fisher else 0
         if self.uses_fisher and getattr(self.collector, "has_public", True) is False:
             raise ConfigError("the public Fisher matrix (algo.step=kl, or an oracle reading a public Gram matrix) "
@@ -130,6 +129,10 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
                               "oracle=dp_gd, or use algo=dp_pg")
         self.direction = torch.zeros(self.space.dim, dtype=torch.float64)
         self.redraw_subspace = bool(redraw_subspace)
+
+    def resolved_hparams(self) -> dict:
+        """The oracle it was built with (its name; ``oracle`` null in the config gets the family's default)."""
+        return {"oracle": self.oracle.name}
 
     @classmethod
     def default_oracle(cls, private: bool, dim: int) -> str:
@@ -161,7 +164,7 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
 
     def update(self, batch, round_idx: int, users: list[int]) -> dict:
         if batch is None:  # no users on this rank: fine under torchrun (the oracle gathers every rank's rows)
-            if not getattr(self.oracle, "sharded", False):
+            if not self.oracle.sharded:
                 raise DataError("NPG/REBEL rounds need at least one user")
             rows, stats = [], {}
         if self.redraw_subspace:  # round t's public subspace; d carried over in the new coordinates
@@ -171,7 +174,7 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
         if batch is not None:
             rows, stats = self.regression_rows(batch)
         F = self.public_fisher(round_idx)
-        gram = F.matrix if F is not None and getattr(self.oracle, "uses_public_gram", False) else None
+        gram = F.matrix if F is not None and self.oracle.uses_public_gram else None
         w = self.oracle.solve(rows, privacy=self.privacy, round=round_idx, public_gram=gram)
         if not torch.isfinite(w).all():
             raise DataError("the least-squares oracle returned a non-finite w; aborting before the update")

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import inspect
 import math
 
 import numpy as np
@@ -98,10 +97,10 @@ class TabularUCB(torch.nn.Module, Learner):
 
     @classmethod
     def counter_of(cls, algo_cfg) -> str:
-        """The counter a config picks: ``algo.counter``, else this learner's default (its signature's, the one
-        home of the default)."""
+        """The counter a config picks: ``algo.counter``, else this learner's default (``Learner.defaults``: its
+        signature's, the one home of the default)."""
         counter = (algo_cfg or {}).get("counter")
-        return counter or inspect.signature(cls.__init__).parameters["counter"].default
+        return counter or cls.defaults()["counter"]
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,

@@ -13,6 +13,7 @@ import typing
 from hydra.utils import get_object
 from omegaconf import OmegaConf
 
+from dppo.algos.base import Learner
 from dppo.config import POLICY_KEYS, SPACE_KEYS, accepted_keys, did_you_mean, hint_line, to_container
 from dppo.errors import ConfigError
 from dppo.training import distributed
@@ -44,6 +45,15 @@ def parameter_kind(target, key: str) -> tuple[str | None, bool]:
             hint = param.annotation
         return _kind_of(hint, param.default)
     return None, True
+
+
+def key_kind(target, key: str) -> tuple[str | None, bool]:
+    """``parameter_kind`` of a group's target: a learner's key from its declaration (``Learner.hyperparameters``),
+    any other target's (env, policy, oracle: a class, a function or a user's callable) from its signature."""
+    if isinstance(target, type) and issubclass(target, Learner):
+        hint, default = target.hyperparameters().get(key, (inspect.Parameter.empty, inspect.Parameter.empty))
+        return _kind_of(hint, default)
+    return parameter_kind(target, key)
 
 
 def _kind_of(hint, default) -> tuple[str | None, bool]:
@@ -82,9 +92,10 @@ def check_target_values(target, spec: dict, group: str) -> None:
     """Refuse, before anything runs, a value a numeric key cannot hold (one line): a non-integer for an integer
     key (``algo.epochs=2.5`` would run 2 epochs and record 2.5), a NaN or infinite number for a float key
     (``algo.ent_coef=nan`` would drop the term), whatever the learner, env, policy or oracle; the types are
-    the signature's (``parameter_kind``). A NaN or infinity is refused for a key of unknown type too."""
+    the learner's declaration's or the signature's (``key_kind``). A NaN or infinity is refused for a key of unknown
+    type too."""
     for key, value in spec.items():
-        kind, optional = parameter_kind(target, key)
+        kind, optional = key_kind(target, key)
         if value is None:
             continue
         if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
@@ -168,13 +179,13 @@ def check_target_keys(node, group: str, extra=(), cfg=None) -> None:
 
 def algo_name(cfg, cls=None, private: bool | None = None) -> str:
     """The run's algorithm name: the learner's own (``names``: its non-private and private twin, e.g. pg and
-    dp_pg, so ``algo=pg eps=5`` is a dp_pg run), else ``algo.name``, else the group choice."""
-    names = getattr(cls, "names", None)
-    if names and private is not None:
-        return names[1 if private else 0]
+    dp_pg, so ``algo=pg eps=5`` is a dp_pg run), else ``algo.name``, else the learner's ``name``, else the group
+    choice. ``cls``: the ``Learner`` subclass, or None before it is known (a name for an error line)."""
+    if cls is not None and cls.names and private is not None:
+        return cls.names[1 if private else 0]
     if cfg.algo.get("name"):
         return str(cfg.algo.name)
-    if cls is not None and getattr(cls, "name", "learner") != "learner":
+    if cls is not None and cls.name != Learner.name:
         return cls.name
     return group_choice_name(cfg)
 

@@ -7,7 +7,7 @@ import sys
 from hydra.utils import instantiate
 
 from dppo.build.checks import algo_name, check_target_keys, unwrap_build_error
-from dppo.config import INJECTABLE, did_you_mean, hint_line, to_container
+from dppo.config import did_you_mean, hint_line, to_container
 from dppo.envs.reward_ranges import clipping_warning, resolve_reward_bound
 from dppo.errors import ConfigError
 from dppo.training import distributed
@@ -20,7 +20,7 @@ def build_learner(cfg, cls, objects: dict):
     params.pop("_target_")
     params.pop("name", None)     # the learner names itself (its name / names); a run saved before says it too
     params.pop("private", None)  # in the configs of runs saved before pucb.yaml dropped it; eps alone decides privacy
-    valid = sorted(k for k in cls.defaults() if k not in INJECTABLE)
+    valid = sorted(cls.hyperparameters())    # its algo.* keys, as it declares them
     # a run-level key under algo. (algo.rounds) would be replaced by the top-level one: refused, not ignored
     unknown = [k for k in params if k not in valid]
     if unknown:
@@ -45,16 +45,22 @@ def build_learner(cfg, cls, objects: dict):
 
 
 def build_oracle(cfg, cls, private: bool, dim: int):
-    """The oracle group (``oracle=<name>``, ``oracle.<key>=``) or the learner's default for its privacy and space."""
+    """The oracle group (``oracle=<name>``, ``oracle.<key>=``) or the learner's default for its privacy and space:
+    a ``LeastSquaresOracle``, which declares what a learner asks of it (``pure_dp``, ``uses_public_gram``, ...)."""
     from dppo.oracles import make_oracle
+    from dppo.oracles.base import LeastSquaresOracle
 
     if cfg.oracle is None:
         return make_oracle(cls.default_oracle(private, dim))
     check_target_keys(cfg.oracle, "oracle", cfg=cfg)
     try:
-        return instantiate(cfg.oracle, _convert_="all")
+        oracle = instantiate(cfg.oracle, _convert_="all")
     except Exception as err:  # noqa: BLE001 - hydra wraps the real error
         raise unwrap_build_error(err, "oracle") from None
+    if not isinstance(oracle, LeastSquaresOracle):
+        raise ConfigError(f"oracle target '{cfg.oracle._target_}' is not a dppo.oracles.base.LeastSquaresOracle: "
+                          f"subclass it (its class attributes declare what a learner asks of an oracle)")
+    return oracle
 
 
 def learner_reward_bound(cfg, cls, objects: dict) -> float | None:

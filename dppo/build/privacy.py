@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 from dppo.config import to_container
 from dppo.data import OnePassUserSampler, PoissonUserSampler
 from dppo.errors import ConfigError
+from dppo.oracles.base import LeastSquaresOracle
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
 from dppo.privacy.correlated import CORRELATIONS, CorrelatedNoise
@@ -106,9 +107,12 @@ def check_accountant(cfg, cls, name: str) -> None:
 
 def _releases_pure_dp(cfg, cls) -> bool:
     """Whether every release of the learner is pure eps-DP (delta = 0): a learner says so itself
-    (``Learner.releases_pure_dp``); an oracle-based learner is pure with the exponential-mechanism oracle."""
+    (``Learner.releases_pure_dp``); an oracle-based learner's releases are its oracle's, which declares it
+    (``LeastSquaresOracle.pure_dp``: the exponential-mechanism oracle's; a target that is no oracle is refused
+    when it is built)."""
     if "oracle" in cls.needs and cfg.oracle is not None:
-        return getattr(get_class(cfg.oracle._target_), "name", None) == "exp_mech"   # a user oracle may have no name
+        oracle = get_class(cfg.oracle._target_)
+        return issubclass(oracle, LeastSquaresOracle) and oracle.pure_dp
     return bool(cls.releases_pure_dp(cfg))
 
 

@@ -42,17 +42,16 @@ def public_config(cfg) -> dict:
 
 
 def resolved_hparams(cfg, privacy, learner) -> dict:
-    """The run's hyper-parameters as they were used: the accountant and oracle actually built (not null
-    defaults), eps = null for a non-private run, the algorithm's name; flattened ``a.b`` keys."""
+    """The run's hyper-parameters as they were used: the accountant and what the learner says it was built with
+    (``Learner.resolved_hparams``: the oracle, not a null default), eps = null for a non-private run, the
+    algorithm's name; flattened ``a.b`` keys."""
     hp = _flat(to_container(cfg))
     hp.pop("resume", None)
     hp["algo"] = algo_name(cfg, type(learner), privacy.private)
     hp["eps"] = privacy.eps
     hp["private"] = bool(privacy.private)
     hp["privacy.accountant"] = privacy.accountant.name
-    oracle = getattr(learner, "oracle", None)
-    if oracle is not None and hasattr(oracle, "name"):
-        hp["oracle"] = oracle.name
+    hp.update(learner.resolved_hparams())
     return hp
 
 

@@ -99,6 +99,12 @@ class LeastSquaresOracle:
 
     name = "base"
     private_capable = True
+    # what a learner asks of its oracle, declared here with the defaults and overridden where an oracle differs
+    pure_dp = False             # every release is pure eps-DP (delta = 0): exp_mech's
+    uses_public_gram = False    # a learner's public Gram matrix (its Fisher) replaces a released one: ssp's
+    PUBLIC_GRAM_IGNORES: tuple = ()   # its keys that do nothing when it takes that public Gram matrix
+    max_dim: int | None = None  # the largest dimension it works in (d x d statistics, a cover of R^d); None: any
+    sharded = False             # solved on rank 0 of a multi-process run (``dppo.training.distributed``'s wrapper)
 
     def __init__(self, *, x_bound: float | None, y_bound: float | None, ridge: float,
                  rows_bound: int | None = None, cg_iters: int | None = None, seed: int = 0):

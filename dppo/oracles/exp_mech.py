@@ -37,6 +37,7 @@ class ExpMechOracle(LeastSquaresOracle):
     """
 
     name = "exp_mech"
+    pure_dp = True            # the exponential mechanism: every release pure eps-DP
     max_dim = 2048            # a cover of a ball in R^d: useless (and large) beyond this
 
     def __init__(self, *, x_bound: float = 0.5, y_bound: float = 3.0, ridge: float = 0.4, w_max: float = 2.0,

@@ -473,7 +473,7 @@ class Trainer:
         """
         released = self.learner.released_modules()
         policy = released.get("policy")
-        if self.run_dir is None or not hasattr(policy, "state_dict"):
+        if self.run_dir is None or policy is None:   # a learner whose policy is no module: nothing to export
             return None
         import io
 
@@ -487,7 +487,7 @@ class Trainer:
                  "summary": {k: copy.deepcopy(v) for k, v in (getattr(self, "summary", None) or {}).items()
                              if k in POLICY_SUMMARY_KEYS}}
         critic = released.get("critic")
-        if hasattr(critic, "state_dict"):
+        if critic is not None:
             saved["critic"] = {k: v.detach().cpu().clone() for k, v in critic.state_dict().items()}
         torch.save(saved, buf)
         path = os.path.join(self.run_dir, "policy.pt")
@@ -497,8 +497,8 @@ class Trainer:
 
 def parameters_sha256(module) -> str | None:
     """SHA-256 of a module's ``state_dict`` (names, dtypes, shapes and bytes, in order): equal iff the
-    parameters are bit-identical (e.g. a multi-process run against a single-process one)."""
-    if not hasattr(module, "state_dict"):
+    parameters are bit-identical (e.g. a multi-process run against a single-process one); None for no module."""
+    if module is None:
         return None
     import hashlib
 
