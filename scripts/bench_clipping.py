@@ -37,7 +37,7 @@ from dppo.policies.per_user_grads import per_user_gradients
 from dppo.envs.gym_env import GymEnvFactory
 from dppo.policies.mlp import MLPPolicy
 from dppo.privacy import PrivacyContext
-from dppo.privacy.clipping import GaussianSumPrivatizer, MeanRelease
+from dppo.privacy.composed import composed_sums
 from dppo.privacy.noise import NoiseSource
 
 
@@ -142,6 +142,20 @@ def race(fns: dict, repeats: int) -> dict:
 TWIN = "pg, non-private twin"  # what algo=pg runs on the same path: per-user gradients + clip + mean
 
 
+class RoundMean:
+    """One DP-PG round of the release every learner uses (``composed_sums``' k = 1 case): opened for the rows'
+    users (its ledger entry), their sum clipped to C plus the noise, over m; with eps null the twin's plain mean."""
+
+    def __init__(self, privacy, clip: float = 1.0):
+        self.release, self.clip = composed_sums(privacy, parts={"actor": (1, 1.0)}), clip
+
+    def __call__(self, rows, round_idx: int):
+        users = list(range(rows.shape[0]))
+        self.release.open_round(round_idx, users, (self.clip,))
+        total, _ = self.release.release_sum(rows, users, self.clip, part="actor")
+        return total / len(users)
+
+
 def report(title, results: dict, base: str):
     print(title)
     b_cpu, b_wall = results[base]
@@ -151,7 +165,7 @@ def report(title, results: dict, base: str):
         print(f"  dp-pg, hooks / {TWIN}: {results['dp-pg, hooks'][0] / results[TWIN][0]:.2f}x cpu")
 
 
-def bench_cartpole(repeats, privatizer, total=1024, opacus=True):
+def bench_cartpole(repeats, private, total=1024, opacus=True):
     env = GymEnvFactory("CartPole-v1")
     policy = MLPPolicy(env.observation_space, env.action_space)
     obs, actions, adv, mask = cartpole_batch(total=total)
@@ -159,20 +173,20 @@ def bench_cartpole(repeats, privatizer, total=1024, opacus=True):
     user_of_step = torch.arange(obs.shape[0])[:, None].expand_as(mask)[mask]
     m = obs.shape[0]
     rows = per_user_gradients(policy, (obs, actions), adv)  # fixed input of the release-only row
-    twin = MeanRelease(privatizer.max_grad_norm)
+    twin = RoundMean(PrivacyContext(None))
 
     def pg_update():
         policy.zero_grad()
         (-(policy.log_prob(flat_obs, flat_act) * flat_adv).sum() / m).backward()
 
     fns = {"pg (non-private)": pg_update,
-           "dp-pg, hooks": lambda: privatizer.release_mean(per_user_gradients(policy, (obs, actions), adv), 0),
+           "dp-pg, hooks": lambda: private(per_user_gradients(policy, (obs, actions), adv), 0),
            "  of which per-user grads": lambda: per_user_gradients(policy, (obs, actions), adv),
-           "  of which the release": lambda: privatizer.release_mean(rows, 0),
-           TWIN: lambda: twin.release_mean(per_user_gradients(policy, (obs, actions), adv), 0),
-           "dp-pg, hooks, flat rows": lambda: privatizer.release_mean(
+           "  of which the release": lambda: private(rows, 0),
+           TWIN: lambda: twin(per_user_gradients(policy, (obs, actions), adv), 0),
+           "dp-pg, hooks, flat rows": lambda: private(
                per_user_gradients(policy, (flat_obs, flat_act), flat_adv, user_of_step, num_users=m), 0),
-           "dp-pg, torch.func": lambda: privatizer.release_mean(
+           "dp-pg, torch.func": lambda: private(
                per_user_gradients(policy, (obs, actions), adv, method="func"), 0)}
     try:
         if not opacus:
@@ -186,7 +200,7 @@ def bench_cartpole(repeats, privatizer, total=1024, opacus=True):
             (-(gsm(flat_obs, flat_act) * flat_adv).sum()).backward()
             per_step = torch.cat([p.grad_sample.reshape(len(flat_obs), -1) for p in gsm.parameters()], dim=1)
             per_user = torch.zeros(m, per_step.shape[1]).index_add_(0, user_of_step, per_step)
-            privatizer.release_mean(per_user, 0)
+            private(per_user, 0)
 
         fns["dp-pg, opacus hooks"] = opacus_update
     except ImportError:
@@ -197,7 +211,7 @@ def bench_cartpole(repeats, privatizer, total=1024, opacus=True):
            f"repeats={repeats}", res, "pg (non-private)")
 
 
-def bench_lm(repeats, privatizer, lora: bool):
+def bench_lm(repeats, private, lora: bool):
     policy, label = make_lm(lora)
     if policy is None:
         print(f"lm: {label}; skipped")
@@ -211,19 +225,17 @@ def bench_lm(repeats, privatizer, lora: bool):
         (-(policy(prompts, completions) * adv).sum() / m).backward()
 
     rows = per_user_gradients(policy, (prompts, completions), adv, users, num_users=m)
-    twin = MeanRelease(privatizer.max_grad_norm)
+    twin = RoundMean(PrivacyContext(None))
     fns = {"pg (non-private)": pg_update,
-           "dp-pg, hooks": lambda: privatizer.release_mean(
+           "dp-pg, hooks": lambda: private(
                per_user_gradients(policy, (prompts, completions), adv, users, num_users=m), 0),
            "  of which per-user grads": lambda: per_user_gradients(policy, (prompts, completions), adv, users,
                                                                  num_users=m),
-           "  of which the release": lambda: privatizer.release_mean(rows, 0),
-           TWIN: lambda: twin.release_mean(per_user_gradients(policy, (prompts, completions), adv, users,
-                                                             num_users=m), 0)}
+           "  of which the release": lambda: private(rows, 0),
+           TWIN: lambda: twin(per_user_gradients(policy, (prompts, completions), adv, users, num_users=m), 0)}
 
     def func_update():
-        privatizer.release_mean(per_user_gradients(policy, (prompts, completions), adv, users, num_users=m,
-                                                   method="func"), 0)
+        private(per_user_gradients(policy, (prompts, completions), adv, users, num_users=m, method="func"), 0)
 
     try:
         func_update()
@@ -241,16 +253,16 @@ def main():
     ap.add_argument("--policy", choices=["cartpole", "lm", "all"], default="all")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    privatizer = GaussianSumPrivatizer(PrivacyContext(5.0, 1e-5, noise=NoiseSource(0, secure=False)), max_grad_norm=1.0)
+    private = RoundMean(PrivacyContext(5.0, 1e-5, noise=NoiseSource(0, secure=False)))
     print("one thread; seeded noise; medians of round-robin repeats, rows in a random order each repeat.\n"
           "cpu = time.thread_time of the call (on a shared machine a call longer than a scheduler slice waits\n"
           "for other processes, which inflates wall time)")
     if args.policy in ("cartpole", "all"):
-        bench_cartpole(args.repeats, privatizer)
-        bench_cartpole(max(5, args.repeats // 3), privatizer, total=8192, opacus=False)  # 8 rollouts per user
+        bench_cartpole(args.repeats, private)
+        bench_cartpole(max(5, args.repeats // 3), private, total=8192, opacus=False)  # 8 rollouts per user
     if args.policy in ("lm", "all"):
-        bench_lm(args.repeats, privatizer, lora=False)
-        bench_lm(args.repeats, privatizer, lora=True)
+        bench_lm(args.repeats, private, lora=False)
+        bench_lm(args.repeats, private, lora=True)
 
 
 if __name__ == "__main__":

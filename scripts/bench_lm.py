@@ -9,9 +9,10 @@ benched already (``--adapters`` picks others from ``common.ADAPTERS``) - it time
   private:     DP-PG's update as the learner makes it: the users' norms and the clipped sum without the
                (m, d) per-user gradients (``AdapterSpace.clipped_user_sum``, ``dppo.policies.per_user_grads``:
                one forward/backward to the layers' outputs, per layer per-user blocks or Gram matrices,
-               whichever is cheaper), then the noise (``GaussianSumPrivatizer.release_clipped_sum``);
+               whichever is cheaper), then the noise (``release_clipped_sum`` of the release every learner
+               uses, ``dppo.privacy.composed``, in DP-PG's k = 1 case: the round opened, one sum);
   materialised: the same release from the (m, d) per-user gradients (``user_gradients``, the engine
-               ``dppo.policies.per_user_grads``), clipped and summed by ``release_mean`` (the path before),
+               ``dppo.policies.per_user_grads``), clipped and summed by ``release_sum`` (the path before),
 and the peak memory of each call above its start (CPU: the peak of the running sum of the tensor
 allocations ``torch.profiler`` records; CUDA: ``torch.cuda.max_memory_allocated``).
 With ``--device cuda`` (or ``auto`` on a GPU machine) it also benchmarks ``--large`` config (a wider
@@ -35,7 +36,7 @@ from dppo.policies.lm import pick_device  # noqa: E402
 from dppo.policies.spaces import make_space  # noqa: E402
 from dppo.privacy import NoiseSource, PrivacyContext  # noqa: E402
 from dppo.privacy.accountants import make_accountant  # noqa: E402
-from dppo.privacy.clipping import GaussianSumPrivatizer  # noqa: E402
+from dppo.privacy.composed import composed_sums  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import ADAPTERS, ROOT, TASKS  # noqa: E402
@@ -98,7 +99,7 @@ def bench(policy, env, users: int, group: int, repeats: int, label: str) -> dict
     per_pass = max(1, policy.micro_batch // group)
 
     privacy = PrivacyContext(8.0, 1e-5, accountant=make_accountant("parallel"), noise=NoiseSource(0, secure=False))
-    privatizer = GaussianSumPrivatizer(privacy, 1.0)
+    release, clip, ids = composed_sums(privacy, parts={"actor": (1, 1.0)}), 1.0, list(range(users))
     dev = policy.device_
 
     def non_private():  # one backward of the summed objective (micro-batches of users)
@@ -112,11 +113,13 @@ def bench(policy, env, users: int, group: int, repeats: int, label: str) -> dict
         return torch.cat([t_.reshape(-1).cpu() for t_ in total]) / users
 
     def private():  # the learner's path: norms and the clipped sum (dppo.policies.per_user_grads), the noise
-        total, norms = space.clipped_user_sum(batch, A, privatizer.clip_scale)
-        return privatizer.release_clipped_sum(total, norms, 0)[0]
+        total, norms = space.clipped_user_sum(batch, A, lambda n: release.clip_scale(n, clip))
+        release.open_round(0, ids, (clip,))
+        return release.release_clipped_sum(total, norms, ids, clip, part="actor")[0] / users
 
     def materialised():  # per-user gradients (dppo.policies.per_user_grads), clipping, the noisy sum
-        return privatizer.release_mean(space.user_gradients(batch, A), 0)[0]
+        release.open_round(0, ids, (clip,))
+        return release.release_sum(space.user_gradients(batch, A), ids, clip, part="actor")[0] / users
 
     def grads_only():
         return space.user_gradients(batch, A)

@@ -174,9 +174,8 @@ class Learner:
 
     def distribute(self, shards) -> None:
         """Make this learner multi-process (``torchrun``): wrap the parts its release reads with ``shards``
-        (``shards.sampler(sampler, release=None)``: this rank's share of each round's users;
-        ``shards.sum_release(release)``: a mean of clipped per-user vectors computed on rank 0;
-        ``shards.round_release(release, sampler)``: a round's clipped sums, each added and noised on rank 0;
+        (``shards.sampler(sampler)``: this rank's share of each round's users;
+        ``shards.round_release(release, sampler)``: a round's clipped sums, each rank's added and noised on rank 0;
         ``shards.oracle(oracle)``: a least-squares oracle solved on rank 0; ``dppo.training.distributed``).
         A learner that does not override this runs in one process only."""
         raise ConfigError(f"multi-process training (torchrun) supports the policy-optimization learners (algo=pg|"

@@ -1,4 +1,4 @@
-"""PG (REINFORCE) and DP-PG: one learner; DP-PG is PG with the Gaussian sum release injected.
+"""PG (REINFORCE) and DP-PG: one learner; DP-PG is PG with the Gaussian sum release.
 
 One round: m fresh users each get G rollouts (``dppo.algos.core``; G completions of a prompt on
 ``env=prompts``: the GRPO form). User i's gradient is the mean over its G rollouts of
@@ -7,10 +7,14 @@ sum_t grad log pi(a_t|s_t) A_t, with A from user i's own group, in the policy's 
 ``kl_coef`` times a KL estimate to the initial public model (language models). PG steps along the mean of
 the users' gradients clipped to C (the twins differ by the noise only); DP-PG along
 (sum_i clip(g_i, C) + N(0, sigma^2 I)) / m with sigma from the replace-one sensitivity 2C of the
-clipped sum (``dppo.privacy.clipping.sum_mechanism``). The clipped sum is formed from the users' norms and
-one weighted product per layer when the space can (``dppo.policies.clipped_sum``), without the (m, dim)
-matrix of per-user gradients. The G rollouts of a user are one clipped
-contribution, so G changes neither the sensitivity nor eps. Only trainable parameters
+clipped sum. The release is the one every policy learner uses (``dppo.privacy.composed.composed_sums``) in its
+k = 1 case: one part, ``actor``, one sum per user and round; the round opens (and is accounted) before the sum
+is formed; with ``privacy.noise_correlation`` its noise is correlated across rounds, with ``privacy.multi_pass``
+users are Poisson-sampled and the sum is divided by the expected count. The clipped sum is formed from the users'
+norms and one weighted product per layer when the space can (``dppo.policies.per_user_grads.fused``), without
+the (m, dim) matrix of per-user gradients; under torchrun each rank so forms its own users' sum and rank 0 adds
+them and draws the noise once. The G rollouts of a user are one clipped contribution, so G changes neither the
+sensitivity nor eps. Only trainable parameters
 (``requires_grad``) get gradients and noise; the noise has the space's dimension.
 
 ``shrink`` (post-processing of the release, on by default): the step follows the positive-part James-Stein
@@ -29,9 +33,10 @@ from dppo.algos.core import GroupPolicyOptimizer
 from dppo.algos.dp_adam import AdamBC
 from dppo.errors import ConfigError
 from dppo.policies.spaces import finite_or_fail
-from dppo.privacy.clipping import sum_mechanism
+from dppo.privacy.composed import composed_sums
 
 OPTIMIZERS = ("sgd", "adam", "adam_bc")
+PART = "actor"   # the release's one part: the policy's gradient, one sum per user and round
 
 
 def shrinkage(mean: torch.Tensor, noise_std: float) -> float:
@@ -89,16 +94,16 @@ class PolicyGradient(GroupPolicyOptimizer):
             self.optimizer = torch.optim.SGD(self.space.params, lr=lr, momentum=momentum)
         else:
             raise ConfigError(f"algo.optimizer must be one of {OPTIMIZERS}, got '{optimizer}'")
-        self.release = sum_mechanism(privacy, max_grad_norm, sampler, self.num_rounds)
+        self.clip = float(max_grad_norm)
+        self.release = composed_sums(privacy, parts={PART: (1, 1.0)}, sampler=sampler, rounds=self.num_rounds)
 
     def update(self, batch, round_idx: int, users: list[int]) -> dict:
         """The mean of the users' gradients (clipped + noised when private) and one optimizer step along it."""
-        if batch is None:
-            direction, stats = self.release.release_mean(torch.zeros(0, self.space.dim, dtype=torch.float64),
-                                                         round_idx)
+        if batch is None:   # Poisson sampling drew nobody (or, under torchrun, this rank holds none of the users)
+            direction, stats = self.update_direction(None, None, round_idx, [])
         else:
             A, zero_frac = self.step_advantages(batch)
-            direction, stats = self.update_direction(batch, A, round_idx)
+            direction, stats = self.update_direction(batch, A, round_idx, users)
             stats["diag/zero_spread_fraction"] = zero_frac
         noise_std = float(stats.get("privacy/noise_std", 0.0))
         if self.shrink:
@@ -113,24 +118,40 @@ class PolicyGradient(GroupPolicyOptimizer):
         """(m, dim): user i's mean over its G rollouts of sum_t grad log pi(a_t|s_t) A_t (minus the KL term)."""
         return finite_or_fail(self.space.user_gradients(batch, A, kl_coef=self.kl_coef), "the policy gradient")
 
-    def update_direction(self, batch, A: torch.Tensor, round_idx: int) -> tuple[torch.Tensor, dict]:
-        """The released mean of the users' gradients under advantages ``A`` (N, T) (the audited function).
+    def update_direction(self, batch, A: torch.Tensor | None, round_idx: int, users: list[int]
+                         ) -> tuple[torch.Tensor, dict]:
+        """The released mean of the gradients of ``users`` (the batch's, in its order) under advantages ``A``
+        (N, T) (the audited function): the round opens for them (one ledger entry), then its one noisy sum.
 
         Where the space offers it (``clipped_user_sum``: every trainable parameter, unprojected) the clipped
         sum is formed without the (m, dim) matrix of per-user gradients, with the release's clipping factors
-        (``dppo.privacy.clipping``); otherwise the rows of ``user_gradients`` are clipped by the release."""
-        if self.release.fused:  # not when sharded: the release then gathers every rank's clipped rows
-            fused = self.space.clipped_user_sum(batch, A, self.release.clip_scale, kl_coef=self.kl_coef)
-            if fused is not None:
-                total, norms = fused
-                finite_or_fail(norms, "the policy gradient")
-                return self.release.release_clipped_sum(finite_or_fail(total, "the policy gradient"), norms,
-                                                        round_idx)
-        return self.release.release_mean(self.user_gradients(batch, A), round_idx)
+        (``Release.clip_scale``); otherwise the rows of ``user_gradients`` are clipped by the release. ``batch``
+        None: no users here, the sum is the zero vector (plus the noise)."""
+        rel, dim = self.release, self.space.dim
+        everyone, _ = rel.round_users(users)   # multi-process: every rank's users
+        rel.open_round(round_idx, everyone, (self.clip,), dim=dim)
+        fused = None if batch is None else self.space.clipped_user_sum(
+            batch, A, lambda n: rel.clip_scale(n, self.clip), kl_coef=self.kl_coef)
+        if fused is not None:
+            total, norms = fused
+            finite_or_fail(norms, "the policy gradient")
+            noisy, stats = rel.release_clipped_sum(finite_or_fail(total, "the policy gradient"), norms, users,
+                                                   self.clip, part=PART)
+        else:
+            rows = torch.zeros(0, dim, dtype=torch.float64) if batch is None else self.user_gradients(batch, A)
+            noisy, stats = rel.release_sum(rows, users, self.clip, part=PART)
+        n = max(rel.batch_size(len(everyone)), 1)   # the count, or a multi-pass release's expected count
+        if rel.private:
+            stats["privacy/noise_multiplier"] = rel.noise_multiplier
+            if not self.privacy.multi_pass:   # the multi-pass release has reported no noise std (so far)
+                stats["privacy/noise_std"] = rel.noise_std(self.clip, PART) / n
+        return noisy / n, stats
 
     def distribute(self, shards) -> None:
-        """Multi-process: this rank's users' clipped gradients reach rank 0's release (``shards``)."""
-        self.sampler = shards.sampler(self.sampler, release=shards.sum_release(self.release))
+        """Multi-process: this rank's share of each round's users; each rank clips and sums its users' gradients,
+        rank 0 adds the sums and its release draws the noise once (``dppo.training.distributed.ShardedSums``)."""
+        self.sampler = shards.sampler(self.sampler)
+        self.release = shards.round_release(self.release, self.sampler)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "optimizer": self.optimizer.state_dict()}

@@ -25,9 +25,9 @@ through its parameter space's ``gradients``, the critic's directly): it differen
 user, and every term above is of that form. A minibatch whose (b, P) rows would exceed ``PER_USER_MEMORY`` forms
 each clipped sum by the engine's fused path (``fused``: the users' norms and the sum of their clipped gradients,
 never the rows; the space's ``clipped_rows_sum`` for the actor) with the release's clipping factors, unless the
-release gathers rows across processes or the actor's space is projected; a smaller one materialises the rows
-(cheaper for small networks), clipped by the release. The two are equal to float32 rounding. The surrogate's gradient is
-sum_t w_t grad log pi(a_t|s_t) with w_t = rho_t A_t [not clipped] / n_u (clipped terms have zero gradient);
+actor's space is projected (under torchrun each rank so forms its own users' sum); a smaller one materialises the
+rows (cheaper for small networks), clipped by the release. The two are equal to float32 rounding. The surrogate's
+gradient is sum_t w_t grad log pi(a_t|s_t) with w_t = rho_t A_t [not clipped] / n_u (clipped terms have zero gradient);
 the entropy's, exactly, sum_a -pi(a|s) log pi(a|s) grad log pi(a|s) (one row per action) for a softmax
 policy, and 1/2 [grad log pi(mu + sqrt2 sigma | s) + grad log pi(mu - sqrt2 sigma | s)] = sum_k grad log sigma_k(s)
 for a Gaussian one; the critic's, sum_t (R_t - V(s_t)) / c^2 grad V(s_t) / n_u.
@@ -146,7 +146,7 @@ class PPO(GroupPolicyOptimizer):
         critic_normalize_obs: the critic sees observations scaled onto [-1, 1] by the public bounds (as
             ``policy.normalize_obs`` does for the actor).
         fused: form each clipped sum without the users' gradient rows (the engine's fused path) where the
-            release and the actor's space allow: null (by size) when a minibatch's rows would exceed
+            actor's space allows: null (by size) when a minibatch's rows would exceed
             ``PER_USER_MEMORY`` (for small networks the rows are cheaper: on CPU the fused update of the
             114-parameter CartPole actor and its critic takes about 5x the time), true always, false never (module
             docstring; the two paths give the same sums to float32 rounding).
@@ -318,8 +318,8 @@ class PPO(GroupPolicyOptimizer):
     def release_minibatch(self, t: dict, mb: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor, dict]:
         """The released sums of the actor's and the critic's clipped per-user gradients over the users at
         positions ``mb`` (ids ``ids``), at the current parameters, and the step's raw clip fractions. Fused
-        (``fused_sums``: the release's clipping factors, ``release_clipped_sum``) where the learner, the release
-        and the actor's space allow, else from the rows (``minibatch_blocks``, clipped by ``release_sum``)."""
+        (``fused_sums``: the release's clipping factors, ``release_clipped_sum``) where the learner and the actor's
+        space allow, else from the rows (``minibatch_blocks``, clipped by ``release_sum``)."""
         rel = self.release
         fused = self.fused_sums(t, mb) if self.fuses(len(mb)) else None
         if fused is None:
@@ -336,10 +336,10 @@ class PPO(GroupPolicyOptimizer):
                                    "diag/ratio_clip_fraction": frac}
 
     def fuses(self, users: int) -> bool:
-        """Whether a minibatch of ``users`` users takes the fused path (``fused``; public: sizes only): never when
-        the release gathers every rank's rows (``Release.fused`` false); by default when its rows would not fit in
-        ``PER_USER_MEMORY`` at once (the materialised path would run in blocks)."""
-        if not (users and self.release.fused) or self.fused is False:
+        """Whether a minibatch of ``users`` users (this rank's, under torchrun) takes the fused path (``fused``;
+        public: sizes only): by default when its rows would not fit in ``PER_USER_MEMORY`` at once (the
+        materialised path would run in blocks)."""
+        if not users or self.fused is False:
             return False
         return self.fused is True or users > self.users_per_block()
 

@@ -1,6 +1,6 @@
-"""Audit of the correlated-noise stream (``dppo.privacy.correlated``): DP-PG's ``CorrelatedGaussianSum`` (each user
-in one release) and DP-PPO's ``CorrelatedComposedSums`` (each user in the E consecutive releases of its round),
-driven through ``sum_mechanism`` / ``composed_sums`` with the ``CorrelatedNoise`` option, on the released values.
+"""Audit of the correlated-noise stream (``dppo.privacy.correlated``): ``CorrelatedComposedSums`` with each user in
+one release (DP-PG's) or in the E consecutive releases of its round (each of DP-PPO's parts), driven through
+``composed_sums`` with the ``CorrelatedNoise`` option, on the released values.
 
 One trial is one whole stream (``StackedNoise``: every draw is ``trials`` independent streams). Neighbours: the
 audited user, in the first round, contributes +C (D) or -C (D') to each of its releases (1-dimensional,
@@ -22,8 +22,7 @@ from dppo.audit.result import MechanismAudit, conclude, same_claim
 from dppo.audit.trials import StackedNoise, trial_context
 
 DELTA = 1e-5
-ENTRY = ("dppo.privacy.clipping.CorrelatedGaussianSum.release_mean / "
-         "dppo.privacy.composed.CorrelatedComposedSums.release_sum (one stream per trial)")
+ENTRY = "dppo.privacy.composed.CorrelatedComposedSums.release_sum (one stream per trial)"
 
 
 def _dense(c, T: int) -> np.ndarray:
@@ -34,40 +33,29 @@ def _dense(c, T: int) -> np.ndarray:
 
 
 def _stream(eps, n, seed, sign, *, participations, bands, kind, rounds, users, sigma_scale, clip, others):
-    """(released sums x m minus the other users' sums: the user's +-C plus the noise, shape (T, n); the
+    """(released sums minus the other users' sums: the user's +-C plus the noise, shape (T, n); the
     coefficients; the claimed (eps, delta))."""
-    from dppo.privacy.clipping import sum_mechanism
     from dppo.privacy.composed import composed_sums
     from dppo.privacy.correlated import CorrelatedNoise
 
     privacy = trial_context(eps, DELTA, StackedNoise(n, seed))
     privacy.noise_correlation = CorrelatedNoise(kind, bands, rounds=rounds)
     E = participations
+    rel = composed_sums(privacy, parts={"actor": (E, 1.0)})   # E = 1: DP-PG's release; E > 1: each of DP-PPO's parts
+    if sigma_scale != 1:   # the broken variant: less noise than the calibration (the ledger's claim unchanged)
+        calibrated = rel.sigma
+        rel.sigma = lambda c, part=None: calibrated(c, part) * sigma_scale
     out = []
-    if E == 1:
-        rel = sum_mechanism(privacy, clip, rounds=rounds)
-        sigma = rel.sigma() * sigma_scale
-        for t in range(rounds):
-            rows = torch.tensor(others[t], dtype=torch.float64)[:, None]
-            if t == 0:
-                rows = torch.cat([torch.tensor([[sign * clip]], dtype=torch.float64), rows])
-            mean, _ = rel.release_mean(rows, t, sigma=sigma)
-            out.append(mean[:, 0] * rows.shape[0] - rows.sum(0)[0] + (sign * clip if t == 0 else 0.0))
-        coeffs = rel.coefficients
-    else:
-        rel = composed_sums(privacy, parts={"actor": (E, 1.0)})
-        rel.multipliers["actor"] *= sigma_scale
-        for r in range(rounds):
-            ids = list(range(r * users, (r + 1) * users))
-            rel.open_round(r, ids, (clip,))
-            for j in range(E):
-                rows = torch.tensor(others[r * E + j][:users], dtype=torch.float64)[:, None]
-                if r == 0:
-                    rows[0, 0] = sign * clip
-                noisy, _ = rel.release_sum(rows, ids, clip, part="actor")
-                out.append(noisy[:, 0] - rows[1:].sum(0)[0])
-        coeffs = rel.coefficients["actor"]
-    return torch.stack(out).numpy(), coeffs, privacy.spent()
+    for r in range(rounds):
+        ids = list(range(r * users, (r + 1) * users))
+        rel.open_round(r, ids, (clip,))
+        for j in range(E):
+            rows = torch.tensor(others[r * E + j][:users], dtype=torch.float64)[:, None]
+            if r == 0:
+                rows[0, 0] = sign * clip
+            noisy, _ = rel.release_sum(rows, ids, clip, part="actor")
+            out.append(noisy[:, 0] - rows[1:].sum(0)[0])
+    return torch.stack(out).numpy(), rel.coefficients["actor"], privacy.spent()
 
 
 def audit_correlated_noise(eps: float, trials: int = 200_000, *, participations: int = 1, bands: int = 4,

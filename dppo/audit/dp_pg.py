@@ -1,4 +1,5 @@
-"""Audit of the DP-PG round update: ``PolicyGradient.update_direction`` (per-user clip, sum, Gaussian noise, / m).
+"""Audit of the DP-PG round update: ``PolicyGradient.update_direction`` (the round opened, per-user clip, sum,
+Gaussian noise, / m: the composed release's k = 1 case).
 
 Neighbours: a real CartPole round of m users with G rollouts each (a small MLP policy, rollouts by the
 project's own ``RolloutEngine`` from each user's own streams) in which user 0 is a canary who controls
@@ -20,7 +21,7 @@ import torch
 from dppo.audit.result import MechanismAudit, conclude, same_claim
 from dppo.audit.trials import StackedNoise, trial_context
 
-ENTRY = "dppo.algos.pg.PolicyGradient.update_direction -> GaussianSumPrivatizer.release_mean"
+ENTRY = "dppo.algos.pg.PolicyGradient.update_direction -> ComposedGaussianSums.release_sum"
 
 
 def build_round(eps: float, delta: float, noise, *, users: int = 4, max_grad_norm: float = 1.0, seed: int = 0,
@@ -51,25 +52,25 @@ def build_round(eps: float, delta: float, noise, *, users: int = 4, max_grad_nor
 
 def audit_dp_pg(eps: float, delta: float = 1e-5, trials: int = 1_000_000, *, seed: int = 0, chunk: int = 50_000,
                 users: int = 4, max_grad_norm: float = 1.0,
-                privatizer: Callable | None = None) -> MechanismAudit:
+                release: Callable | None = None) -> MechanismAudit:
     """Run ``trials`` releases (half on D, half on D') and bound eps from the projection test.
 
     Args:
         eps, delta: the learner's privacy target (its ``PrivacyContext``).
         trials: total releases; chunk: releases per call of ``update_direction``.
         users, max_grad_norm: round size m and clip C.
-        privatizer: optional ``f(privacy, max_grad_norm)`` replacing the learner's privatizer
+        release: optional ``f(privacy, max_grad_norm)`` replacing the learner's release
             (used only by the audit's tests to build broken variants).
     """
     started = time.perf_counter()
     noise = StackedNoise(chunk, seed)
     learner, batch, A_null, A_alt, u = build_round(eps, delta, noise, users=users, max_grad_norm=max_grad_norm,
                                                    seed=seed)
-    if privatizer is not None:
-        learner.release = privatizer(learner.privacy, max_grad_norm)
-    null, alt = [], []
+    if release is not None:
+        learner.release = release(learner.privacy, max_grad_norm)
+    null, alt, ids = [], [], list(range(users))
     for r in range(max(1, trials // (2 * chunk))):
-        null.append(learner.update_direction(batch, A_null, 2 * r)[0].double() @ u)
-        alt.append(learner.update_direction(batch, A_alt, 2 * r + 1)[0].double() @ u)
+        null.append(learner.update_direction(batch, A_null, 2 * r, ids)[0].double() @ u)
+        alt.append(learner.update_direction(batch, A_alt, 2 * r + 1, ids)[0].double() @ u)
     claimed = same_claim([learner.privacy.spent()])
     return conclude("dp_pg_round", ENTRY, claimed, torch.cat(null).numpy(), torch.cat(alt).numpy(), started)

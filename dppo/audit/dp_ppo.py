@@ -38,7 +38,7 @@ import torch
 
 from dppo.audit.result import MechanismAudit, conclude, same_claim
 from dppo.audit.trials import StackedNoise
-from dppo.privacy.clipping import clip_per_user
+from dppo.privacy.release import clip_per_user
 from dppo.privacy.noise import NoiseSource
 
 ENTRY = "dppo.algos.ppo.PPO.update (every release_sum read where the learner steps)"

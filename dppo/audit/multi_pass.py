@@ -1,16 +1,16 @@
-"""Audit of one multi-pass DP-PG release (opt-in): Poisson sampling + ``PoissonGaussianSumPrivatizer``.
+"""Audit of one multi-pass DP-PG release (opt-in): Poisson sampling + ``PoissonComposedSums`` (one sum per round).
 
-Adjacency is add/remove-one-user (the analysis of Opacus' accountants that the privatizer uses).
+Adjacency is add/remove-one-user (the analysis of Opacus' accountants that the release uses).
 Neighbours: a real CartPole round (``dp_pg.build_round``) in which user 0 is a canary whose clipped
 gradient is exactly C u; in D the canary is absent, in D' it is in the population, and the project's
 ``PoissonUserSampler`` (population N, rate q = m / N) decides, trial by trial, whether this round
 includes it. An absent user and a user whose advantages are zero add the same zero row to the
-clipped sum (``release_mean`` divides by the expected batch q N, not by the count), so each trial
+clipped sum (``update_direction`` divides by the expected batch q N, not by the count), so each trial
 reads a stacked release of ``update_direction`` with the canary's advantages either zeroed or set.
 The distinguisher is the projection on u: the likelihood ratio of q N(C u, s^2) + (1 - q) N(0, s^2)
 against N(0, s^2) increases with it.
 Claimed eps: the accountant's (RDP or PRV) eps after this one release, with the noise multiplier the
-privatizer picks for ``rounds = 1``. A run composes many such releases; the composition is the
+release picks for ``rounds = 1``. A run composes many such releases; the composition is the
 accountant's (Opacus) and is not re-audited here.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dppo.audit.result import MechanismAudit, conclude, same_claim
 from dppo.audit.trials import StackedNoise
 
 ENTRY = ("dppo.data.sampler.PoissonUserSampler.next_round + PolicyGradient.update_direction -> "
-         "PoissonGaussianSumPrivatizer.release_mean")
+         "PoissonComposedSums.release_sum")
 
 
 def audit_multi_pass_dp_pg(eps: float, delta: float = 1e-5, trials: int = 1_000_000, *, seed: int = 0,
@@ -34,7 +34,7 @@ def audit_multi_pass_dp_pg(eps: float, delta: float = 1e-5, trials: int = 1_000_
     from dppo.audit.dp_pg import build_round
     from dppo.data.sampler import PoissonUserSampler
     from dppo.privacy.accountants import make_accountant
-    from dppo.privacy.clipping import PoissonGaussianSumPrivatizer
+    from dppo.privacy.composed import composed_sums
     from dppo.privacy.context import PrivacyContext
 
     started = time.perf_counter()
@@ -44,9 +44,9 @@ def audit_multi_pass_dp_pg(eps: float, delta: float = 1e-5, trials: int = 1_000_
     A_absent = A_canary.clone()
     A_absent[:batch.group_size] = 0.0  # the canary's whole group absent
     sampler = PoissonUserSampler(users, population, seed=seed + 1)
-    learner.release = PoissonGaussianSumPrivatizer(
+    learner.release = composed_sums(
         PrivacyContext(eps, delta, accountant=make_accountant(accountant), noise=noise, multi_pass=True,
-                       population_size=population), max_grad_norm, sampler.sample_rate, population, 1)
+                       population_size=population), parts={"actor": (1, 1.0)}, sampler=sampler, rounds=1)
     claims, null, alt = [], [], []
 
     def release(A) -> torch.Tensor:
@@ -54,7 +54,7 @@ def audit_multi_pass_dp_pg(eps: float, delta: float = 1e-5, trials: int = 1_000_
         privacy = PrivacyContext(eps, delta, accountant=make_accountant(accountant), noise=noise, multi_pass=True,
                                  population_size=population)
         learner.privacy = learner.release.privacy = privacy
-        out = learner.update_direction(batch, A, 0)[0].double() @ u
+        out = learner.update_direction(batch, A, 0, list(range(users)))[0].double() @ u
         (entry,) = privacy.ledger.entries
         if not claims or entry != claims[0][0]:  # identical releases have the identical claim (PRV is slow)
             claims.append((entry, privacy.spent()))

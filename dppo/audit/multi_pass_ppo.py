@@ -36,7 +36,7 @@ import torch
 
 from dppo.audit.result import MechanismAudit, conclude, same_claim
 from dppo.audit.trials import StackedNoise
-from dppo.privacy.clipping import clip_per_user
+from dppo.privacy.release import clip_per_user
 
 ENTRY = ("PoissonUserSampler.next_round + PoissonComposedSums.open_round + release_sum over PPO.schedule "
          "(PPO.minibatch_gradients at the round's start)")

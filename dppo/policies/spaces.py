@@ -149,7 +149,7 @@ class ParameterSpace:
                          ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(sum_i scale(n)_i g_i (dim,) float64, n = ||g_i|| (m,) float64) for the rows g_i of
         ``user_gradients``, without forming them; None when this space has no such path (then clip the
-        rows of ``user_gradients``). ``scale``: the release's clipping factors (``dppo.privacy.clipping``)."""
+        rows of ``user_gradients``). ``scale``: the release's clipping factors (``dppo.privacy.release``)."""
         return None
 
     def features(self, batch) -> torch.Tensor:

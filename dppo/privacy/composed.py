@@ -1,4 +1,9 @@
-"""Several Gaussian sums of per-user vectors in one round, composed for the same users (DP-PPO's releases).
+"""The release of clipped per-user sums every policy learner uses: a round *opens* for its users (accounted once,
+in one ledger entry, before any noisy sum of it exists), then releases k noisy sums per user in named parts.
+DP-PG is the case k = 1 (one part, ``actor``: one sum per round), DP-PPO k = 2 x epochs (``actor`` and ``critic``);
+noise independent (``ComposedGaussianSums``), correlated across rounds (``CorrelatedComposedSums``) or multi-pass
+(``PoissonComposedSums``); the non-private twin (``ClippedSums``) clips the same vectors and adds no noise.
+``composed_sums`` picks one from the privacy context. Per-user clipping and the base class: ``dppo.privacy.release``.
 
 Setting. A round takes m fresh users. Its update makes a sequence of releases; release j sums the clipped
 per-user vectors of a subset S_j of the round's users and adds Gaussian noise,
@@ -28,10 +33,12 @@ analytic Gaussian mechanism's curve at sensitivity 1 and std 1/mu (Balle & Wang 
 
     composition="gdp" (default, exact):  z = sqrt(k) * analytic_gaussian_sigma(eps, delta, 1),
 
-the smallest multiplier for which the round is (eps, delta)-DP. ``composition="rdp"`` calibrates with
-Opacus' RDP accountant instead (sample rate 1, k steps: without subsampling, the add/remove analysis of
-a sensitivity-1, std-z mechanism is the replace-one analysis of ours), an upper bound that needs more
-noise.
+the smallest multiplier for which the round is (eps, delta)-DP. One release per user (k = 1, DP-PG) is the
+Gaussian sum: sigma = z 2 C = analytic_gaussian_sigma(eps, delta, 2 C), the round one Gaussian mechanism, so its
+ledger entry also names that mechanism's ``sigma``, ``sensitivity`` (2 C) and ``clip``. ``composition="rdp"``
+calibrates with Opacus' RDP accountant instead (sample rate 1, k steps: without subsampling, the add/remove
+analysis of a sensitivity-1, std-z mechanism is the replace-one analysis of ours), an upper bound that needs
+more noise.
 
 Unequal shares (``parts``). The releases may form named parts (PPO: the actor's and the critic's sums),
 part p with k_p releases per user and a share w_p of the round's budget (sum_p w_p = 1). Each release
@@ -71,7 +78,6 @@ from dppo.privacy.factorizations import MAX_HORIZON, participation_norm_sq
 from dppo.privacy.release import Release, clip_fraction, clipped_total  # noqa: F401 - clipped_total re-exported
 
 COMPOSITIONS = ("gdp", "rdp")
-MECHANISM = "composed_gaussian_sum"
 
 
 def composed_noise_multiplier(eps: float, delta: float, releases_per_user: int, composition: str = "gdp") -> float:
@@ -102,8 +108,9 @@ class ComposedGaussianSums(Release):
             (k = sum_p k_p).
     """
 
-    mechanism = MECHANISM
+    family = "gaussian_sum"
     private = True
+    accountant_multiplier = False   # the entry's noise_multiplier is not the accountant's input (one-pass)
 
     def __init__(self, privacy, releases_per_user: int | None = None, composition: str = "gdp", *,
                  parts: dict | None = None):
@@ -123,32 +130,68 @@ class ComposedGaussianSums(Release):
         self._count: Counter = Counter()
 
     @property
+    def mechanism(self) -> str:
+        """The ledger's name: the family's (``gaussian_sum``, ``correlated_gaussian_sum``, ``poisson_gaussian_sum``)
+        for one release per user and round (DP-PG), its ``composed_`` form for k > 1 (DP-PPO)."""
+        if self.releases_per_user == 1:
+            return self.family
+        return self.family.replace("gaussian_sum", "composed_gaussian_sum")
+
+    @property
     def gdp_mu(self) -> float:
         """mu of the round's guarantee in Gaussian DP (exact with composition=gdp): sqrt(sum_p k_p / z_p^2)."""
         return math.sqrt(sum(kp / self.multipliers[p] ** 2 for p, (kp, _) in self.parts.items()))
 
-    def open_round(self, round_idx: int, users, clips) -> dict:
+    def sensitivity(self, clip: float, part=None) -> float:
+        """The replace-one l2 sensitivity of one sum of ``part`` clipped to ``clip``: 2 C (module docstring)."""
+        return 2.0 * float(clip)
+
+    def _clip_list(self, clips) -> list[float]:
+        """The round's clip norms, one per part (in the parts' order) when there are several parts."""
+        names, clips = list(self.parts), [float(c) for c in clips]
+        if len(names) > 1 and len(clips) != len(names):
+            raise PrivacyError(f"open_round: one clip norm per part {names}, got {len(clips)}")
+        return clips
+
+    def _opened(self, round_idx: int, users, clips) -> tuple[list[int], list[float]]:
+        """Start the round's bookkeeping (its users, no release yet): (the users, the checked clips)."""
+        users, clips = [int(u) for u in users], self._clip_list(clips)
+        self._round, self._users, self._count = int(round_idx), frozenset(users), Counter()
+        return users, clips
+
+    def _record(self, round_idx: int, users: int, round_clips: list[float], dim: int | None, **fields) -> dict:
+        """The round's one ledger entry (``PrivacyContext.release``: ledger, accountant, journal). A round that is
+        one Gaussian mechanism (k = 1: DP-PG's sum) also names its ``sigma``, ``sensitivity`` and ``clip``, its
+        ``noise_multiplier`` then sigma / sensitivity (unless the accountant reads the calibrated one: multi-pass);
+        ``dim``: the released vectors' size, when given."""
+        if dim is not None:
+            fields["dim"] = int(dim)
+        if self.releases_per_user == 1 and len(round_clips) == 1:
+            part, clip = next(iter(self.parts)), round_clips[0]
+            sigma, sensitivity = self.sigma(clip, part), self.sensitivity(clip, part)
+            fields.update(sigma=sigma, sensitivity=sensitivity, clip=clip)
+            if not self.accountant_multiplier:
+                fields["noise_multiplier"] = sigma / sensitivity
+        return self.privacy.release(self.mechanism, round=int(round_idx), users=users, **fields)
+
+    def open_round(self, round_idx: int, users, clips, *, dim: int | None = None) -> dict:
         """Record the round's release in the ledger (one entry: parallel composition over rounds) before any
         noisy sum of it is computed; ``clips`` are the clip norms C_j the round will use (for the ledger; one
-        per part, in the parts' order, when there are parts)."""
-        users = [int(u) for u in users]
-        self._round, self._users, self._count = int(round_idx), frozenset(users), Counter()
+        per part, in the parts' order, when there are parts); ``dim``: the released vectors' size (recorded)."""
+        users, clips = self._opened(round_idx, users, clips)
         zs = list(self.multipliers.values())
-        if len(zs) > 1 and len(clips) != len(zs):
-            raise PrivacyError(f"open_round: one clip norm per part {list(self.parts)}, got {len(clips)}")
         zs = zs if len(zs) > 1 else zs * len(clips)
         extra = {} if list(self.parts) == [None] else {
             "parts": {p: {"releases_per_user": kp, "share": w, "noise_multiplier": self.multipliers[p]}
                       for p, (kp, w) in self.parts.items()}}
-        return self.privacy.release(self.mechanism, round=int(round_idx), users=len(users), eps=self.privacy.eps,
-                                    delta=self.privacy.delta, adjacency="replace_one",
-                                    noise_multiplier=self.noise_multiplier, releases_per_user=self.releases_per_user,
-                                    composition=self.composition, gdp_mu=self.gdp_mu,
-                                    clips=[float(c) for c in clips],
-                                    sigmas=[2.0 * z * float(c) for z, c in zip(zs, clips)], **extra)
+        return self._record(round_idx, len(users), clips, dim, eps=self.privacy.eps, delta=self.privacy.delta,
+                            adjacency="replace_one", noise_multiplier=self.noise_multiplier,
+                            releases_per_user=self.releases_per_user, composition=self.composition,
+                            gdp_mu=self.gdp_mu, clips=clips, sigmas=[2.0 * z * c for z, c in zip(zs, clips)], **extra)
 
     def sigma(self, clip: float, part=None) -> float:
-        """Noise std of one sum of ``part`` clipped to ``clip``: z_p x its replace-one sensitivity 2 C."""
+        """Noise std of one sum of ``part`` clipped to ``clip``: z_p x its replace-one sensitivity 2 C (k = 1:
+        analytic_gaussian_sigma(eps, delta, 2 C), to the bit: z 2 C and z (2 C) differ by a power of 2 only)."""
         return self._multiplier(part) * 2.0 * float(clip)
 
     def noise_std(self, clip: float | None = None, part=None) -> float:
@@ -200,7 +243,7 @@ class CorrelatedComposedSums(ComposedGaussianSums):
     releases per user (one minibatch per epoch) bound its sensitivity 2 C_p sqrt(B_{E_p}(c)), its noise
     sigma_p = 2 C_p sqrt(B_{E_p}) / (sqrt(w_p) mu), mu = 1 / analytic_gaussian_sigma(eps, delta, 1)."""
 
-    mechanism = "correlated_composed_gaussian_sum"
+    family = "correlated_gaussian_sum"
 
     def __init__(self, privacy, releases_per_user: int | None = None, composition: str = "gdp", *,
                  parts: dict | None = None, correlation: CorrelatedNoise):
@@ -224,32 +267,39 @@ class CorrelatedComposedSums(ComposedGaussianSums):
         """mu of every user's guarantee: sqrt(sum_p (Delta_p / sigma_p)^2) = mu."""
         return math.sqrt(sum(self.bound[p] / self.multipliers[p] ** 2 for p in self.parts))
 
-    def open_round(self, round_idx: int, users, clips) -> dict:
+    def sensitivity(self, clip: float, part=None) -> float:
+        """The stream's replace-one sensitivity for a user in its part's k_p releases: 2 C sqrt(B_{k_p}(c))."""
+        return 2.0 * float(clip) * math.sqrt(self.bound[part])
+
+    def sigma(self, clip: float, part=None) -> float:
+        """sigma_p = 2 C_p sqrt(B_p) / (sqrt(w_p) mu); a part holding the whole budget (w_p = 1: DP-PG's one stream)
+        is the analytic Gaussian at the stream's sensitivity, analytic_gaussian_sigma(eps, delta, 2 C sqrt(B))."""
+        if self.parts[part][1] == 1.0:
+            return analytic_gaussian_sigma(self.privacy.eps, self.privacy.delta, self.sensitivity(clip, part))
+        return self._multiplier(part) * 2.0 * float(clip)
+
+    def open_round(self, round_idx: int, users, clips, *, dim: int | None = None) -> dict:
         """One ledger entry for the round's users, stating the whole stream's guarantee (module docstring)."""
-        users = [int(u) for u in users]
         names = list(self.parts)
-        clips = [float(c) for c in clips]
-        if len(names) > 1 and len(clips) != len(names):
-            raise PrivacyError(f"open_round: one clip norm per part {names}, got {len(clips)}")
-        for p, c in zip(names, clips if len(names) > 1 else clips[:1] * len(names)):
+        checked = self._clip_list(clips)
+        for p, c in zip(names, checked if len(names) > 1 else checked[:1] * len(names)):
             if self._clips.setdefault(p, c) != c:
                 raise PrivacyError(f"a correlated noise stream keeps one clip norm per part: {p!r} had "
                                    f"{self._clips[p]}, now {c}")
         for stream in self.streams.values():
             stream.begin(round_idx, self.privacy)
-        self._round, self._users, self._count = int(round_idx), frozenset(users), Counter()
+        users, clips = self._opened(round_idx, users, clips)
         parts = {str(p): {"releases_per_user": kp, "share": w, "noise_multiplier": self.multipliers[p] / math.sqrt(
                      self.bound[p]), "sensitivity_factor": math.sqrt(self.bound[p]),
                      "coefficients": [float(x) for x in self.coefficients[p]]}
                  for p, (kp, w) in self.parts.items()}
         first = next(iter(self.streams.values()))
-        return self.privacy.release(self.mechanism, round=int(round_idx), users=len(users), eps=self.privacy.eps,
-                                    delta=self.privacy.delta, adjacency="replace_one",
-                                    noise_multiplier=self.noise_multiplier, releases_per_user=self.releases_per_user,
-                                    composition="gdp", gdp_mu=self.gdp_mu, clips=clips,
-                                    sigmas=[self.sigma(self._clips[p], p) for p in names], parts=parts,
-                                    noise_correlation=self.correlation.kind, bands=len(first.c),
-                                    stream_start=first.start_round)
+        return self._record(round_idx, len(users), clips, dim, eps=self.privacy.eps, delta=self.privacy.delta,
+                            adjacency="replace_one", noise_multiplier=self.noise_multiplier,
+                            releases_per_user=self.releases_per_user, composition="gdp", gdp_mu=self.gdp_mu,
+                            clips=clips, sigmas=[self.sigma(self._clips[p], p) for p in names], parts=parts,
+                            noise_correlation=self.correlation.kind, bands=len(first.c),
+                            stream_start=first.start_round)
 
     def release_sum(self, per_user, users, clip: float, part=None) -> tuple[torch.Tensor, dict]:
         """sum_u clip_C(per_user[u]) + sigma_p (C^{-1} z)_t, t this part's next release."""
@@ -290,7 +340,8 @@ class PoissonComposedSums(ComposedGaussianSums):
     minibatch becomes a mean by the expected count q N (``batch_size``: the sampled count is not released).
     """
 
-    mechanism = "poisson_composed_gaussian_sum"
+    family = "poisson_gaussian_sum"
+    accountant_multiplier = True    # the RDP / PRV accountant reads the entry's noise_multiplier, as calibrated
 
     def __init__(self, privacy, composition: str = "gdp", *, parts: dict, sample_rate: float, population_size: int,
                  rounds: int):
@@ -310,6 +361,10 @@ class PoissonComposedSums(ComposedGaussianSums):
         self._users: frozenset = frozenset()
         self._count: Counter = Counter()
 
+    def sensitivity(self, clip: float, part=None) -> float:
+        """The add/remove l2 sensitivity of one sum clipped to ``clip``: C."""
+        return float(clip)
+
     def sigma(self, clip: float, part=None) -> float:
         """z_p x the add/remove sensitivity C of one sum."""
         return self._multiplier(part) * float(clip)
@@ -317,22 +372,18 @@ class PoissonComposedSums(ComposedGaussianSums):
     def batch_size(self, users: int) -> float:
         return self.expected_users
 
-    def open_round(self, round_idx: int, users, clips) -> dict:
+    def open_round(self, round_idx: int, users, clips, *, dim: int | None = None) -> dict:
         """The round's one entry (a Poisson-subsampled Gaussian of multiplier 1 / mu), before any sum leaves."""
-        users = [int(u) for u in users]
-        names, clips = list(self.parts), [float(c) for c in clips]
-        if len(names) > 1 and len(clips) != len(names):
-            raise PrivacyError(f"open_round: one clip norm per part {names}, got {len(clips)}")
+        users, clips = self._opened(round_idx, users, clips)
+        names = list(self.parts)
         zs = [self.multipliers[p] for p in names] if len(names) > 1 else [self.multipliers[names[0]]] * len(clips)
-        self._round, self._users, self._count = int(round_idx), frozenset(users), Counter()
         parts = {str(p): {"releases_per_user": kp, "share": w, "noise_multiplier": self.multipliers[p]}
                  for p, (kp, w) in self.parts.items()}
         # users: the expected count q N (public); the realised size of a Poisson sample is not (add/remove)
-        return self.privacy.release(self.mechanism, round=int(round_idx), users=round(self.expected_users), eps=None,
-                                    delta=None, adjacency="add_remove", noise_multiplier=self.noise_multiplier,
-                                    sample_rate=self.sample_rate, releases_per_user=self.releases_per_user,
-                                    gdp_mu=self.gdp_mu, clips=clips, sigmas=[z * c for z, c in zip(zs, clips)],
-                                    parts=parts)
+        return self._record(round_idx, round(self.expected_users), clips, dim, eps=None, delta=None,
+                            adjacency="add_remove", noise_multiplier=self.noise_multiplier,
+                            sample_rate=self.sample_rate, releases_per_user=self.releases_per_user,
+                            gdp_mu=self.gdp_mu, clips=clips, sigmas=[z * c for z, c in zip(zs, clips)], parts=parts)
 
 
 def _check_parts(releases_per_user, parts) -> dict:
@@ -358,7 +409,7 @@ class ClippedSums(Release):
     noise_multiplier = 0.0
     multipliers: dict = {}   # no part is noised
 
-    def open_round(self, round_idx: int, users, clips) -> None:
+    def open_round(self, round_idx: int, users, clips, *, dim: int | None = None) -> None:
         return None
 
     def sigma(self, clip: float, part=None) -> float:
@@ -376,7 +427,8 @@ def composed_sums(privacy, releases_per_user: int | None = None, composition: st
                   sampler=None, rounds: int = 1):
     """The round's release for this privacy context: ``ComposedGaussianSums`` (``CorrelatedComposedSums`` with
     ``privacy.noise_correlation``: ``dppo.privacy.correlated``; ``PoissonComposedSums`` with ``privacy.multi_pass``,
-    from the ``sampler``'s rate and population, calibrated over ``rounds``), or ``ClippedSums`` if eps is null."""
+    from the ``sampler``'s rate and population, calibrated over ``rounds``), or ``ClippedSums`` if eps is null.
+    DP-PG's: ``parts={"actor": (1, 1.0)}``; DP-PPO's: ``{"actor": (epochs, w), "critic": (epochs, 1 - w)}``."""
     if composition not in COMPOSITIONS:
         raise ConfigError(f"algo.accountant must be one of {COMPOSITIONS}, got {composition!r}")
     _check_parts(releases_per_user, parts)

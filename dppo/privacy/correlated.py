@@ -33,9 +33,9 @@ users are burned) and its noise is independent of the old block's, so every user
 mechanism of sensitivity <= 2 C_clip sqrt(B_E). With seeded noise a crash replays the same users, who would
 be released again with other noise (the old stream's history is gone): refused in one line.
 
-The releases: ``dppo.privacy.clipping.CorrelatedGaussianSum`` (DP-PG) and
-``dppo.privacy.composed.CorrelatedComposedSums`` (DP-PPO), picked by ``sum_mechanism`` / ``composed_sums`` when
-the context carries a ``CorrelatedNoise`` (``privacy.noise_correlation``).
+The release: ``dppo.privacy.composed.CorrelatedComposedSums`` (DP-PG: one part, each user in one release;
+DP-PPO: two parts, each user in ``epochs`` releases of each), picked by ``composed_sums`` when the context
+carries a ``CorrelatedNoise`` (``privacy.noise_correlation``).
 """
 from __future__ import annotations
 
@@ -137,9 +137,3 @@ class NoiseStream:
     def marginal_std(self) -> float:
         """The std of the last draw's coordinates (unit sigma): sqrt(sum_{j <= t} h_j^2), public."""
         return math.sqrt(self._var)
-
-
-def stream_fields(correlation: CorrelatedNoise, coefficients, stream: NoiseStream) -> dict:
-    """The ledger fields naming a stream's factorization and where its block started (public)."""
-    return {"noise_correlation": correlation.kind, "bands": len(coefficients), "participations": 1,
-            "coefficients": [float(x) for x in coefficients], "stream_start": stream.start_round}

@@ -17,7 +17,7 @@ over a stream of T releases is sigma^2 sum_{j<T} (T - j) g_j^2 per coordinate.
 
 Sensitivity (replace-one, derived here and tested by brute force in tests/privacy/test_factorizations.py).
 Replacing one user changes its clipped vector in each release it takes part in by some delta_i with
-||delta_i|| <= 2 C_clip (``dppo.privacy.clipping``). If the user takes part in the set S of releases
+||delta_i|| <= 2 C_clip (``dppo.privacy.composed``). If the user takes part in the set S of releases
 (columns of C), C x changes by sum_{i in S} C_i delta_i^T, whose squared Frobenius norm is
 
     sum_{i, j in S} <C_i, C_j> <delta_i, delta_j>  <=  (2 C_clip)^2  sum_{i, j in S} |<C_i, C_j>|.

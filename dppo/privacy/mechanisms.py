@@ -13,7 +13,7 @@ scores) and post-process the result; the audit (``dppo.audit``) drives these sam
   P(k) ~ exp(beta score_k) (McSherry & Talwar 2007); shared by the exp_mech oracle and DP-GFA, recorded
   under one ledger name, ``exponential`` (eps-DP and eps-bounded-range: the zcdp accountant knows it).
 * ``perturb_statistics``, ``noisy_clipped_sum``, ``clip_rows``: the noise-adding steps they are made of.
-(The Gaussian sum of per-user vectors, DP-PG's release, is ``dppo.privacy.clipping``.)
+(The Gaussian sums of per-user vectors, DP-PG's and DP-PPO's release, are ``dppo.privacy.composed``.)
 A stacked noise source (the audit's) gives every draw a leading trial dimension, which each step
 broadcasts over.
 """

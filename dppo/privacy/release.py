@@ -2,12 +2,11 @@
 rows or of row blocks, the clipping factors of a clipped sum formed elsewhere (the fused path of
 ``dppo.policies.per_user_grads``), and the base class ``Release`` whose interface the learners use.
 
-The releases: DP-PG's one sum per user and round (``dppo.privacy.clipping``: the Gaussian sum, its correlated and
-multi-pass variants, the plain mean of the non-private twin) and DP-PPO's 2 x epochs sums per user, in named parts
-(``dppo.privacy.composed``: the composed Gaussian sums, their correlated variant, the plain clipped sums of the
-twin). A learner asks a release, never its type: ``fused`` (a clipped sum formed elsewhere may be released; not
-when the rows are gathered across processes), ``clip_scale`` (the clipping factors for that sum) and
-``noise_std`` (the public std of each noise coordinate of a released sum: 0 for a twin).
+The releases (``dppo.privacy.composed``): a round opens for its users, accounted once, then k noisy sums per user
+in named parts: DP-PG's one sum (k = 1), DP-PPO's 2 x epochs (actor and critic); independent, correlated or
+multi-pass noise, and the non-private twin. A learner asks a release, never its type: ``clip_scale`` (the clipping
+factors of a clipped sum formed elsewhere), ``noise_std`` (the public std of each noise coordinate of a released
+sum: 0 for a twin), ``batch_size`` (what a sum is divided by to form a mean) and ``round_users``.
 """
 from __future__ import annotations
 
@@ -70,25 +69,14 @@ class Release:
     Attributes:
         mechanism: the ledger's name of the mechanism ("none" for a twin, which records nothing).
         private: whether the release adds noise (and records it).
-        max_grad_norm: the default clip C (DP-PG's; DP-PPO's releases take one clip per part per call).
-        shards: set by multi-process training (``dppo.training.distributed``): the rows passed in are then this
-            rank's users', gathered and released once on rank 0.
     """
 
     mechanism = "none"
     private = False
-    max_grad_norm: float | None = None
-    shards = None
 
-    @property
-    def fused(self) -> bool:
-        """A clipped sum formed elsewhere (with ``clip_scale``'s factors) may be released: not when sharded (the
-        release then gathers every rank's clipped rows)."""
-        return self.shards is None
-
-    def clip_scale(self, norms: torch.Tensor, clip: float | None = None) -> torch.Tensor:
-        """The clipping factors of a clipped sum formed elsewhere, with ``FUSED_MARGIN``."""
-        return clip_scale(norms, self.max_grad_norm if clip is None else float(clip), FUSED_MARGIN)
+    def clip_scale(self, norms: torch.Tensor, clip: float) -> torch.Tensor:
+        """The clipping factors of a clipped sum formed elsewhere (clip norm ``clip``), with ``FUSED_MARGIN``."""
+        return clip_scale(norms, float(clip), FUSED_MARGIN)
 
     def noise_std(self, clip: float | None = None, part=None) -> float:
         """The std of each noise coordinate of the last released sum (public; 0 without noise)."""

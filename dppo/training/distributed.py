@@ -6,23 +6,25 @@ otherwise (CPU); the learners compute on the CPU either way. Each
 round, rank 0's sampler draws the round's users (journalled there before anyone touches them) and
 broadcasts the list; rank r takes the contiguous shard ``shard_bounds(m, N, r)`` of it, so each user's
 whole group of rollouts is collected on one rank, from that user's own random streams (contract C4:
-a user's data is the same on any rank). Each rank computes its users' contributions (PG / DP-PG:
-their clipped gradients; NPG / REBEL and their DP twins: their regression rows, which rank 0's oracle
-clips); they are gathered to rank 0 in user order and combined there exactly as a single process
-combines them; rank 0 draws the noise once, records the release, and broadcasts the released vector,
-which every rank applies. So the release has exactly the single-process distribution, and with seeded noise
-(``privacy.secure_rng=false``) an N-process run and a 1-process run with the same seed release the
-same vectors, write the same ledger and end with bit-identical parameters (``policy_sha256``).
+a user's data is the same on any rank). Each rank computes its users' contributions: PG / DP-PG and PPO /
+DP-PPO clip their users' gradients and sum them (``ShardedSums``: rank 0 opens the round for every rank's users,
+adds the ranks' sums in rank order, draws the noise once and records the release); NPG / REBEL and their DP twins
+gather their users' regression rows to rank 0 in user order, whose oracle clips and combines them exactly as a
+single process does (``ShardedOracle``). The released vector reaches every rank bit for bit, and every rank
+applies it. So the release has exactly the single-process distribution, and with seeded noise
+(``privacy.secure_rng=false``) an N-process run and a 1-process run with the same seed write the same ledger and
+release the same vectors up to the order of the float64 sums of the clipped gradients (a sum per rank, then across
+ranks), so their final parameters agree to float32 rounding.
 
 Only rank 0 writes (checkpoints, logs, ledger, journal, summary); on resume rank 0 loads the
 checkpoint and broadcasts the learner state. Every collective has a timeout (``DPPO_DIST_TIMEOUT_S``,
 default 300 s): a rank that dies mid-round leaves the others blocked in the gather until it expires,
 and the run ends there, before rank 0 can release anything of that round.
 
-Cost: the gather moves users x parameters float64 values to rank 0 per round (CartPole MLP: 10 x 4.6k
-= 0.37 MB; a LoRA-adapted LM with 10^5 adapter parameters and 512 users: 0.4 GB; full fine-tuning of a
-10^8-parameter LM would need 0.8 GB per user and per round, where an all-reduce of per-rank sums, at
-the price of the fixed summation order, is the only practical choice).
+Cost: a clipped sum moves one parameter vector per rank to rank 0 (float64: a LoRA-adapted LM with 10^5 adapter
+parameters, 0.8 MB per rank and sum), whatever the number of users; each rank may form its sum by the fused path
+(``dppo.policies.per_user_grads.fused``), never holding its users' gradient rows. The oracle learners' rows are
+gathered: rows x (dim + 1) float64 values per round.
 """
 from __future__ import annotations
 
@@ -201,35 +203,6 @@ def on_main(fn, info: DistInfo):
     return outcome[1]
 
 
-class ShardedRelease:
-    """The collective half of a sum-of-clipped-contributions release (the privatizers call it).
-
-    ``release(clipped, norms, finish)``: this rank's clipped rows and their pre-clip norms are gathered
-    to rank 0 in user order; rank 0 calls ``finish(all_clipped, all_norms)`` (which sums, draws the
-    noise once, records the release and returns ``(vector, stats)``); the vector and stats reach
-    every rank. ``n_total`` must be set to the round's user count first (``ShardedSampler`` does).
-    """
-
-    def __init__(self, info: DistInfo):
-        self.info = info
-        self.n_total: int | None = None
-
-    def release(self, clipped: torch.Tensor, norms: torch.Tensor, finish):
-        if self.n_total is None:
-            raise errors.DPPOError("a sharded release before the round's users were drawn")
-        rows = torch.cat([clipped, norms[:, None].to(clipped.dtype)], dim=1)
-        gathered = gather_rows(rows, self.n_total, self.info)
-        kept = {}
-
-        def main():
-            vec, stats = finish(gathered[:, :-1], gathered[:, -1])
-            kept["vec"] = vec
-            return tuple(vec.shape), vec.dtype, stats
-
-        shape, dtype, stats = on_main(main, self.info)
-        return broadcast_tensor(kept.get("vec"), shape, dtype, self.info), stats
-
-
 def gather_objects(obj, info: DistInfo) -> list | None:
     """Every rank's ``obj`` in rank order on rank 0 (``None`` elsewhere); pickled, any sizes."""
     if not info.enabled:
@@ -273,17 +246,15 @@ class ShardedOracle:
 class ShardedSampler:
     """Wraps the run's sampler: rank 0 draws (and journals) the round's users, every rank receives the
     list and gets its contiguous shard; the learner sees only its shard (its whole per-user code is
-    unchanged), ``round_users`` is the full list, and the release learns the round's size."""
+    unchanged), ``round_users`` is the full list."""
 
-    def __init__(self, sampler, info: DistInfo, release: ShardedRelease | None = None):
-        self.inner, self.info, self.release = sampler, info, release
+    def __init__(self, sampler, info: DistInfo):
+        self.inner, self.info = sampler, info
         self.round_users: list[int] = []
 
     def next_round(self) -> list[int]:
         users = on_main(lambda: [int(u) for u in self.inner.next_round()], self.info)
         self.round_users = users
-        if self.release is not None:
-            self.release.n_total = len(users)
         return shard(users, self.info)
 
     def take(self, m: int) -> list[int]:
@@ -294,37 +265,42 @@ class ShardedSampler:
         return getattr(self.inner, name)
 
     def __setattr__(self, name, value):
-        if name in ("inner", "info", "release", "round_users"):
+        if name in ("inner", "info", "round_users"):
             object.__setattr__(self, name, value)
         else:
             setattr(self.inner, name, value)
 
 
 class ShardedSums:
-    """A round's release of clipped sums (``dppo.privacy.release.Release``: DP-PPO's parts) under ``torchrun``.
+    """A round's release of clipped sums (``dppo.privacy.composed``: DP-PG's one sum, DP-PPO's parts) under
+    ``torchrun``.
 
     The round opens on rank 0 for every rank's users (one ledger entry, as in one process). For each sum, a rank
-    clips its own users' rows and sums them (``clipped_total``; no rows: a zero vector); the sums, norms and ids
-    are gathered to rank 0 in rank order (the users' order: shards are contiguous), added there, and rank 0's
-    release checks the users and draws the noise once (``release_clipped_sum``); the released vector reaches
-    every rank bit for bit. Against one process only the order of the float64 sum of the rows differs.
+    clips its own users' rows and sums them (``release_sum``: ``clipped_total``; no rows: a zero vector) or hands
+    a clipped sum it formed by the fused path (``release_clipped_sum``); the sums, norms and ids are gathered to
+    rank 0 in rank order (the users' order: shards are contiguous), added there, and rank 0's release checks the
+    users and draws the noise once (``release_clipped_sum``); the released vector reaches every rank bit for bit.
+    Against one process only the order of the float64 sum of the clipped gradients differs. Both calls make the
+    same collective, so ranks may take different paths for the same sum.
     """
 
     def __init__(self, release, sampler: "ShardedSampler", info: DistInfo):
         self.inner, self.sampler, self.info = release, sampler, info
-        release.shards = self
+        self._noise_std: dict = {}   # rank 0's noise std of each part's last sum (a correlated stream's: rank 0's)
 
     def round_users(self, users: list[int]) -> tuple[list[int], int]:
         everyone = list(self.sampler.round_users)
         return everyone, shard_bounds(len(everyone), self.info.world_size, self.info.rank)[0]
 
-    def open_round(self, round_idx: int, users, clips):
-        return on_main(lambda: self.inner.open_round(round_idx, users, clips), self.info)
+    def open_round(self, round_idx: int, users, clips, *, dim: int | None = None):
+        return on_main(lambda: self.inner.open_round(round_idx, users, clips, dim=dim), self.info)
 
     def release_sum(self, per_user, users, clip: float, part=None):
         from dppo.privacy.release import clipped_total
 
-        total, norms = clipped_total(per_user, clip)
+        return self.release_clipped_sum(*clipped_total(per_user, clip), users, clip, part)
+
+    def release_clipped_sum(self, total, norms, users, clip: float, part=None):
         parts = gather_objects((total.double(), norms.double(), [int(u) for u in users]), self.info)
         kept = {}
 
@@ -336,12 +312,16 @@ class ShardedSums:
             vec, stats = self.inner.release_clipped_sum(total, torch.cat([n for _, n, _ in parts]),
                                                         [u for _, _, ids in parts for u in ids], clip, part)
             kept["vec"] = vec
-            return tuple(vec.shape), vec.dtype, stats
+            return tuple(vec.shape), vec.dtype, stats, self.inner.noise_std(clip, part)
 
-        shape, dtype, stats = on_main(main, self.info)
+        shape, dtype, stats, self._noise_std[part] = on_main(main, self.info)
         return broadcast_tensor(kept.get("vec"), shape, dtype, self.info), stats
 
-    def __getattr__(self, name):  # sigma, noise_std, noise_multiplier, parts, mechanism, ... are the release's
+    def noise_std(self, clip: float | None = None, part=None) -> float:
+        """The public noise std of ``part``'s last sum, as rank 0's release drew it (the same on every rank)."""
+        return self._noise_std[part] if part in self._noise_std else self.inner.noise_std(clip, part)
+
+    def __getattr__(self, name):  # sigma, noise_multiplier, parts, mechanism, private, ... are the release's
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
@@ -354,14 +334,8 @@ class Shards:
     def __init__(self, info: DistInfo):
         self.info = info
 
-    def sampler(self, sampler, release: "ShardedRelease | None" = None) -> ShardedSampler:
-        return ShardedSampler(sampler, self.info, release)
-
-    def sum_release(self, privatizer) -> ShardedRelease:
-        """A mean of clipped per-user vectors (``dppo.privacy.clipping``) computed on rank 0 from every rank's rows."""
-        release = ShardedRelease(self.info)
-        privatizer.shards = release
-        return release
+    def sampler(self, sampler) -> ShardedSampler:
+        return ShardedSampler(sampler, self.info)
 
     def round_release(self, release, sampler: ShardedSampler) -> ShardedSums:
         """A round's release of clipped sums (``dppo.privacy.composed``) whose noise rank 0 draws once."""

@@ -25,7 +25,7 @@ from dppo.audit.run import power_checks, run_suite, suite
 from dppo.audit.gaussian_counter import audit_gaussian_counter
 from dppo.audit.tree_counter import audit_tree_counter
 from dppo.privacy.calibration import analytic_gaussian_sigma
-from dppo.privacy.clipping import GaussianSumPrivatizer
+from dppo.privacy.composed import ComposedGaussianSums
 from dppo.privacy.gaussian_counter import GaussianTreeCounter
 from dppo.privacy.tree_counter import TreeCounter
 
@@ -131,14 +131,17 @@ def test_multi_pass_release_without_real_subsampling_is_caught(monkeypatch):
     assert out.eps_lb > out.claimed_eps
 
 
-class _HalfNoise(GaussianSumPrivatizer):
-    def sigma(self, eps=None):
-        return 0.5 * super().sigma(eps)
+class _HalfNoise(ComposedGaussianSums):
+    def sigma(self, clip, part=None):
+        return 0.5 * super().sigma(clip, part)
 
 
-class _SensitivityC(GaussianSumPrivatizer):
-    def sensitivity(self):
-        return self.max_grad_norm
+class _SensitivityC(ComposedGaussianSums):
+    def sensitivity(self, clip, part=None):
+        return float(clip)
+
+    def sigma(self, clip, part=None):   # the noise of the wrong sensitivity C
+        return self._multiplier(part) * self.sensitivity(clip, part)
 
 
 def _no_clipping(per_user, max_norm):
@@ -147,10 +150,11 @@ def _no_clipping(per_user, max_norm):
 
 @pytest.mark.parametrize("variant", ["clipping_disabled", "noise_halved", "sensitivity_C"])
 def test_dp_pg_broken_variant_is_caught(variant, monkeypatch):
-    privatizer = {"noise_halved": _HalfNoise, "sensitivity_C": _SensitivityC}.get(variant)
+    cls = {"noise_halved": _HalfNoise, "sensitivity_C": _SensitivityC}.get(variant)
+    release = None if cls is None else (lambda privacy, clip: cls(privacy, parts={"actor": (1, 1.0)}))
     if variant == "clipping_disabled":
-        monkeypatch.setattr("dppo.privacy.clipping.clip_per_user", _no_clipping)
-    out = audit_dp_pg(1.0, trials=400_000, seed=11, privatizer=privatizer)
+        monkeypatch.setattr("dppo.privacy.release.clip_per_user", _no_clipping)
+    out = audit_dp_pg(1.0, trials=400_000, seed=11, release=release)
     assert out.claimed_eps == 1.0
     assert out.eps_lb > 1.0
 

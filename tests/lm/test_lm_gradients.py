@@ -8,7 +8,7 @@ from dppo.algos.core import group_advantages
 from dppo.envs.prompts import PromptsEnv
 from dppo.policies.lm import LMPolicy
 from dppo.policies.spaces import AdapterSpace, make_space
-from dppo.privacy.clipping import clip_per_user
+from dppo.privacy.release import clip_per_user
 from tests.lm.conftest import MODEL, REWARD
 
 LORA = {"r": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj", "down_proj"]}
@@ -62,7 +62,7 @@ def test_fused_clipped_sum_equals_clipping_the_per_user_rows(small_prompts):
     """``clipped_user_sum`` (norms and the clipped sum without the (m, dim) rows; DP-PG's path) equals clipping
     ``user_gradients``' rows and summing them, to 1e-9 in float64: LoRA with the KL anchor (the layers called on
     the prompt and then on its completions), and every linear layer (embeddings and norms frozen)."""
-    from dppo.privacy.clipping import clip_scale
+    from dppo.privacy.release import clip_scale
 
     env = PromptsEnv(small_prompts, REWARD)
     G = 3

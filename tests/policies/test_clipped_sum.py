@@ -9,7 +9,7 @@ from torch import nn
 
 from dppo.policies.mlp import MLPPolicy
 from dppo.policies.per_user_grads import NORM_METHODS, clipped_gradient_sum, per_user_gradients
-from dppo.privacy.clipping import clip_scale
+from dppo.privacy.release import clip_scale
 from tests.policies.test_per_user_grads import CASES, brute_force
 
 REL = {torch.float64: 1e-10, torch.float32: 1e-5}  # stated tolerance: float rounding, relative to the sum's norm
@@ -136,15 +136,19 @@ def test_float32_mlp_space_and_the_pg_round_use_the_fused_sum(monkeypatch):
         raise AssertionError("the fused path materialised the per-user gradients")
 
     monkeypatch.setattr("dppo.policies.per_user_grads.fused.per_user_gradients", no_rows)
-    got = space.clipped_user_sum(batch, A, fused.release.clip_scale)
-    assert_equal_to_reference(got, reference(rows, fused.release.clip_scale), torch.float32)
-    assert_equal_to_reference(got, reference(brute, fused.release.clip_scale), torch.float32)
-    direction, stats = fused.update_direction(batch, A, 0)
-    clipped = rows * fused.release.clip_scale(rows.norm(dim=1))[:, None]
-    expect, _ = plain.release._release(clipped, rows.norm(dim=1), 0, None, None)  # same noise draw
+    scale = lambda n: fused.release.clip_scale(n, 0.3)  # noqa: E731 - the release's factors at C = 0.3
+    got = space.clipped_user_sum(batch, A, scale)
+    assert_equal_to_reference(got, reference(rows, scale), torch.float32)
+    assert_equal_to_reference(got, reference(brute, scale), torch.float32)
+    users = list(range(8))
+    direction, stats = fused.update_direction(batch, A, 0, users)
+    clipped = (rows * scale(rows.norm(dim=1))[:, None]).sum(0)
+    plain.release.open_round(0, users, (0.3,))
+    expect, _ = plain.release.release_clipped_sum(clipped, rows.norm(dim=1), users, 0.3, part="actor")  # same noise
+    expect = expect / 8
     assert float((direction - expect).norm()) <= 1e-5 * float(expect.norm())
     assert fused.privacy.ledger.entries[-1]["dim"] == space.dim and 0 < stats["diag/clip_fraction"] <= 1
-    assert make_space(policy, subspace="full", dim=4).clipped_user_sum(batch, A, fused.release.clip_scale) is None
+    assert make_space(policy, subspace="full", dim=4).clipped_user_sum(batch, A, scale) is None
 
 
 class _TiedHead(nn.Module):

@@ -1,12 +1,15 @@
+import pytest
 import torch
 
 from dppo.algos.core import group_advantages
 from dppo.policies.per_user_grads import per_user_gradients
 from dppo.envs.gym_env import GymEnvFactory
 from dppo.policies.mlp import MLPPolicy
+from dppo.errors import PrivacyError
 from dppo.privacy import PrivacyContext
 from dppo.privacy.calibration import analytic_gaussian_sigma
-from dppo.privacy.clipping import GaussianSumPrivatizer, clip_per_user
+from dppo.privacy.composed import ComposedGaussianSums, composed_sums
+from dppo.privacy.release import clip_per_user
 
 
 def test_clipped_per_user_norms_are_bounded():
@@ -34,26 +37,38 @@ def test_non_finite_rows_are_neutralised():
     assert torch.isfinite(clipped).all() and (clipped.norm(dim=1) <= 1.0 + 1e-9).all()
 
 
-def test_privatizer_uses_replace_one_sensitivity_and_records_release():
+def dp_pg_round(privacy, rows, round_idx, clip):
+    """DP-PG's round through its release (the composed release's k = 1 case): (noisy mean, stats, release)."""
+    rel = composed_sums(privacy, parts={"actor": (1, 1.0)})
+    users = list(range(rows.shape[0]))
+    rel.open_round(round_idx, users, (clip,), dim=rows.shape[1])
+    total, stats = rel.release_sum(rows, users, clip, part="actor")
+    return total / len(users), stats, rel
+
+
+def test_dp_pg_release_uses_replace_one_sensitivity_and_records_the_round_when_it_opens():
     priv = PrivacyContext(3.0, 1e-5)
-    p = GaussianSumPrivatizer(priv, max_grad_norm=0.5)
-    out, stats = p.release_mean(torch.ones(4, 10), round_idx=7)
-    assert out.shape == (10,)
-    entry = priv.ledger.entries[-1]
-    assert entry["sensitivity"] == 1.0 and entry["round"] == 7 and entry["users"] == 4
-    assert entry["sigma"] == analytic_gaussian_sigma(3.0, 1e-5, 1.0)
+    rel = composed_sums(priv, parts={"actor": (1, 1.0)})
+    assert type(rel) is ComposedGaussianSums and rel.mechanism == "gaussian_sum" and rel.releases_per_user == 1
+    rel.open_round(7, [10, 11, 12, 13], (0.5,), dim=10)
+    (entry,) = priv.ledger.entries   # accounted when the round opens, before any noisy sum exists
+    assert entry["mechanism"] == "gaussian_sum" and entry["sensitivity"] == 1.0 and entry["round"] == 7
+    assert entry["users"] == 4 and entry["sigma"] == analytic_gaussian_sigma(3.0, 1e-5, 1.0)
     assert priv.spent() == (3.0, 1e-5)
+    assert entry["noise_multiplier"] == pytest.approx(entry["sigma"] / entry["sensitivity"], rel=1e-15)
+    assert entry["adjacency"] == "replace_one" and entry["clip"] == 0.5 and entry["dim"] == 10
+    out, stats = rel.release_sum(torch.ones(4, 10), [10, 11, 12, 13], 0.5, part="actor")
+    assert out.shape == (10,) and len(priv.ledger.entries) == 1
     assert stats["diag/clip_fraction"] == 1.0       # raw: how many of this round's users were clipped
-    assert entry["noise_multiplier"] == entry["sigma"] / entry["sensitivity"] == stats["privacy/noise_multiplier"]
-    assert entry["adjacency"] == "replace_one" and entry["clip"] == 0.5
-    assert entry["dim"] == 10
+    with pytest.raises(PrivacyError, match="more than 1 releases"):   # one sum per user and round
+        rel.release_sum(torch.ones(1, 10), [10], 0.5, part="actor")
 
 
 def test_noise_has_the_calibrated_scale():
     priv = PrivacyContext(1.0, 1e-5)
-    p = GaussianSumPrivatizer(priv, max_grad_norm=1.0)
-    out, _ = p.release_mean(torch.zeros(1, 20000), round_idx=0)
-    assert out.std().item() == __import__("pytest").approx(p.sigma(), rel=0.03)
+    out, _, rel = dp_pg_round(priv, torch.zeros(1, 20000), 0, 1.0)
+    assert rel.sigma(1.0, "actor") == analytic_gaussian_sigma(1.0, 1e-5, 2.0)
+    assert out.std().item() == pytest.approx(rel.sigma(1.0, "actor"), rel=0.03)
 
 
 def _user_grads(obs, actions, rewards, mask, policy, G=2):

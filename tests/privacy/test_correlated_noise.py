@@ -1,6 +1,7 @@
-"""Correlated noise across rounds (dppo/privacy/factorizations.py, correlated.py and the two releases): the
+"""Correlated noise across rounds (dppo/privacy/factorizations.py, correlated.py and the release): the
 sensitivity bound against brute force on small dense matrices, the recursive noise against C^{-1} z, the
-calibration to exactly (eps, delta), the ledger, and the independent-noise path left untouched."""
+calibration to exactly (eps, delta), the ledger, and the independent-noise path left untouched. DP-PG's release is
+the composed release's k = 1 case (one part, each user in one sum)."""
 from __future__ import annotations
 
 import itertools
@@ -13,7 +14,6 @@ import torch
 from dppo.errors import ConfigError, PrivacyError
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.calibration import analytic_gaussian_sigma
-from dppo.privacy.clipping import CorrelatedGaussianSum, GaussianSumPrivatizer, sum_mechanism
 from dppo.privacy.composed import ComposedGaussianSums, CorrelatedComposedSums, composed_sums
 from dppo.privacy.correlated import CorrelatedNoise, NoiseStream
 from dppo.privacy.factorizations import (factorization, inverse_coefficients, is_stable, participation_norm_sq,
@@ -101,38 +101,56 @@ def test_optimized_banded_beats_the_truncated_square_root_and_independent_noise(
     assert min(factorization("banded", 6, 60, 3)) >= 0   # c >= 0: the bound is exact for consecutive releases
 
 
+def dp_pg_release(privacy):
+    """DP-PG's release: the composed release's k = 1 case (one part, each user in one sum of its round)."""
+    return composed_sums(privacy, parts={"actor": (1, 1.0)})
+
+
+def dp_pg_mean(rel, rows, round_idx, clip):
+    """One DP-PG round: opened for the rows' users, their noisy clipped sum over m."""
+    users = list(range(100 * round_idx, 100 * round_idx + rows.shape[0]))
+    rel.open_round(round_idx, users, (clip,), dim=rows.shape[1])
+    total, stats = rel.release_sum(rows, users, clip, part="actor")
+    return total / len(users), stats
+
+
 def test_dp_pg_correlated_release_is_calibrated_to_eps_delta_and_records_one_entry_per_round():
     privacy = PrivacyContext(2.0, 1e-5, noise=NoiseSource(0))
-    privacy.noise_correlation = CorrelatedNoise("banded", 4)
-    rel = sum_mechanism(privacy, 0.5, rounds=30)
-    assert isinstance(rel, CorrelatedGaussianSum)
-    sens = 2 * 0.5 * float(np.linalg.norm(rel.coefficients))
-    assert rel.sensitivity() == pytest.approx(sens, rel=1e-12)
-    assert rel.sigma() == pytest.approx(analytic_gaussian_sigma(2.0, 1e-5, sens), rel=1e-12)
+    privacy.noise_correlation = CorrelatedNoise("banded", 4, rounds=30)
+    rel = dp_pg_release(privacy)
+    assert isinstance(rel, CorrelatedComposedSums) and rel.mechanism == "correlated_gaussian_sum"
+    c = rel.coefficients["actor"]
+    assert list(c) == list(factorization("banded", 4, 30, 1))
+    sens = 2 * 0.5 * float(np.linalg.norm(c))
+    assert rel.sensitivity(0.5, "actor") == pytest.approx(sens, rel=1e-12)
+    # the whole budget on one stream: exactly the analytic Gaussian at the stream's sensitivity
+    assert rel.sigma(0.5, "actor") == analytic_gaussian_sigma(2.0, 1e-5, stream_sensitivity(c, 0.5, 1))
     for r in range(3):
-        mean, stats = rel.release_mean(torch.randn(6, 4, dtype=torch.float64), r)
-        assert mean.shape == (4,) and stats["privacy/noise_std"] > 0
+        mean, stats = dp_pg_mean(rel, torch.randn(6, 4, dtype=torch.float64), r, 0.5)
+        assert mean.shape == (4,) and rel.noise_std(0.5, "actor") > 0
     entries = privacy.ledger.entries
-    assert [e["round"] for e in entries] == [0, 1, 2]
+    assert [e["round"] for e in entries] == [0, 1, 2] and all(e["users"] == 6 and e["dim"] == 4 for e in entries)
     assert all(e["eps"] == 2.0 and e["sensitivity"] == pytest.approx(sens) for e in entries)
+    assert all(e["sigma"] == rel.sigma(0.5, "actor") and e["clip"] == 0.5 for e in entries)
     assert privacy.spent() == (2.0, 1e-5)
 
 
 def test_dp_pg_noise_is_the_stream_of_the_factorization_and_the_twin_is_unchanged():
     """The released sums minus the clipped sums are sigma C^{-1} z for the run's seeded z."""
     privacy = PrivacyContext(1.0, 1e-5, noise=NoiseSource(5))
-    privacy.noise_correlation = CorrelatedNoise("banded_sqrt", 3)
-    rel = sum_mechanism(privacy, 1.0, rounds=10)
+    privacy.noise_correlation = CorrelatedNoise("banded_sqrt", 3, rounds=10)
+    rel = dp_pg_release(privacy)
     rows = [torch.randn(4, 2, dtype=torch.float64) * 0.1 for _ in range(6)]  # norms < C: no clipping
-    noise = np.array([(rel.release_mean(r, t)[0] * 4 - r.sum(0)).numpy() for t, r in enumerate(rows)])
+    noise = np.array([(dp_pg_mean(rel, r, t, 1.0)[0] * 4 - r.sum(0)).numpy() for t, r in enumerate(rows)])
     source = NoiseSource(5)
     z = torch.stack([torch.randn(2, generator=source.generator, dtype=torch.float64) for _ in range(6)]).numpy()
-    assert np.allclose(noise, rel.sigma() * np.linalg.solve(dense(sqrt_coefficients(3), 6), z), atol=1e-10)
-    assert type(sum_mechanism(PrivacyContext(1.0, 1e-5, noise=NoiseSource(5)), 1.0, rounds=10)) is \
-        GaussianSumPrivatizer
+    sigma = rel.sigma(1.0, "actor")
+    assert np.allclose(noise, sigma * np.linalg.solve(dense(sqrt_coefficients(3), 6), z), atol=1e-10)
+    independent = dp_pg_release(PrivacyContext(1.0, 1e-5, noise=NoiseSource(5)))
+    assert type(independent) is ComposedGaussianSums and independent.mechanism == "gaussian_sum"
     twin = PrivacyContext(None)
     twin.noise_correlation = CorrelatedNoise()
-    out, _ = sum_mechanism(twin, 1.0, rounds=10).release_mean(rows[0], 0)
+    out, _ = dp_pg_mean(dp_pg_release(twin), rows[0], 0, 1.0)
     assert torch.equal(out, rows[0].sum(0) / 4)
 
 
@@ -174,12 +192,13 @@ def test_a_seeded_stream_refuses_to_start_mid_run_and_a_secure_one_starts_a_new_
     seeded = PrivacyContext(1.0, 1e-5, noise=NoiseSource(0))
     seeded.noise_correlation = CorrelatedNoise("banded", 3)
     with pytest.raises(PrivacyError, match="seeded run mid-stream"):
-        sum_mechanism(seeded, 1.0, rounds=10).release_mean(torch.ones(2, 3), 4)
+        dp_pg_mean(dp_pg_release(seeded), torch.ones(2, 3), 4, 1.0)
+    assert seeded.ledger.entries == []   # refused before the round's entry
     secure = PrivacyContext(1.0, 1e-5)
     secure.noise_correlation = CorrelatedNoise("banded", 3)
-    rel = sum_mechanism(secure, 1.0, rounds=10)
-    rel.release_mean(torch.ones(2, 3), 4)
-    rel.release_mean(torch.ones(2, 3), 5)
+    rel = dp_pg_release(secure)
+    dp_pg_mean(rel, torch.ones(2, 3), 4, 1.0)
+    dp_pg_mean(rel, torch.ones(2, 3), 5, 1.0)
     assert [e["stream_start"] for e in secure.ledger.entries] == [4, 4]
     assert secure.spent() == (1.0, 1e-5)
 

@@ -1,9 +1,11 @@
 """Run under ``torchrun --nproc_per_node=2``: exercises dppo.training.distributed on gloo and writes each
 rank's observations to ``$OUT/rank<r>.json`` (tests/training/test_distributed.py reads them).
 
-Mode ``collectives``: shards, gather order, error propagation, and a sharded Gaussian-sum release
-compared with the single-process release of the same rows. Mode ``dead_rank``: rank 1 exits before
-the gather; rank 0 must fail within the timeout without recording a release.
+Mode ``collectives``: shards, gather order, error propagation, and a sharded round of DP-PG's release (each rank
+clips and sums its users, rank 0 adds the sums and draws the noise once) compared with the single-process
+release of the same sums; in its second round the ranks take different paths (rows, a clipped sum formed
+elsewhere). Mode ``dead_rank``: rank 1 exits after the round opens, before its sum arrives; rank 0 must fail
+within the timeout without releasing a noisy sum.
 """
 import json
 import os
@@ -14,12 +16,30 @@ import torch
 
 from dppo.errors import BudgetExhausted
 from dppo.privacy import NoiseSource, PrivacyContext
-from dppo.privacy.clipping import GaussianSumPrivatizer
+from dppo.privacy.composed import composed_sums
+from dppo.privacy.release import clipped_total
 from dppo.training import distributed
+
+PART = {"actor": (1, 1.0)}   # DP-PG's release: one sum per user and round
 
 
 def rows(n=7, p=5):
     return torch.randn(n, p, generator=torch.Generator().manual_seed(3), dtype=torch.float64) * 2
+
+
+class _Users:
+    """A sampler whose every round is users 0..n-1."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def next_round(self):
+        return list(range(self.n))
+
+
+def sharded(info, privacy, n):
+    sampler = distributed.ShardedSampler(_Users(n), info)
+    return distributed.ShardedSums(composed_sums(privacy, parts=PART), sampler, info), sampler
 
 
 def collectives(info, out):
@@ -38,31 +58,45 @@ def collectives(info, out):
         out["error_raised"] = False
     except BudgetExhausted as err:
         out["error_raised"] = str(err)
-    # a sharded release against the single-process one (same seeded noise)
+    # two sharded rounds against the single-process release of the ranks' sums added in rank order (same noise)
     privacy = PrivacyContext(3.0, 1e-5, noise=NoiseSource(11, secure=False))
-    priv = GaussianSumPrivatizer(privacy, max_grad_norm=1.0)
-    release = distributed.ShardedRelease(info)
-    release.n_total = len(full)
-    priv.shards = release
-    vec, stats = priv.release_mean(full[lo:hi], round_idx=0)
-    single = GaussianSumPrivatizer(PrivacyContext(3.0, 1e-5, noise=NoiseSource(11, secure=False)), 1.0)
-    ref, ref_stats = single.release_mean(full, round_idx=0)
-    out["release_equal"] = bool(torch.equal(vec, ref)) and stats == ref_stats
+    release, sampler = sharded(info, privacy, len(full))
+    single = composed_sums(PrivacyContext(3.0, 1e-5, noise=NoiseSource(11, secure=False)), parts=PART)
+    bounds = [distributed.shard_bounds(len(full), info.world_size, r) for r in range(info.world_size)]
+    equal, close = [], []
+    for round_idx in range(2):
+        ours = sampler.next_round()
+        everyone, offset = release.round_users(ours)
+        release.open_round(round_idx, everyone, (1.0,), dim=full.shape[1])
+        if round_idx == 1 and info.rank == 1:   # this rank's clipped sum formed elsewhere (the fused path)
+            vec, stats = release.release_clipped_sum(*clipped_total(full[lo:hi], 1.0), ours, 1.0, part="actor")
+        else:
+            vec, stats = release.release_sum(full[lo:hi], ours, 1.0, part="actor")
+        single.open_round(round_idx, everyone, (1.0,), dim=full.shape[1])
+        sums = [clipped_total(full[a:b], 1.0) for a, b in bounds]
+        total = sums[0][0].clone()
+        for t, _ in sums[1:]:
+            total += t
+        ref, ref_stats = single.release_clipped_sum(total, torch.cat([n for _, n in sums]), everyone, 1.0,
+                                                    part="actor")
+        equal.append(bool(torch.equal(vec, ref)) and stats == ref_stats and offset == lo and ours == everyone[lo:hi])
+        close.append(bool(torch.allclose(vec - (ref - total), clipped_total(full, 1.0)[0], rtol=1e-12, atol=1e-12)))
+    out["release_equal"] = all(equal)   # bit-identical to the single process's release of the same sums
+    out["sum_close"] = all(close)       # and to one process's sum of every row, to float64 rounding
     out["ledger"] = privacy.ledger.entries
     out["ref_ledger"] = single.privacy.ledger.entries
 
 
 def dead_rank(info, out):
     privacy = PrivacyContext(3.0, 1e-5, noise=NoiseSource(0, secure=False))
-    priv = GaussianSumPrivatizer(privacy, max_grad_norm=1.0)
-    release = distributed.ShardedRelease(info)
-    release.n_total = 4
-    priv.shards = release
+    release, sampler = sharded(info, privacy, 4)
+    ours = sampler.next_round()
+    release.open_round(0, release.round_users(ours)[0], (1.0,))
     if info.rank == 1:
         os._exit(0)  # dies before its contribution arrives (no clean shutdown)
     t0 = time.time()
     try:
-        priv.release_mean(rows(2), round_idx=0)
+        release.release_sum(rows(2), ours, 1.0, part="actor")
         out["released"] = True
     except Exception as err:  # noqa: BLE001 - the collective's timeout or the peer's disappearance
         out["released"] = False

@@ -37,7 +37,10 @@ def test_shards_are_contiguous_balanced_and_cover_every_user_once():
             assert max(sizes) - min(sizes) <= 1
 
 
-def test_two_processes_gather_in_user_order_and_release_exactly_the_single_process_vector(tmp_path):
+def test_two_processes_gather_in_user_order_and_release_the_single_process_vector_of_their_sums(tmp_path):
+    """Each rank clips and sums its users (rows, or a clipped sum formed elsewhere), rank 0 adds the sums in rank
+    order and draws the noise once: bit for bit the single process's release of those sums, on both ranks, and
+    its sum of every row to float64 rounding; the rounds are recorded once, on rank 0, when they open."""
     r = torchrun([CHECKS, "collectives", str(tmp_path)])
     assert r.returncode == 0, r.stderr[-2000:]
     ranks = [json.load(open(tmp_path / f"rank{i}.json")) for i in range(2)]
@@ -45,16 +48,19 @@ def test_two_processes_gather_in_user_order_and_release_exactly_the_single_proce
     assert ranks[0]["gather_in_order"] is True and ranks[1]["gather_in_order"] is None
     assert all(x["broadcast"] == {"r": 0} for x in ranks)
     assert all(x["error_raised"] == "spent" for x in ranks)  # rank 0's refusal reaches every rank
-    assert all(x["release_equal"] for x in ranks)  # bit-identical to the single-process release, on both ranks
-    assert ranks[0]["ledger"] == ranks[0]["ref_ledger"] and len(ranks[0]["ledger"]) == 1
+    assert all(x["release_equal"] and x["sum_close"] for x in ranks)
+    assert ranks[0]["ledger"] == ranks[0]["ref_ledger"] and len(ranks[0]["ledger"]) == 2
+    assert ranks[0]["ledger"][0]["mechanism"] == "gaussian_sum" and ranks[0]["ledger"][0]["users"] == 7
     assert ranks[1]["ledger"] == []  # only rank 0 records
 
 
 @pytest.mark.slow
 def test_a_rank_that_dies_before_the_gather_ends_the_round_without_a_release(tmp_path):
+    """The round was accounted when it opened (its one entry); no noisy sum leaves rank 0."""
     torchrun([CHECKS, "dead_rank", str(tmp_path)], env={"DPPO_DIST_TIMEOUT_S": "20"})
-    out = json.load(open(tmp_path / "rank0.json"))  # rank 0 got an error from the gather, recorded nothing
-    assert out["released"] is False and out["ledger"] == [] and out["seconds"] < 60
+    out = json.load(open(tmp_path / "rank0.json"))  # rank 0 got an error from the gather
+    assert out["released"] is False and out["seconds"] < 60
+    assert [(e["round"], e["users"]) for e in out["ledger"]] == [(0, 4)]
     assert not (tmp_path / "rank1.json").exists()
 
 
@@ -89,8 +95,9 @@ def _train(args, run_dir, n=None, algo="dp_pg", users=5):
 
 
 def test_two_process_run_equals_the_single_process_run(tmp_path):
-    """Same seed, seeded noise: the same ledger and users, and final parameters equal to float32 rounding
-    (2 rounds, 5 users split 3 + 2)."""
+    """DP-PG, same seed, seeded noise (2 rounds, 5 users split 3 + 2): each rank clips and sums its users'
+    gradients, rank 0 adds the sums and draws the noise once, so the ledger (one entry per round, opened on rank 0
+    for every rank's users) and users are the single process's, the final parameters equal to float32 rounding."""
     one = _train(["rounds=2"], str(tmp_path / "one"))
     two = _train(["rounds=2"], str(tmp_path / "two"), n=2)
     assert two["world_size"] == 2 and one["world_size"] == 1
@@ -168,7 +175,8 @@ def test_the_backend_is_nccl_with_a_gpu_per_process_and_gloo_otherwise():
 @pytest.mark.slow
 @pytest.mark.parametrize("extra", [["policy.subspace=full", "policy.dim=null"], ["group_size=1", "algo.advantage=to_go"]])
 def test_two_process_dp_pg_variants_equal_the_single_process_run(tmp_path, extra):
-    """Every parameter (per-user gradients from one backward), and one rollout per user (tiny batches)."""
+    """Every parameter (each rank forms its users' clipped sum by the fused path), and one rollout per user
+    (tiny batches)."""
     one = _train(["rounds=2", *extra], str(tmp_path / "one"))
     two = _train(["rounds=2", *extra], str(tmp_path / "two"), n=2)
     assert two["ledger"] == one["ledger"]

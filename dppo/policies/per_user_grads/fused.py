@@ -1,7 +1,7 @@
 """The fused path: the clipped sum of per-user gradients without the (m, d) matrix of per-user gradients.
 
-DP-PG releases S = sum_u c_u g_u + noise, with g_u user u's gradient and c_u = min(1, C / ||g_u||) its clipping
-factor (``dppo.privacy.clipping.clip_scale``). ``per_user_gradients`` materialises every g_u (an (m, d)
+DP-PG and DP-PPO release S = sum_u c_u g_u + noise, with g_u user u's gradient and c_u = min(1, C / ||g_u||) its
+clipping factor (``dppo.privacy.release.clip_scale``). ``per_user_gradients`` materialises every g_u (an (m, d)
 matrix: 1024 x 132,096 floats for the linear layers of the tiny LM) and the release then reads it several
 times; here only the norms and the clipped sum are formed, from the same one forward and one backward to the
 layers' outputs (``capture``: captured inputs x_r and errors e_r of every trainable module, grouped by user,
@@ -15,14 +15,14 @@ layers' outputs (``capture``: captured inputs x_r and errors e_r of every traina
             (cost R^2 (d_in + d_out), computed in float64 against cancellation: counted twice),
   and for every other module (embeddings, norms, the ``torch.func`` fallback, parameters of the root) its
   rule's per-user gradients, which are small;
-* the factors c_u = scale(||g_u||) (the caller's function: ``dppo.privacy.clipping``), user by user;
+* the factors c_u = scale(||g_u||) (the caller's function: ``Release.clip_scale``), user by user;
 * the clipped sum: for block layers the buffer's rows weighted by c_u (the very vectors whose norms were
   measured), for ghost layers one weighted product per layer, sum_u c_u sum_{r in u} e_r^T x_r =
   (diag(c_{u(r)}) E)^T X (the batch weight gradient's flops), for the other modules their rows weighted.
 
 Equal to clipping the rows of ``per_user_gradients`` and summing them, to float32 rounding (the ghost
 layers' sum is taken by a different product than the blocks of the materialised path; the factor's margin,
-``dppo.privacy.clipping.FUSED_MARGIN``, covers that rounding). Every quantity of user u (its norm, its
+``dppo.privacy.release.FUSED_MARGIN``, covers that rounding). Every quantity of user u (its norm, its
 factor) depends on u's rows only (``Groups``: per-user blocks); the clipped sum mixes users only in the sum.
 What the fused path cannot handle (a captured tensor modified in place, a Linear called with a keyword
 input) falls back to the materialised per-user gradients, clipped with the same factors.
