@@ -141,10 +141,9 @@ class PolicyGradient(GroupPolicyOptimizer):
             rows = torch.zeros(0, dim, dtype=torch.float64) if batch is None else self.user_gradients(batch, A)
             noisy, stats = rel.release_sum(rows, users, self.clip, part=PART)
         n = max(rel.batch_size(len(everyone)), 1)   # the count, or a multi-pass release's expected count
-        if rel.private:
+        if rel.private:   # the released mean's per-coordinate noise std (public): the shrinkage's and AdamBC's s
             stats["privacy/noise_multiplier"] = rel.noise_multiplier
-            if not self.privacy.multi_pass:   # the multi-pass release has reported no noise std (so far)
-                stats["privacy/noise_std"] = rel.noise_std(self.clip, PART) / n
+            stats["privacy/noise_std"] = rel.noise_std(self.clip, PART) / n
         return noisy / n, stats
 
     def distribute(self, shards) -> None:
