@@ -107,13 +107,15 @@ def test_two_process_run_equals_the_single_process_run(tmp_path):
     assert not os.path.exists(tmp_path / "two" / "rank1")  # only rank 0 writes the run directory
 
 
-def test_two_process_dp_ppo_equals_the_single_process_run(tmp_path):
+@pytest.mark.parametrize("fused", [pytest.param(None, id="rows"), pytest.param(True, id="fused", marks=pytest.mark.slow)])
+def test_two_process_dp_ppo_equals_the_single_process_run(tmp_path, fused):
     """DP-PPO (2 rounds, 5 users split 3 + 2, 2 epochs x 2 minibatches: a minibatch may lie on one rank only):
     each rank clips and sums its users' rows, rank 0 adds the sums and draws the noise once, so the ledger (one
     entry per round, opened on rank 0 for every rank's users) is the single process's and the final parameters
-    equal its own to float32 rounding (only the order of the float64 sums of the rows differs; with
-    ``algo.fused=true`` one process would form its sums by the engine's fused path, also to float32 rounding)."""
-    args = ["rounds=2", "algo.epochs=2", "algo.minibatches=2"]
+    equal its own to float32 rounding (only the order of the float64 sums of the rows differs). With
+    ``algo.fused=true`` every process forms its users' sums by the engine's fused path, the same to float32
+    rounding."""
+    args = ["rounds=2", "algo.epochs=2", "algo.minibatches=2", *([] if fused is None else ["algo.fused=true"])]
     one = _train(args, str(tmp_path / "one"), algo="dp_ppo")
     two = _train(args, str(tmp_path / "two"), n=2, algo="dp_ppo")
     assert two["world_size"] == 2 and len(one["ledger"]) == 2
@@ -173,10 +175,12 @@ def test_the_backend_is_nccl_with_a_gpu_per_process_and_gloo_otherwise():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [["policy.subspace=full", "policy.dim=null"], ["group_size=1", "algo.advantage=to_go"]])
+@pytest.mark.parametrize("extra", [["policy.subspace=full", "policy.dim=null"], ["group_size=1", "algo.advantage=to_go"],
+                                   ["privacy.noise_correlation=banded"]])
 def test_two_process_dp_pg_variants_equal_the_single_process_run(tmp_path, extra):
-    """Every parameter (each rank forms its users' clipped sum by the fused path), and one rollout per user
-    (tiny batches)."""
+    """Every parameter (each rank forms its users' clipped sum by the fused path), one rollout per user (tiny
+    batches), and noise correlated across rounds (the stream lives on rank 0, which hands every rank its noise std
+    for the shrinkage: a rank stepping differently would collect other rollouts in round 2)."""
     one = _train(["rounds=2", *extra], str(tmp_path / "one"))
     two = _train(["rounds=2", *extra], str(tmp_path / "two"), n=2)
     assert two["ledger"] == one["ledger"]
