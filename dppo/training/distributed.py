@@ -103,6 +103,7 @@ def init() -> DistInfo:
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        bind_group_defaults_early()
         timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "300")))
         if info.backend == "nccl":
             torch.cuda.set_device(info.local_rank)
@@ -110,19 +111,47 @@ def init() -> DistInfo:
     return info
 
 
+# torch modules whose functions take ``group=group.WORLD`` as a default argument, bound when the module is
+# imported: imported after the group exists, they hold it for the life of the interpreter.
+GROUP_DEFAULT_MODULES = ("torch.distributed.nn.functional",)
+
+
+def bind_group_defaults_early() -> None:
+    """Import the torch modules that bind the default process group at import time before the group exists.
+
+    torch.distributed.nn.functional (10 collectives with ``group=group.WORLD`` defaults) is imported lazily by
+    torch itself: building the first optimizer imports torch._dynamo, which imports FSDP and, through it, that
+    module. After ``init_process_group`` those defaults are references to the group that
+    ``destroy_process_group`` cannot clear, so the gloo group (and its worker threads) outlived ``shutdown``
+    and was only torn down while the interpreter exited. A worker thread still dropping its last finished
+    work (a gather whose byte tensors were made in Python) then needed the GIL of an interpreter that was
+    finalising: the thread was unwound inside a noexcept destructor and the process aborted ("terminate called
+    without an active exception", SIGABRT, after the run had written its summary). Imported before the group
+    exists, the defaults are None and ``shutdown`` really destroys the group: its destructor waits for the
+    worker threads with the GIL released, so they finish while Python is alive."""
+    import importlib
+
+    for name in GROUP_DEFAULT_MODULES:
+        importlib.import_module(name)
+
+
 def shutdown(info: DistInfo, clean: bool = False) -> None:
-    """Leave the process group. ``clean``: every rank got here on the normal path, so they meet at a barrier
-    first: no rank tears down its transport while a peer's last collective is still in flight (a gloo rank
-    that exits early can abort with SIGABRT when its pending send is destroyed under it)."""
+    """Leave the process group, on every rank, before the interpreter exits. ``clean``: every rank got here on
+    the normal path, so they meet at a barrier first: no rank tears down its transport while a peer's last
+    collective is still in flight. Then the group is destroyed (in a ``finally``, whatever the barrier did):
+    with nothing else holding it (``bind_group_defaults_early``) its backend is freed here, and gloo's worker
+    threads are joined while Python is alive, not left to the interpreter's exit."""
     import torch.distributed as dist
 
     if info.enabled and dist.is_initialized():
-        if clean:
-            try:
-                dist.barrier()
-            except RuntimeError:  # a peer is gone: nothing left to wait for
-                pass
-        dist.destroy_process_group()
+        try:
+            if clean:
+                try:
+                    dist.barrier()
+                except RuntimeError:  # a peer is gone: nothing left to wait for
+                    pass
+        finally:
+            dist.destroy_process_group()
 
 
 # ---- sharding ---------------------------------------------------------------------------------------

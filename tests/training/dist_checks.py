@@ -5,7 +5,9 @@ Mode ``collectives``: shards, gather order, error propagation, and a sharded rou
 clips and sums its users, rank 0 adds the sums and draws the noise once) compared with the single-process
 release of the same sums; in its second round the ranks take different paths (rows, a clipped sum formed
 elsewhere). Mode ``dead_rank``: rank 1 exits after the round opens, before its sum arrives; rank 0 must fail
-within the timeout without releasing a noisy sum.
+within the timeout without releasing a noisy sum. Mode ``teardown``: a run's order (join, build an optimizer,
+which makes torch import its lazily loaded modules, collectives of pickled objects, ``shutdown``): the gloo
+threads this process runs before and after ``shutdown``.
 """
 import json
 import os
@@ -105,11 +107,32 @@ def dead_rank(info, out):
     out["ledger"] = privacy.ledger.entries
 
 
+def gloo_threads() -> list[str]:
+    """Names of this process's threads that gloo started (Linux: /proc/self/task/*/comm)."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            continue
+    return sorted(n for n in names if "gloo" in n)
+
+
+def teardown(info, out):
+    torch.optim.Adam(torch.nn.Linear(3, 1).parameters())  # the trainer builds its optimizers after joining
+    out["gathered"] = distributed.gather_objects({"rank": info.rank}, info)
+    out["broadcast"] = distributed.broadcast_object([1, 2], info)
+    out["threads_before"] = gloo_threads()
+    distributed.shutdown(info, clean=True)
+    out["threads_after"] = gloo_threads()
+
+
 if __name__ == "__main__":
     mode, out_dir = sys.argv[1], sys.argv[2]
     info = distributed.init()
     out = {"rank": info.rank, "world": info.world_size}
-    {"collectives": collectives, "dead_rank": dead_rank}[mode](info, out)
+    {"collectives": collectives, "dead_rank": dead_rank, "teardown": teardown}[mode](info, out)
     with open(os.path.join(out_dir, f"rank{info.rank}.json"), "w") as f:
         json.dump(out, f)
     sys.stdout.flush()

@@ -54,6 +54,21 @@ def test_two_processes_gather_in_user_order_and_release_the_single_process_vecto
     assert ranks[1]["ledger"] == []  # only rank 0 records
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the thread names from /proc")
+def test_shutdown_joins_the_gloo_threads_before_the_interpreter_exits(tmp_path):
+    """After a run's collectives, ``shutdown`` destroys the group on every rank: its gloo worker threads are gone
+    when it returns. A group kept alive past it (torch binding it as a default argument of a module imported after
+    the group was made) was torn down only at interpreter exit, where a worker thread dropping its last work
+    needed the GIL of a finalising interpreter and the rank aborted (SIGABRT) after the run had finished."""
+    r = torchrun([CHECKS, "teardown", str(tmp_path)])
+    assert r.returncode == 0, r.stderr[-2000:]
+    ranks = [json.load(open(tmp_path / f"rank{i}.json")) for i in range(2)]
+    assert ranks[0]["gathered"] == [{"rank": 0}, {"rank": 1}] and ranks[1]["gathered"] is None
+    assert all(x["broadcast"] == [1, 2] for x in ranks)
+    assert all(x["threads_before"] for x in ranks)   # gloo runs threads while the group exists ...
+    assert all(x["threads_after"] == [] for x in ranks), [x["threads_after"] for x in ranks]   # ... none after
+
+
 @pytest.mark.slow
 def test_a_rank_that_dies_before_the_gather_ends_the_round_without_a_release(tmp_path):
     """The round was accounted when it opened (its one entry); no noisy sum leaves rank 0."""
