@@ -10,15 +10,17 @@ One round, read top to bottom in ``update`` (CleanRL's ``ppo.py`` with the user 
    episode was truncated at the horizon and 0 when it terminated. ``adv_norm`` rescales A over the user's
    own steps only (``scale``: A / rms_u(A); ``standardize``: (A - mean_u) / std_u; ``none``). Value targets
    R_t = A_t + V(s_t) (before the rescaling). No statistic mixes users.
-3. ``epochs`` epochs; each partitions the round's users (by position, a public permutation) into
-   ``minibatches`` minibatches; for each minibatch b, user u's objectives are means over its own steps,
+3. ``epochs`` epochs; each partitions the round's users into ``minibatches`` minibatches (``schedule``: one-pass,
+   by position, a public permutation; multi-pass, each user's minibatch a public draw keyed by the seed, round,
+   epoch and its population index only); for each minibatch b, user u's objectives are means over its own steps,
 
        J_u(theta) = mean_t [ min(rho_t A_t, clip(rho_t, 1 - clip_range, 1 + clip_range) A_t) + ent_coef H_t ],
        L_u(phi)   = mean_t 1/2 (V_phi(s_t) / c - R_t / c)^2,      rho_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t),
 
    (c = ``value_scale``, a public constant), and the step releases two sums over b's users,
    sum_u clip_C(grad J_u) and sum_u clip_Cv(grad L_u) (C = ``max_grad_norm``, Cv = ``critic_max_grad_norm``),
-   divided by |b|; Adam ascends J (the space's ``ascend``) and descends L along them.
+   divided by |b| (multi-pass: by the public expected size q N / minibatches, never the realised one); Adam
+   ascends J (the space's ``ascend``) and descends L along them.
 
 Per-user gradients come from the one per-user-gradient engine (``dppo.policies.per_user_grads``: the actor's
 through its parameter space's ``gradients``, the critic's directly): it differentiates sum_r w_r f(x_r) per
@@ -38,6 +40,10 @@ in k = 2 x epochs releases of its round (``epochs`` actor sums, ``epochs`` criti
 splitting the budget by ``actor_share``), and ``dppo.privacy.composed`` calibrates their noise so that the
 k releases together are (eps, delta)-DP under replace-one adjacency (exact Gaussian-DP composition; the
 sensitivity 2C of each clipped sum is derived there). Rounds take disjoint users: parallel composition.
+Multi-pass (``privacy.multi_pass``): Poisson-sampled users, add/remove adjacency; each user's minibatch of an
+epoch is fixed in advance by public randomness of its own (``schedule``), so a user still affects exactly its
+k releases and nobody else's minibatch, and the round is the one subsampled Gaussian that
+``dppo.privacy.composed.PoissonComposedSums`` accounts for any ``minibatches`` (derived there).
 Everything else (Adam, the learning-rate schedule, the next round's values and ratios) is post-processing.
 PPO (``eps=null``) runs the same code with the noiseless clipped sums.
 """
@@ -111,7 +117,8 @@ class PPO(GroupPolicyOptimizer):
         seed, rounds, group_size, reward_bound: top-level keys (G rollouts per user, rewards clipped).
         max_grad_norm: per-user clip C of the actor's gradient (top-level key).
         gamma, gae_lambda: discount and GAE's lambda.
-        epochs, minibatches: passes over the round's users and minibatches of users per pass.
+        epochs, minibatches: passes over the round's users and minibatches of users per pass (multi-pass: each
+            user's minibatch a public per-user draw, ``schedule``).
         clip_range: PPO's ratio clip.
         ent_coef: entropy bonus coefficient.
         lr, critic_lr: step sizes (critic_lr null: lr); anneal_lr: both decay linearly to 0 over the rounds
@@ -245,9 +252,6 @@ class PPO(GroupPolicyOptimizer):
         if not 0 < actor_share < 1:
             raise ConfigError(f"algo.actor_share must lie in (0, 1) (the actor's share of the round's budget), "
                               f"got {actor_share}")
-        if privacy.private and privacy.multi_pass and self.minibatches > 1:
-            raise ConfigError("privacy.multi_pass=true keeps each user's neighbours in its sums: set algo.minibatches=1 "
-                              "(a minibatch split of a Poisson sample depends on who else was sampled)")
         self.release = composed_sums(privacy, composition=accountant, parts={
             "actor": (self.epochs, float(actor_share)), "critic": (self.epochs, 1.0 - float(actor_share))},
             sampler=sampler, rounds=self.num_rounds)
@@ -265,12 +269,12 @@ class PPO(GroupPolicyOptimizer):
         self.release.open_round(round_idx, everyone, (self.clip, self.critic_clip))
         sums = {"diag/clip_fraction": 0.0, "diag/critic_clip_fraction": 0.0, "diag/ratio_clip_fraction": 0.0}
         steps = 0
-        for epoch in self.schedule(round_idx, len(everyone)):
+        for epoch in self.schedule(round_idx, everyone):
             for mb in epoch:
                 ours = mb[(mb >= lo) & (mb < lo + m)] - lo   # the minibatch's users in this batch
                 ids = [users[int(i)] for i in ours]
                 d_actor, d_critic, diag = self.release_minibatch(t, ours, ids)
-                n = self.release.batch_size(len(mb))   # the count, or a multi-pass release's expected count
+                n = self.release.batch_size(len(mb), self.minibatches)   # the count, or multi-pass: q N / b
                 self.step(d_actor / n, d_critic / n, n)
                 for k, v in diag.items():
                     sums[k] += v
@@ -288,11 +292,28 @@ class PPO(GroupPolicyOptimizer):
             stats["diag/advantage_rms"] = float((t["A"] ** 2 * mask).sum().div(mask.sum()).sqrt())
         return stats
 
-    def schedule(self, round_idx: int, m: int) -> list[list[torch.Tensor]]:
-        """The round's minibatches: per epoch, a public random partition of the positions 0..m-1 into
-        ``minibatches`` parts (sizes differ by at most one), each sorted (public: data-independent)."""
+    def schedule(self, round_idx: int, users: list[int]) -> list[list[torch.Tensor]]:
+        """The round's minibatches of the round's ``users`` (ids, every rank's): per epoch, ``minibatches`` sorted
+        tensors of positions in ``users``, each user in exactly one (public: data-independent).
+
+        One-pass (replace-one: the round's size is public): a public random partition of the positions into parts
+        whose sizes differ by at most one. Multi-pass (Poisson, add/remove): user u's minibatch in epoch e is
+        drawn uniformly from public randomness keyed by (run seed, round, e, u's population index) only
+        (``streams.user_minibatches``), so adding or removing one user moves no other user; a minibatch may be
+        empty (its sums are noise only) and every mean divides by q N / b. Why the round's guarantee is that of
+        b = 1 (derived in ``PoissonComposedSums``): u is in exactly one minibatch per epoch, fixed in advance by
+        public randomness, so its presence affects the same k = 2 x epochs releases, all under its one inclusion
+        event (probability q); every other release, given the history, sums the same users and divides by the
+        same public q N / b with or without u, so the round is the same k-fold composed subsampled Gaussian."""
+        b = self.minibatches
+        if getattr(self.privacy, "multi_pass", False):
+            out = []
+            for e in range(self.epochs):
+                draws = streams.user_minibatches(self.seed, round_idx, e, users, b)
+                out.append([torch.nonzero(draws == j).reshape(-1) for j in range(b)])
+            return out
         gen = streams.public_generator(self.seed, "minibatch", round_idx)
-        return [[mb.sort().values for mb in torch.tensor_split(torch.randperm(m, generator=gen), self.minibatches)]
+        return [[mb.sort().values for mb in torch.tensor_split(torch.randperm(len(users), generator=gen), b)]
                 for _ in range(self.epochs)]
 
     @torch.no_grad()

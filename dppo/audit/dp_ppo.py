@@ -169,7 +169,7 @@ def audit_dp_ppo_releases(eps: float, delta: float = 1e-5, trials: int = 1_000_0
     users_ids, canary = list(range(users)), 0   # build_round's users, the canary first
     targets = (learner.round_targets(D), learner.round_targets(Dp))
     releases = []   # per release of the schedule: (ids, rows on D, canary's row on D' or None, its index, clip)
-    for epoch in learner.schedule(0, len(users_ids)):
+    for epoch in learner.schedule(0, users_ids):
         for mb in epoch:
             g = [learner.minibatch_gradients(t, mb)[:2] for t in targets]
             ids = [users_ids[int(i)] for i in mb]

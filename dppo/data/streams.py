@@ -6,7 +6,8 @@ that user's own stream, so one user's data never depends on who else is in its r
   "context", as in the bandit form of [PO] and in GRPO): the group then compares G responses to it.
 * ``user_generator(run_seed, u, r)``: the torch.Generator of user u's action sampling in round r.
 * ``public_reset_seeds`` / ``public_generator``: evaluation and public (e.g. Fisher-state) rollouts, and
-  public draws that are not rollouts (``minibatch``: DP-PPO's partition of a round's users).
+  public draws that are not rollouts (``minibatch``: DP-PPO's partition of a round's users;
+  ``user_minibatches``: a multi-pass round's per-user minibatch draws).
 
 Disjointness, by construction rather than by luck of a hash: every user reset seed lies in
 [0, 2^31) and every public reset seed in [2^31, 2^32) (the top bit of a 32-bit seed is the domain);
@@ -60,3 +61,19 @@ def public_reset_seeds(run_seed: int, stream: str, round_idx: int, n: int) -> li
 def public_generator(run_seed: int, stream: str, round_idx: int) -> torch.Generator:
     """The sampling generator of a public stream (bit 63 set: never a user's generator seed)."""
     return torch.Generator().manual_seed((1 << 63) | (_hash(_PUBLIC_SAMPLING, run_seed, _STREAMS[stream], round_idx) >> 1))
+
+
+def user_minibatches(run_seed: int, round_idx: int, epoch: int, user_ids, minibatches: int) -> torch.Tensor:
+    """Each user's minibatch in (round, epoch) of the ``minibatch`` stream, one per id of ``user_ids``: user u's is
+    hash(run seed, round, epoch, u) mod ``minibatches``, a function of those four public numbers only (so who
+    else is in the round moves no user), uniform over the minibatches to within minibatches / 2^64 and
+    independent across users as far as the hash's outputs are. int64, in the ids' order."""
+    tag, b = _STREAMS["minibatch"], int(minibatches)
+    if b < 1 or int(round_idx) < 0 or int(epoch) < 0:
+        raise ValueError(f"minibatches must be >= 1, round and epoch >= 0, got {minibatches}, {round_idx}, {epoch}")
+    for u in user_ids:
+        _check(run_seed, u)
+    if b == 1:   # every draw mod 1 is 0
+        return torch.zeros(len(user_ids), dtype=torch.int64)
+    return torch.tensor([_hash(_PUBLIC_SAMPLING, run_seed, tag, round_idx, epoch, u) % b for u in user_ids],
+                        dtype=torch.int64)

@@ -328,8 +328,10 @@ class PoissonComposedSums(ComposedGaussianSums):
     of N, so a user takes part in many rounds; adjacency is add/remove one user (Opacus' analysis).
 
     Sensitivity: adding or removing user u changes each sum it takes part in by clip_{C_j}(v_u), norm <= C_j
-    (the other users' vectors are unchanged given the history, as in the module docstring; ``PPO`` then keeps
-    one minibatch per epoch, so removing u moves nobody else to another sum). Part p's sums carry N(0, (z_p C)^2 I).
+    (the other users' vectors are unchanged given the history, as in the module docstring), provided removing u
+    moves nobody else to another sum: ``PPO.schedule`` draws each user's minibatch of an epoch from public
+    randomness keyed by (run seed, round, epoch, the user's population index) only, never from a split of the
+    sample (below). Part p's sums carry N(0, (z_p C)^2 I).
 
     Accounting: given that u is sampled, the round's k adaptive releases are (sqrt(sum_p k_p / z_p^2))-GDP, and
     that composition is exact for Gaussians (one Gaussian's trade-off curve: DRS 2019, Cor. 3.3), so the round is
@@ -337,7 +339,23 @@ class PoissonComposedSums(ComposedGaussianSums):
     (``noise_multiplier`` z_round, ``sample_rate`` q) for the RDP / PRV accountant, which composes the rounds;
     z_round is the smallest meeting (eps, delta) after ``rounds`` rounds (``multi_pass_noise_multiplier``), and
     z_p = sqrt(k) z_round sqrt(k_p / (k w_p)) splits it between the parts as for one-pass rounds. A sum over a
-    minibatch becomes a mean by the expected count q N (``batch_size``: the sampled count is not released).
+    minibatch becomes a mean by its expected count q N / b (``batch_size``: the sampled count is not released).
+
+    Several minibatches (b > 1) leave the round's guarantee that of b = 1. Fix the public draws: user u's
+    minibatch in each epoch e is a function m_e(u) of (seed, round, e, u), the same whether or not any other user
+    is sampled, and each sampled user is in exactly one minibatch per epoch. Let D' = D + {u}. If u is not
+    sampled, the two rounds run the same users through the same minibatches: identical output distributions.
+    If u is sampled, it takes part in exactly the k = 2 x epochs releases of its minibatches m_e(u) (the actor's
+    and the critic's sum of each epoch), as with b = 1; every other release j sums the same users under D and D'
+    (their minibatches do not depend on u), their vectors functions of their own data and of y_1..y_{j-1}, and it
+    is divided by the public q N / b, never by a count u could change: given the history, its output
+    distribution does not depend on u (0-GDP). A release of m_e(u) moves by clip(v_u), norm <= C_j, against noise
+    z_p C_j: (1/z_p)-GDP given the history. Adaptive composition over the round's releases (DRS 2019, Cor. 3.3)
+    gives sqrt(sum_p k_p / z_p^2)-GDP, the same mu = 1 / z_round as b = 1, and u's inclusion is the one Poisson
+    event of rate q that b = 1 has. So the round is the same Poisson-subsampled Gaussian of multiplier z_round at
+    rate q, and the accountant's entry (q, z_round, k) is unchanged. A minibatch that drew nobody releases noise
+    only, as an empty round does. A split of the realised sample (positions in it) would break the argument:
+    adding u would shift other users between minibatches, changing sums u is not in.
     """
 
     family = "poisson_gaussian_sum"
@@ -369,8 +387,11 @@ class PoissonComposedSums(ComposedGaussianSums):
         """z_p x the add/remove sensitivity C of one sum."""
         return self._multiplier(part) * float(clip)
 
-    def batch_size(self, users: int) -> float:
-        return self.expected_users
+    def batch_size(self, users: int, minibatches: int = 1) -> float:
+        """The public expected count of one of a round's ``minibatches`` minibatches, q N / b (each sampled user's
+        minibatch uniform over the b, ``PPO.schedule``), whatever the realised ``users``: that count is a function
+        of who else was sampled, and no release divides by it."""
+        return self.expected_users / int(minibatches)
 
     def open_round(self, round_idx: int, users, clips, *, dim: int | None = None) -> dict:
         """The round's one entry (a Poisson-subsampled Gaussian of multiplier 1 / mu), before any sum leaves."""

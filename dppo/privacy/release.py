@@ -82,9 +82,10 @@ class Release:
         """The std of each noise coordinate of the last released sum (public; 0 without noise)."""
         return 0.0
 
-    def batch_size(self, users: int) -> float:
-        """What a released sum over ``users`` users is divided by to form a mean: the count (public under
-        replace-one adjacency); a multi-pass release divides by the expected count instead."""
+    def batch_size(self, users: int, minibatches: int = 1) -> float:
+        """What a released sum over ``users`` users (one of a round's ``minibatches`` minibatches) is divided by to
+        form a mean: the count (public under replace-one adjacency); a multi-pass release divides by the expected
+        count instead (``PoissonComposedSums``)."""
         return users
 
     def round_users(self, users: list[int]) -> tuple[list[int], int]:

@@ -216,11 +216,6 @@ def test_bad_settings_are_refused_in_one_line():
         _learner(users=2, minibatches=3)
     with pytest.raises(ConfigError, match="adv_norm"):
         _learner(adv_norm="batch")
-    with pytest.raises(ConfigError, match="algo.minibatches=1"):   # multi-pass: tests/algos/test_ppo_multi_pass.py
-        env = GymEnvFactory("CartPole-v1", horizon=20)
-        PPO(MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,)), env,
-            PrivacyContext(1.0, 1e-5, multi_pass=True, population_size=100), OnePassUserSampler(2), seed=0, rounds=2,
-            group_size=1, reward_bound=1.0, max_grad_norm=1.0, minibatches=2)
 
 
 def test_correlated_exploration_keeps_every_uniform_exactly_uniform_and_correlates_neighbours():
