@@ -9,8 +9,10 @@ users take part in every trial: a fixed draw of the others is one of the dataset
 (averaging over their draws could only bring D and D' closer).
 
 Releases: through ``PoissonComposedSums``' public interface, ``open_round`` for the round's users, then
-``release_sum`` for each (epoch, minibatch, actor / critic) of the learner's own ``schedule``
-(``algo.minibatches=1``: every sampled user in each epoch's one minibatch), the per-user vectors being the
+``release_sum`` for each (epoch, minibatch, actor / critic) of the learner's own ``schedule`` (each sampled user
+in one minibatch per epoch, drawn from public randomness of its own: ``algo.minibatches=1`` puts everyone in the
+one minibatch; with 2 the canary's minibatch of each epoch is the same whether or not it is sampled, and the
+other minibatch's releases do not involve it), the per-user vectors being the
 learner's ``minibatch_gradients`` at the round's start (the non-adaptive case, to which Gaussian-DP
 composition reduces the adaptive one, as for ``dp_ppo_releases``). An absent canary is in neither the
 round's users nor the rows. The release broadcasts over ``StackedNoise``: one pass, ``chunk`` transcripts.
@@ -19,7 +21,7 @@ Distinguisher (white-box): with the canary in the round, release y_j is Gaussian
 others' clipped sum, c_j the canary's clipped vector, both known to the auditor), without it around S_j, so
 the log-likelihood ratio of the included-canary transcript against the absent one is
 
-    s = sum_j [ <y_j - S_j, c_j> - ||c_j||^2 / 2 ] / sigma_j^2,
+    s = sum_j [ <y_j - S_j, c_j> - ||c_j||^2 / 2 ] / sigma_j^2     (j over the releases of the canary's minibatches),
 
 and that of D' against D is log(1 - q + q e^s), increasing in s: the threshold test on s is the
 likelihood-ratio test. Given inclusion s ~ N(mu^2/2, mu^2) with mu^2 = sum_j ||c_j||^2 / sigma_j^2, which is
@@ -45,7 +47,7 @@ CANARY = 0
 
 def audit_multi_pass_dp_ppo(eps: float, delta: float = 1e-5, trials: int = 1_000_000, *, seed: int = 0,
                             chunk: int = 50_000, users: int = 4, population: int = 8, epochs: int = 2,
-                            accountant: str = "rdp", mechanism=None) -> MechanismAudit:
+                            accountant: str = "rdp", minibatches: int = 1, mechanism=None) -> MechanismAudit:
     """``trials`` transcripts of one Poisson-sampled DP-PPO round (half on D, half on D'), ``chunk`` per pass.
 
     Args:
@@ -53,6 +55,7 @@ def audit_multi_pass_dp_ppo(eps: float, delta: float = 1e-5, trials: int = 1_000
         trials: total transcripts; chunk: transcripts per pass (stacked noise).
         users, population: m (the round's users when the canary is sampled) and N; the rate is q = m / N.
         epochs: the learner's epochs (the canary takes part in 2 x epochs releases).
+        minibatches: the learner's ``algo.minibatches`` (the canary in one per epoch).
         accountant: ``rdp`` or ``prv`` (Opacus), the run's ``privacy.accountant``.
         mechanism: optional ``f(privacy, parts, sampler) -> mechanism`` replacing the learner's release (only
             the audit's tests use it, to build broken variants).
@@ -72,24 +75,30 @@ def audit_multi_pass_dp_ppo(eps: float, delta: float = 1e-5, trials: int = 1_000
                               population_size=population)
 
     sampler = PoissonUserSampler(users, population, seed=seed + 1)
-    learner, batch, _ = build_round(eps, delta, users=users, epochs=epochs, minibatches=1, seed=seed,
+    learner, batch, _ = build_round(eps, delta, users=users, epochs=epochs, minibatches=minibatches, seed=seed,
                                     privacy=context(), sampler=sampler, rounds=1)
     mech = learner.release if mechanism is None else mechanism(learner.privacy, learner.release.parts, sampler)
     rows = learner.minibatch_gradients(learner.round_targets(batch), torch.arange(users))[:2]  # (actor, critic)
     parts = ((rows[0], "actor", learner.clip), (rows[1], "critic", learner.critic_clip))
     claims = []
+    everyone = list(range(users))
+    # the canary's minibatch in each epoch: a public draw of its own, the same in every transcript
+    canary_mb = [next(j for j, mb in enumerate(epoch) if CANARY in mb.tolist())
+                 for epoch in learner.schedule(0, everyone)]
 
     def transcript_score(ids: list[int]) -> torch.Tensor:
         """``chunk`` rounds of the users ``ids`` (a fresh context each), scored by s (module docstring)."""
         mech.privacy = privacy = context()
         mech.open_round(0, ids, (learner.clip, learner.critic_clip))
         score = torch.zeros(chunk, dtype=torch.float64)
-        for epoch in learner.schedule(0, len(ids)):
-            for mb in epoch:
+        for e, epoch in enumerate(learner.schedule(0, ids)):
+            for j, mb in enumerate(epoch):
                 members = [ids[int(i)] for i in mb]
                 others = [u for u in members if u != CANARY]
                 for g, part, clip in parts:
                     y, _ = mech.release_sum(g[members], members, clip, part=part)
+                    if j != canary_mb[e]:   # a release the canary is never in: the same law with or without it
+                        continue
                     c = clip_per_user(g[CANARY][None], clip)[0][0].double()
                     rest = clip_per_user(g[others], clip)[0].double().sum(0)
                     score += ((y - rest) @ c - c @ c / 2) / mech.sigma(clip, part) ** 2
@@ -98,12 +107,13 @@ def audit_multi_pass_dp_ppo(eps: float, delta: float = 1e-5, trials: int = 1_000
             claims.append((entry, privacy.spent()))
         return score
 
-    everyone = list(range(users))
     absent = [u for u in everyone if u != CANARY]
     null, alt = [], []
     for _ in range(max(1, trials // (2 * chunk))):
         null.append(transcript_score(absent))
         included = torch.tensor([CANARY in sampler.next_round() for _ in range(chunk)])
         alt.append(torch.where(included, transcript_score(everyone), transcript_score(absent)))
-    return conclude(f"multi_pass_dp_ppo ({accountant})", ENTRY, same_claim([c for _, c in claims]),
+    name = f"multi_pass_dp_ppo ({accountant})" if minibatches == 1 else \
+        f"multi_pass_dp_ppo ({accountant}, minibatches={minibatches})"
+    return conclude(name, ENTRY, same_claim([c for _, c in claims]),
                     torch.cat(null).numpy(), torch.cat(alt).numpy(), started)

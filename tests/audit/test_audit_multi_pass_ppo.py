@@ -1,6 +1,7 @@
 """The multi-pass DP-PPO audit (dppo/audit/multi_pass_ppo.py): within the accountant's claim for one round, with
-power, on the worst-case canary, and two broken releases are caught (noise calibrated for one release instead of
-the round's 2 x epochs; a sampler that includes everyone while the accountant counts on subsampling)."""
+power, on the worst-case canary (one minibatch, and two), and two broken releases are caught (noise calibrated for
+one release instead of the round's 2 x epochs; a sampler that includes everyone while the accountant counts on
+subsampling)."""
 import pytest
 import torch
 
@@ -23,6 +24,19 @@ def test_multi_pass_dp_ppo_bound_is_below_the_accountants_claim(accountant):
 
 def test_multi_pass_dp_ppo_bound_has_power():
     out = audit_multi_pass_dp_ppo(4.0, trials=400_000, seed=4, chunk=100_000, accountant="prv")
+    assert 0.5 * out.claimed_eps <= out.eps_lb <= out.claimed_eps, (out.eps_lb, out.claimed_eps)
+
+
+def test_two_minibatches_bound_is_below_the_accountants_claim():
+    """algo.minibatches=2: each user's minibatch a public draw of its own, the canary in one per epoch; the claim is
+    the one of minibatches=1 (the same round multiplier)."""
+    out = audit_multi_pass_dp_ppo(1.0, trials=100_000, seed=1, minibatches=2)
+    assert out.mechanism == "multi_pass_dp_ppo (rdp, minibatches=2)"
+    assert out.claimed_eps == pytest.approx(1.0, abs=0.01) and out.passed, (out.eps_lb, out.claimed_eps)
+
+
+def test_two_minibatches_bound_has_power():
+    out = audit_multi_pass_dp_ppo(4.0, trials=400_000, seed=4, chunk=100_000, accountant="prv", minibatches=2)
     assert 0.5 * out.claimed_eps <= out.eps_lb <= out.claimed_eps, (out.eps_lb, out.claimed_eps)
 
 
