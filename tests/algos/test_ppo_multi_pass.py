@@ -154,7 +154,8 @@ def test_removing_a_user_moves_only_its_own_releases_and_each_by_at_most_C(fused
                 assert da <= 1e-12 and dc <= 1e-12
 
 
-def test_a_multi_pass_round_with_two_minibatches_steps_twice_per_epoch_and_divides_by_q_N_over_b():
+def _tiny_round_learner(minibatches: int = 1):
+    """A seeded multi-pass DP-PPO on a 20-step CartPole (a 4-unit actor and critic), q N = 8 of 40 users."""
     torch.manual_seed(0)
     env = GymEnvFactory("CartPole-v1", horizon=20)
     policy = MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
@@ -162,7 +163,12 @@ def test_a_multi_pass_round_with_two_minibatches_steps_twice_per_epoch_and_divid
                              multi_pass=True, population_size=40)
     sampler = PoissonUserSampler(8, 40, seed=0)
     learner = PPO(policy, env, privacy, sampler, seed=0, rounds=4, max_grad_norm=1.0, group_size=1, epochs=2,
-                  minibatches=2, critic_hidden_sizes=(4,), reward_bound=1.0)
+                  minibatches=minibatches, critic_hidden_sizes=(4,), reward_bound=1.0)
+    return learner, policy, privacy, sampler
+
+
+def test_a_multi_pass_round_with_two_minibatches_steps_twice_per_epoch_and_divides_by_q_N_over_b():
+    learner, _, privacy, sampler = _tiny_round_learner(minibatches=2)
     assert isinstance(learner.release, PoissonComposedSums) and learner.release.batch_size(3, 2) == 4.0   # q N / b
     users = sampler.next_round()
     stats = learner.update(learner.collect(users, 0), 0, users)
@@ -172,13 +178,7 @@ def test_a_multi_pass_round_with_two_minibatches_steps_twice_per_epoch_and_divid
 
 
 def test_a_round_that_draws_nobody_releases_noise_only_and_is_accounted():
-    torch.manual_seed(0)
-    env = GymEnvFactory("CartPole-v1", horizon=20)
-    policy = MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
-    privacy = PrivacyContext(3.0, 1e-5, accountant=RDPAccountant(), noise=NoiseSource(0, secure=False),
-                             multi_pass=True, population_size=40)
-    learner = PPO(policy, env, privacy, PoissonUserSampler(8, 40, seed=0), seed=0, rounds=4, max_grad_norm=1.0,
-                  group_size=1, epochs=2, critic_hidden_sizes=(4,), reward_bound=1.0)
+    learner, policy, privacy, _ = _tiny_round_learner()
     before = [p.detach().clone() for p in policy.parameters()]
     stats = learner.update(None, 0, [])
     # the entry records the expected count q N = 8 (public), not the realised 0 (private under add/remove)
