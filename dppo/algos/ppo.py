@@ -306,7 +306,7 @@ class PPO(GroupPolicyOptimizer):
         event (probability q); every other release, given the history, sums the same users and divides by the
         same public q N / b with or without u, so the round is the same k-fold composed subsampled Gaussian."""
         b = self.minibatches
-        if getattr(self.privacy, "multi_pass", False):
+        if self.privacy.multi_pass:
             out = []
             for e in range(self.epochs):
                 draws = streams.user_minibatches(self.seed, round_idx, e, users, b)
