@@ -35,6 +35,8 @@ class PrivacyConfig:
     allow_over_target: bool = False  # resume even if a crashed attempt's charged releases end the run above eps
     noise_correlation: str = "none"  # none | banded | banded_sqrt: DP-PG's / DP-PPO's noise correlated across rounds
     bands: int = 8  # bands of the correlated noise's factorization (docs/correlated_noise.md)
+    noise_workload: str = "auto"  # what the factorization is optimized for: auto (SGD's momentum when the learner
+    # steps with SGD, else prefix sums) | prefix | momentum
 
 
 @dataclass

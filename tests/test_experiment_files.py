@@ -28,3 +28,16 @@ def test_a_budget_file_is_its_base_file_with_the_budget_and_run_shape_changed():
     assert (eps1.eps, eps1.rounds, eps1.users_per_round) == (1.0, 40, 300)
     for key in ("algo", "policy", "env", "max_grad_norm", "group_size"):
         assert eps1[key] == base[key], key
+
+
+@pytest.mark.parametrize("eps, workload", [(5.0, "prefix"), (1.0, "auto")])
+def test_dp_pgs_budget_files_are_its_base_file_with_the_correlated_noise_that_won_there(eps, workload):
+    """cartpole_dp_pg_eps5 / _eps1 take every setting of cartpole_dp_pg but eps and the noise's correlation (banded,
+    16 bands; the factorization's workload as selected on seeds 100-102: runs/reference/correlated_noise.md)."""
+    base = dppo.make_config(["+experiment=cartpole_dp_pg"])
+    tuned = dppo.make_config([f"+experiment=cartpole_dp_pg_eps{eps:g}"])
+    assert tuned.eps == eps and base.privacy.noise_correlation == "none"
+    assert (tuned.privacy.noise_correlation, tuned.privacy.bands, tuned.privacy.noise_workload) == \
+        ("banded", 16, workload)
+    for key in ("algo", "policy", "env", "rounds", "users_per_round", "group_size"):
+        assert tuned[key] == base[key], key

@@ -14,6 +14,8 @@ from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants import make_accountant
 from dppo.privacy.correlated import CORRELATIONS, CorrelatedNoise
 
+WORKLOADS = ("auto", "prefix", "momentum")   # privacy.noise_workload
+
 
 def build_privacy(cfg, cls) -> PrivacyContext:
     p = cfg.privacy
@@ -35,8 +37,11 @@ def build_privacy(cfg, cls) -> PrivacyContext:
 
 
 def correlated_noise(cfg, cls) -> CorrelatedNoise:
-    """``privacy.noise_correlation``: the option of DP-PG's and DP-PPO's Gaussian sums (``dppo.privacy.correlated``),
-    its factorization optimized for SGD with momentum when the learner steps with SGD and momentum."""
+    """``privacy.noise_correlation``: the option of DP-PG's and DP-PPO's Gaussian sums (``dppo.privacy.correlated``).
+    ``privacy.noise_workload`` says what its factorization is optimized for: ``auto`` the learner's SGD momentum
+    when it steps with SGD and momentum, prefix sums otherwise; ``prefix`` prefix sums (plain SGD) whatever the
+    optimizer; ``momentum`` the learner's SGD momentum (refused without one). Utility only: the guarantee does not
+    depend on it."""
     p = cfg.privacy
     if p.noise_correlation not in CORRELATIONS:
         raise ConfigError(f"privacy.noise_correlation must be one of {', '.join(CORRELATIONS)}, got "
@@ -46,7 +51,14 @@ def correlated_noise(cfg, cls) -> CorrelatedNoise:
                           f"otherwise: set privacy.noise_correlation=none")
     algo, defaults = to_container(cfg.algo), cls.defaults()
     value = lambda k: algo.get(k, defaults.get(k))  # noqa: E731
-    momentum = float(value("momentum") or 0.0) if value("optimizer") == "sgd" else 0.0
+    sgd_momentum = float(value("momentum") or 0.0) if value("optimizer") == "sgd" else 0.0
+    workload = p.noise_workload
+    if workload not in WORKLOADS:
+        raise ConfigError(f"privacy.noise_workload must be one of {', '.join(WORKLOADS)}, got {workload!r}")
+    if workload == "momentum" and sgd_momentum == 0.0:
+        raise ConfigError("privacy.noise_workload=momentum needs a learner stepping with SGD and momentum "
+                          "(algo.optimizer=sgd, algo.momentum > 0); use noise_workload=prefix or auto")
+    momentum = 0.0 if workload == "prefix" else sgd_momentum
     rounds = OmegaConf.select(cfg, "rounds", default=None)
     return CorrelatedNoise(p.noise_correlation, int(p.bands), momentum=momentum,
                            rounds=None if rounds is None else int(rounds))

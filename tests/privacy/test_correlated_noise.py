@@ -188,6 +188,28 @@ def test_refusals_are_one_line_config_errors():
     assert type(composed_sums(PrivacyContext(1.0, 1e-5), parts={"a": (2, 1.0)})) is ComposedGaussianSums
 
 
+def test_the_workload_option_picks_the_factorizations_momentum_from_the_learners_optimizer():
+    """privacy.noise_workload: auto takes DP-PG's SGD momentum (0.9 by default) and prefix sums for Adam; prefix
+    optimizes for prefix sums whatever the optimizer; momentum without SGD momentum is refused in one line."""
+    from hydra.utils import get_class
+
+    from dppo.api import make_config
+    from dppo.build.privacy import correlated_noise
+    pg = get_class("dppo.algos.pg.PolicyGradient")
+    base = ["algo=dp_pg", "eps=1", "privacy.noise_correlation=banded", "privacy.bands=4", "rounds=20"]
+    assert correlated_noise(make_config(base), pg).momentum == 0.9
+    assert correlated_noise(make_config(base + ["algo.momentum=0.5"]), pg).momentum == 0.5
+    assert correlated_noise(make_config(base + ["algo.optimizer=adam"]), pg).momentum == 0.0
+    prefix = correlated_noise(make_config(base + ["privacy.noise_workload=prefix"]), pg)
+    assert prefix.momentum == 0.0 and list(prefix.coefficients(20)) == list(factorization("banded", 4, 20, 1, 0.0))
+    momentum = correlated_noise(make_config(base + ["privacy.noise_workload=momentum"]), pg)
+    assert list(momentum.coefficients(20)) == list(factorization("banded", 4, 20, 1, 0.9))
+    with pytest.raises(ConfigError, match="noise_workload=momentum needs"):
+        correlated_noise(make_config(base + ["privacy.noise_workload=momentum", "algo.optimizer=adam"]), pg)
+    with pytest.raises(ConfigError, match="noise_workload must be one of"):
+        correlated_noise(make_config(base + ["privacy.noise_workload=adam"]), pg)
+
+
 def test_a_seeded_stream_refuses_to_start_mid_run_and_a_secure_one_starts_a_new_block():
     seeded = PrivacyContext(1.0, 1e-5, noise=NoiseSource(0))
     seeded.noise_correlation = CorrelatedNoise("banded", 3)
