@@ -19,12 +19,23 @@ from dppo.build.pretraining import exclude_pretraining_users, inherited_provenan
 from dppo.build.privacy import build_privacy, build_sampler
 from dppo.build.record import fingerprint, public_config, resolved_hparams
 from dppo.config import to_container, validate
+from dppo.data import UserSampler
 from dppo.errors import ConfigError
 from dppo.policies.check import check_env, check_policy
 from dppo.training import distributed, secret
-from dppo.training.logger import make_logger
+from dppo.training.logger import Logger, make_logger
 from dppo.training.provenance import Population
 from dppo.training.trainer import Trainer
+
+
+def check_passed_objects(sampler, logger) -> None:
+    """A sampler or a logger passed in (``dppo.train(sampler=..., logger=...)``) is one of the declared interfaces
+    the trainer and the learners read directly: a ``dppo.data.UserSampler``, a ``dppo.training.logger.Logger``."""
+    for name, obj, base, hint in (("sampler", sampler, UserSampler, "dppo.data.UserSampler: subclass it"),
+                                  ("logger", logger, Logger, "dppo.training.logger.Logger: give it your outputs")):
+        if obj is not None and not isinstance(obj, base):
+            raise ConfigError(f"{name}= takes a {hint}, or leave {name}= out for the config's; got a "
+                              f"{type(obj).__name__}")
 
 
 def seed_everything(seed: int) -> None:
@@ -70,6 +81,7 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     ``env_inputs``: a prompts env's objects from Python (``build_env``; ``cfg.env`` records them)."""
     validate(cfg)
     check_config_values(cfg)
+    check_passed_objects(sampler, logger)
     dist = distributed.from_env()
     if not dist.is_main:  # torchrun rank > 0: computes its shard of each round, writes nothing
         run_dir = None

@@ -1,4 +1,4 @@
 """User streams and user-level batch samplers."""
-from dppo.data.sampler import OnePassUserSampler, PoissonUserSampler
+from dppo.data.sampler import OnePassUserSampler, PoissonUserSampler, UserSampler
 
-__all__ = ["OnePassUserSampler", "PoissonUserSampler"]
+__all__ = ["OnePassUserSampler", "PoissonUserSampler", "UserSampler"]

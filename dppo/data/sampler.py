@@ -6,7 +6,67 @@ import numpy as np
 from dppo.errors import ConfigError, PrivacyError
 
 
-class OnePassUserSampler:
+class UserSampler:
+    """What the trainer, the builder and the learners ask of a user sampler, declared here so that none of
+    them reads it by guessing from attribute names. ``OnePassUserSampler`` and ``PoissonUserSampler`` are
+    the two of ``privacy.multi_pass``; a sampler passed to ``dppo.train(sampler=...)`` subclasses this base
+    (the builder refuses another in one line) and calls its ``__init__``.
+
+    Attributes:
+        multi_pass: a user may be drawn in several rounds (Poisson sampling, accounted by RDP/PRV); False:
+            each user at most once (one-pass: parallel composition of the per-round guarantees).
+        users_per_round: the users a round draws (multi-pass: the expected number).
+        population_size: how many user ids there are (None: an unbounded stream ``0, 1, 2, ...``).
+        sample_rate: multi-pass, each user's probability to be in a round (None: one-pass).
+        used: every user id handed out so far; checkpointed, and the summary's ``users_seen``.
+        burned: the users a crashed attempt took (a subset of ``used``; ``burn``), the summary's
+            ``users_burned``.
+        journal: set by the trainer (``dppo.training.journal.UserJournal``); draws are journalled before
+            they are returned.
+    """
+
+    multi_pass: bool = False
+    sample_rate: float | None = None
+
+    def __init__(self, users_per_round: int, population_size: int | None = None):
+        if users_per_round < 1:
+            raise ConfigError(f"users_per_round must be >= 1, got {users_per_round}")
+        self.users_per_round = int(users_per_round)
+        self.population_size = population_size
+        self.used: set[int] = set()
+        self.burned: set[int] = set()
+        self.journal = None
+
+    def next_round(self) -> list[int]:
+        """The user ids of the next round (journalled, then added to ``used``)."""
+        raise NotImplementedError
+
+    def take(self, m: int) -> list[int]:
+        """``m`` fresh user ids (a tabular learner's one user per episode); one-pass samplers only."""
+        raise NotImplementedError
+
+    def check_capacity(self, rounds: int, limit: int | None = None, what: str = "the population") -> None:
+        """Raise (one line) before training if the population cannot give ``rounds`` more rounds; ``limit``:
+        ids at or above it do not exist (an env's finite population). The base cannot tell and checks
+        nothing: such a sampler checks itself as it draws."""
+
+    def check_need(self, need: int, limit: int | None = None, what: str = "the population", detail: str = "") -> None:
+        """Raise (one line) if fewer than ``need`` fresh users are left (the trainer asks it with the users its
+        learner still plans to draw). The base cannot tell and checks nothing, like ``check_capacity``."""
+
+    def burn(self, ids) -> None:
+        """A crashed attempt of a private run took these users (the resume rule, ``Trainer.recover_journal``)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        """Everything a resume needs to draw on as if never stopped (``used`` and ``burned`` included)."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> None:
+        raise NotImplementedError
+
+
+class OnePassUserSampler(UserSampler):
     """Hands out ``users_per_round`` fresh user ids per round and refuses to hand out a user twice.
 
     Users are ids ``0..population_size-1`` visited in a seeded random order (a finite dataset of
@@ -14,18 +74,10 @@ class OnePassUserSampler:
     is ``None``. Parallel composition of per-round guarantees is valid only because of this check.
     """
 
-    multi_pass = False
-
     def __init__(self, users_per_round: int, population_size: int | None = None, seed: int = 0):
-        if users_per_round < 1:
-            raise ConfigError(f"users_per_round must be >= 1, got {users_per_round}")
-        self.users_per_round = int(users_per_round)
-        self.population_size = population_size
+        super().__init__(users_per_round, population_size)   # burned users are skipped for ever
         self.seed = int(seed)
-        self.used: set[int] = set()
-        self.burned: set[int] = set()   # users a crashed attempt took (subset of used): skipped for ever
         self.excluded: set[int] = set()  # users another run's training consumed (policy.init_from): never taken
-        self.journal = None             # set by the trainer: takes are journalled before they return
         self.next_index = 0
         self._order = None if population_size is None else np.random.default_rng(seed).permutation(population_size)
 
@@ -120,28 +172,23 @@ class OnePassUserSampler:
         self.excluded |= set(int(i) for i in state.get("excluded", ()))
 
 
-class PoissonUserSampler:
+class PoissonUserSampler(UserSampler):
     """Multi-pass sampling: each round includes each of ``population_size`` users independently with
     rate q = users_per_round / population_size (Opacus' Poisson sampling; accounted by RDP/PRV)."""
 
     multi_pass = True
 
     def __init__(self, users_per_round: int, population_size: int, seed: int = 0, noise=None):
-        if users_per_round < 1:
-            raise ConfigError(f"users_per_round must be >= 1, got {users_per_round}")
+        super().__init__(users_per_round, population_size)
         if not population_size or population_size < users_per_round:
             raise ConfigError("privacy.multi_pass=true needs privacy.population_size >= users_per_round")
-        self.users_per_round = int(users_per_round)
         self.population_size = int(population_size)
         self.sample_rate = users_per_round / population_size
         self.rng = np.random.default_rng(seed)
         # secure noise: the subsampling coins come from the OS CSPRNG too (amplification by sampling needs
         # them secret); seeded: from ``seed`` (reproducible)
         self.noise = noise if (noise is not None and getattr(noise, "secure", False)) else None
-        self.rounds_sampled = 0
-        self.used: set[int] = set()
-        self.burned: set[int] = set()   # multi-pass reuses users by design: lost rounds are charged instead
-        self.journal = None
+        self.rounds_sampled = 0     # burned stays empty: multi-pass reuses users, lost rounds are charged instead
 
     def check_capacity(self, rounds: int, limit: int | None = None, what: str = "the population") -> None:
         """Multi-pass reuses users; only the population must lie inside ``limit`` (an env's population)."""

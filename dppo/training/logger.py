@@ -246,6 +246,10 @@ class Logger:
     progress bar) sees them, and so are the ``perf/*`` timings (users/s, tokens/s), which depend on
     the lengths of this round's episodes or completions.
 
+    The trainer and its callbacks read this interface directly (``diagnostics``, ``record_many``, ``dump``,
+    ``log_hparams``, ``purge_after``, ``open``, ``close``), so a logger passed to ``dppo.train(logger=...)`` is a
+    ``Logger``: what varies is its outputs (subclasses of ``Output``).
+
     Args:
         outputs: the sinks.
         diagnostics: keep ``diag/*`` and ``perf/*`` keys; false drops them.
