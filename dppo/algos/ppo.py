@@ -217,10 +217,9 @@ class PPO(GroupPolicyOptimizer):
                               "mean_and_log_std(obs) (Gaussian); set algo.ent_coef=0")
         if optimizer not in OPTIMIZERS:
             raise ConfigError(f"algo.optimizer must be one of {OPTIMIZERS}, got '{optimizer}'")
-        if users_per_round := getattr(sampler, "users_per_round", None):
-            if int(minibatches) > int(users_per_round):
-                raise ConfigError(f"algo.minibatches={minibatches} exceeds users_per_round={users_per_round}: "
-                                  f"every minibatch needs at least one user")
+        if int(minibatches) > sampler.users_per_round:
+            raise ConfigError(f"algo.minibatches={minibatches} exceeds users_per_round={sampler.users_per_round}: "
+                              f"every minibatch needs at least one user")
         self.gae_lambda, self.epochs, self.minibatches = float(gae_lambda), int(epochs), int(minibatches)
         if fused not in (None, True, False):
             raise ConfigError(f"algo.fused must be true, false or null (by size), got {fused!r}")

@@ -491,7 +491,7 @@ class PromptCollector:
         from dppo.policies.check import check_lm_policy
 
         check_lm_policy(policy)
-        if getattr(sampler, "multi_pass", False):
+        if sampler.multi_pass:
             raise ConfigError("env=prompts supports one-pass training only (privacy.multi_pass=false)")
         self.env.check_capacity(int(rounds), int(sampler.users_per_round))
         ctx = policy.context

@@ -111,20 +111,21 @@ class LoggingCallback(Callback):
     metrics (TensorBoard HParams). Without diagnostics the outputs are opened when a session with rounds to
     run starts (their files then carry its start time, not the end of its first round)."""
 
+    def __init__(self):
+        self._t0 = time.perf_counter()   # the current round's start (``on_round_start``)
+
     def on_train_start(self, trainer):
-        if not getattr(trainer.logger, "diagnostics", True) and trainer.round < trainer.learner.num_rounds:
-            opener = getattr(trainer.logger, "open", None)
-            if opener is not None:
-                opener()
+        if not trainer.logger.diagnostics and trainer.round < trainer.learner.num_rounds:
+            trainer.logger.open()
 
     def on_round_start(self, trainer, round_idx):
         self._t0 = time.perf_counter()
 
     def on_round_end(self, trainer, round_idx, metrics):
-        dt = max(time.perf_counter() - getattr(self, "_t0", time.perf_counter()), 1e-9)
+        dt = max(time.perf_counter() - self._t0, 1e-9)
         users = metrics.get("rollout/users", None)
         # timing depends on this round's episode lengths: a diagnostic, logged only with diagnostics on
-        if users is not None and "perf/users_per_s" not in metrics and getattr(trainer.logger, "diagnostics", True):
+        if users is not None and "perf/users_per_s" not in metrics and trainer.logger.diagnostics:
             metrics["perf/users_per_s"] = users / dt
         metrics["rollout/round"] = round_idx
         trainer.logger.record_many(metrics)
@@ -135,18 +136,18 @@ class LoggingCallback(Callback):
     def on_train_end(self, trainer):
         if trainer.round <= trainer.start_round:  # nothing ran in this session: write nothing
             return
-        summary = getattr(trainer, "summary", {}) or {}
+        summary = trainer.summary or {}
         final = {"eval/return": summary.get("final_return"), "privacy/epsilon": summary.get("epsilon_spent"),
                  "privacy/delta": summary.get("delta_spent")}
         step = global_step(trainer)
         if final["eval/return"] is not None:
             trainer.logger.record("eval/return", final["eval/return"])
         trainer.logger.dump(step)
-        trainer.logger.log_hparams(getattr(trainer, "hparams", {}) or {}, final, step)
+        trainer.logger.log_hparams(trainer.hparams, final, step)
 
 
 def global_step(trainer) -> int:
-    return trainer.steps.global_step(getattr(trainer.logger, "diagnostics", True))
+    return trainer.steps.global_step(trainer.logger.diagnostics)
 
 
 class ReleasedMetricsCallback(Callback):
@@ -196,7 +197,7 @@ class ProgressBarCallback(Callback):
         if self.enabled:
             from tqdm.auto import tqdm
 
-            timing = getattr(trainer.logger, "diagnostics", True)
+            timing = trainer.logger.diagnostics
             self.bar = tqdm(total=trainer.learner.num_rounds, initial=trainer.start_round,
                             desc=trainer.meta.get("algo", trainer.learner.name), unit="round", dynamic_ncols=True,
                             **({} if timing else {"bar_format": self.NO_TIMING}))
@@ -211,8 +212,7 @@ class ProgressBarCallback(Callback):
             if "regret/cumulative" in metrics:
                 post["regret"] = f"{metrics['regret/cumulative']:.4g}"
             eps = metrics.get("privacy/epsilon")
-            private = getattr(getattr(trainer, "privacy", None), "private", True)
-            post["eps"] = f"{eps or 0.0:.3g}" if private else "non-private"
+            post["eps"] = f"{eps or 0.0:.3g}" if trainer.privacy.private else "non-private"
             self.bar.set_postfix(post, refresh=False)
             self.bar.update(1)
         return True

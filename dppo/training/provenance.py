@@ -86,7 +86,7 @@ class Population:
         elif isinstance(size, int) and not isinstance(size, bool):
             self.identity = {"kind": "members", "env_id": env_id, "size": int(size)}
         else:
-            cap = getattr(sampler, "population_size", None)
+            cap = None if sampler is None else sampler.population_size
             self.identity = {"kind": "ids", "env_id": env_id, "size": None if cap is None else int(cap)}
 
     @property
@@ -174,7 +174,7 @@ def record(*, seed: int, algo: str, env_id: str, population: Population, sampler
     """The provenance of the current policy: this run's consumed users and everything it inherited."""
     own = []
     if sampler is not None:
-        if getattr(sampler, "multi_pass", False):
+        if sampler.multi_pass:
             n = int(sampler.population_size)
             own = [entry(population.identity, population.member_ids(range(n)), everyone=True)]
         elif sampler.used:
@@ -261,7 +261,7 @@ def exclude(sampler, population: Population, consumed: list[dict], what: str) ->
             skip_below = max(skip_below, max(hi for _, hi in e["users"]))
     if not ids and not skip_below:
         return
-    if getattr(sampler, "multi_pass", False):
+    if sampler.multi_pass:
         raise ConfigError(f"{what} was trained on users of this population, and a Poisson-sampled (multi-pass) "
                           f"run cannot exclude them; fine-tune one-pass (privacy.multi_pass=false)")
     if sampler.population_size is None:

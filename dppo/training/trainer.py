@@ -65,6 +65,8 @@ class Trainer:
         self.extend_refusal = extend_refusal
         self.allow_over_target = bool(allow_over_target)
         self.nothing_to_do = None   # a resume of a finished run: the one line that says so (``fit``)
+        self._resumed = False       # continued from a checkpoint, or restarted with the journal applied
+        self.summary: dict | None = None   # the latest summary.json content (``write_summary``)
         self.capacity_limit = capacity_limit      # an env's finite population: ids at or above it do not exist
         self.journal = None if run_dir is None else UserJournal(os.path.join(run_dir, JOURNAL_NAME))
         # the run's secret (dppo/training/secret.py): its key and the keyed fingerprint of its private rows (for
@@ -143,9 +145,7 @@ class Trainer:
         if state.get("public_env_steps") is not None:
             self.learner.public_env_steps = int(state["public_env_steps"])
         # what an interrupted session logged after this checkpoint is redone: drop it from the logs
-        purge = getattr(self.logger, "purge_after", None)
-        if purge is not None:
-            purge(self.steps.global_step(getattr(self.logger, "diagnostics", True)))
+        self.logger.purge_after(self.steps.global_step(self.logger.diagnostics))
         self.recover_journal(state.get("journal_offset") or 0)
 
     def extendable(self, state: dict) -> dict:
@@ -159,9 +159,7 @@ class Trainer:
         """Resume a run that has no usable checkpoint (a crash before the first one, or every one corrupt):
         start again from the initial policy, drop what the lost attempts logged, and apply the journal from
         its start (their users burned, their releases charged)."""
-        purge = getattr(self.logger, "purge_after", None)
-        if purge is not None:
-            purge(-1)
+        self.logger.purge_after(-1)
         if self.journal is not None:
             starts = [e for e in UserJournal.read(self.journal.path) if e["event"] == "start" and e.get("secret")]
             if starts:
@@ -280,18 +278,16 @@ class Trainer:
     def check_capacity(self) -> None:
         """Before this session's first round: the users still to draw fit in what the population has left
         (burned, excluded and used users counted), one line otherwise."""
-        s = self.sampler
-        if s is None or self.round >= self.learner.num_rounds:
+        sampler = self.sampler
+        if sampler is None or self.round >= self.learner.num_rounds:
             return
         what = "the population" if self.capacity_limit is None else f"the env's population ({self.meta.get('env_id')})"
-        if getattr(s, "multi_pass", False):
-            s.check_capacity(0, self.capacity_limit, what)
+        if sampler.multi_pass:
+            sampler.check_capacity(0, self.capacity_limit, what)
             return
-        if not callable(getattr(s, "check_need", None)):
-            return  # a sampler passed in without the capacity interface checks itself as it draws
-        taken = len(s.used) - len(getattr(s, "burned", ()))     # the completed rounds' users
-        need = self.learner.planned_users(s.users_per_round) - taken
-        s.check_need(need, self.capacity_limit, what)
+        taken = len(sampler.used) - len(sampler.burned)     # the completed rounds' users
+        need = self.learner.planned_users(sampler.users_per_round) - taken
+        sampler.check_need(need, self.capacity_limit, what)   # the base UserSampler's checks nothing
 
     # ---- loop ------------------------------------------------------------------------------
     def wall_time(self) -> float:
@@ -315,7 +311,7 @@ class Trainer:
             if self.privacy.private and not self.privacy.noise.secure and self.dist.is_main:
                 print(SEEDED_WARNING, file=sys.stderr, flush=True)
             if self.journal is not None:
-                if not getattr(self, "_resumed", False) and UserJournal.read(self.journal.path):
+                if not self._resumed and UserJournal.read(self.journal.path):
                     # a fresh start in a directory whose earlier attempt crashed before its first checkpoint:
                     # everything that attempt journalled (and logged) is lost, and the same rule applies
                     self.restart_from_initial_state()
@@ -339,7 +335,7 @@ class Trainer:
     def finished_summary(self) -> dict | None:
         """The run directory's ``summary.json`` when this (resumed) run is already complete at its planned
         rounds, else None."""
-        if not getattr(self, "_resumed", False) or self.round < self.learner.num_rounds:
+        if not self._resumed or self.round < self.learner.num_rounds:
             return None
         try:
             with open(os.path.join(self.run_dir, "summary.json")) as f:
@@ -387,7 +383,7 @@ class Trainer:
                 self.save_checkpoint()
                 raise
             self.round = r + 1
-            if getattr(self.sampler, "multi_pass", False):
+            if self.sampler is not None and self.sampler.multi_pass:
                 metrics = self.expected_counts(metrics)
             self.steps.update(metrics, self.learner)
             metrics.setdefault("privacy/epsilon", self.privacy.spent()[0])
@@ -422,7 +418,7 @@ class Trainer:
         entries = self.privacy.ledger.entries
         adjacencies = sorted({e.get("adjacency") for e in entries if e.get("adjacency")})
         # multi-pass: the users a Poisson sample drew are counted in the diag section only (expected_counts)
-        multi_pass = bool(getattr(self.sampler, "multi_pass", False))
+        multi_pass = self.sampler is not None and bool(self.sampler.multi_pass)
         realised_private = self.sampler is None or multi_pass
         summary = {**self.meta, "eps": self.privacy.eps, "delta": self.privacy.delta,
                    "epsilon_spent": eps_spent, "delta_spent": delta_spent, "accountant": self.privacy.accountant.name,
@@ -430,7 +426,7 @@ class Trainer:
                    "noise_source": self.privacy.noise.label if private else None,
                    "rounds_done": self.round,
                    "users_seen": None if realised_private else len(self.sampler.used),
-                   "users_burned": None if realised_private else len(getattr(self.sampler, "burned", ())),
+                   "users_burned": None if realised_private else len(self.sampler.burned),
                    "releases_lost": sum(1 for e in entries if e.get("lost")),
                    "final_return": None, "stop_reason": self.stop_reason,
                    "complete": final, **self.learner.summary(),
@@ -439,14 +435,14 @@ class Trainer:
                    "ledger": entries}
         if private and not self.privacy.noise.secure:
             summary["noise_note"] = SEEDED_NOTE
-        diagnostics = getattr(self.logger, "diagnostics", True)
+        diagnostics = self.logger.diagnostics
         if diagnostics:
             # timing depends on the users' episode lengths: like every raw statistic, only with diagnostics on
             summary["wall_time_s"] = round(self.wall_time(), 3)
             summary["diag"] = {"best_round_return": _finite(self.best_round_return)}
             if multi_pass:
                 summary["diag"]["users_seen"] = len(self.sampler.used)
-                summary["diag"]["users_burned"] = len(getattr(self.sampler, "burned", ()))
+                summary["diag"]["users_burned"] = len(self.sampler.burned)
         if final and self.eval_episodes > 0:
             summary["final_return"] = float(self.learner.evaluate(self.eval_episodes, self.eval_greedy))
         # env steps: the public rollouts' (evaluation, public Fisher states) are public; the users' are a raw
@@ -484,7 +480,7 @@ class Trainer:
                  "policy": {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()},
                  "config": copy.deepcopy(self.config), "provenance": provenance.public_record(self.provenance()),
                  "rounds_done": int(self.round), "algo": self.meta.get("algo"), "env_id": self.meta.get("env_id"),
-                 "summary": {k: copy.deepcopy(v) for k, v in (getattr(self, "summary", None) or {}).items()
+                 "summary": {k: copy.deepcopy(v) for k, v in (self.summary or {}).items()
                              if k in POLICY_SUMMARY_KEYS}}
         critic = released.get("critic")
         if critic is not None:

@@ -271,7 +271,8 @@ def test_progress_bar_shows_a_raw_return_only_with_diagnostics_and_prefers_the_p
     def shown(diagnostics, metrics):
         cb = ProgressBarCallback(True)
         cb.bar = Bar()
-        cb.on_round_end(SimpleNamespace(logger=Logger(diagnostics=diagnostics)), 0, metrics)
+        trainer = SimpleNamespace(logger=Logger(diagnostics=diagnostics), privacy=SimpleNamespace(private=True))
+        cb.on_round_end(trainer, 0, metrics)
         return cb.bar.post
 
     raw = {"diag/return": 17.25, "privacy/epsilon": 5.0}
