@@ -3,8 +3,10 @@ declares what the builder passes it (``needs``, checked against its constructor 
 (``run_length`` / ``planned_length``), the users a whole run draws (``planned_users``, checked against the users a
 finished run drew), its step axis (``horizon``), its ``algo.*`` keys and their types (``hyperparameters``) and what
 the builder resolved for it (``resolved_hparams``); a learner that declares nothing gets the base's defaults; an
-oracle declares what a learner asks of it (``LeastSquaresOracle``); and no module of dppo reads these by guessing
-from attribute names or signatures, besides the few kept ones, each with its reason (a static check of the source)."""
+oracle declares what a learner asks of it (``LeastSquaresOracle``); the user sampler (``dppo.data.UserSampler``) and
+the logger (``Logger``) declare what the trainer, the builder and the learners read, and the trainer initialises its
+own state; and no module of dppo reads any of these by guessing from attribute names or signatures, besides the few
+kept ones, each with its reason (a static check of the source)."""
 import ast
 import glob
 import inspect
@@ -257,8 +259,8 @@ def test_the_recorded_hyper_parameters_name_the_oracle_the_learner_was_built_wit
     assert trainer.learner.resolved_hparams() == ({} if oracle is None else {"oracle": oracle})
 
 
-# Where dppo still reads an object's signature or attributes by name, and why: none of these is a learner's or an
-# oracle's declaration read around the interface. Every other module asks the learner (or the oracle) instead.
+# Where dppo still reads an object's signature or attributes by name, and why: none of these is a declaration of a
+# learner, an oracle, a sampler, a logger or the trainer read around its interface. Every other module asks them.
 KEPT = {
     # the declarations' one home: a learner's keyword arguments are its hyper-parameters (Learner.defaults /
     # hyperparameters read the signature once, for every learner)
@@ -277,12 +279,19 @@ KEPT = {
     "dppo/audit/oracle_rounds.py:audit_oracle_round getattr(oracle, ...)",
 }
 LEARNER_NAMES = {"learner", "cls", "oracle"}
+# the run's other objects with a declared interface: the user sampler (dppo.data.UserSampler), the logger
+# (dppo.training.logger.Logger) and the trainer, whose callbacks read the state its __init__ sets; the multi-process
+# wrappers' delegation (ShardedSampler.__getattr__: getattr(self.inner, name)) reads by a variable, no guess
+DECLARED_NAMES = {"sampler", "logger", "trainer"}
 
 
 def _guesses(path: str, source: str | None = None) -> list[str]:
-    """Calls that read a learner or an oracle by guessing: getattr / hasattr on the learner (``learner``,
-    ``self.learner``, ``trainer.learner``, ``cls``) or an oracle (``oracle``, ``self.oracle``) and
-    ``inspect.signature``; each as ``path:function call``."""
+    """Calls that read a declaration by guessing: getattr / hasattr on the learner (``learner``,
+    ``self.learner``, ``trainer.learner``, ``cls``), an oracle (``oracle``, ``self.oracle``), the sampler
+    (``sampler``, ``self.sampler``, ``trainer.sampler``), the logger (``logger``, ``self.logger``,
+    ``trainer.logger``) or the trainer, on ``self`` by a literal name in ``dppo/training/`` (the trainer and its
+    callbacks: their own state, which their ``__init__`` sets), and ``inspect.signature``; each as
+    ``path:function call``."""
     if source is None:
         with open(os.path.join(ROOT, path)) as f:
             source = f.read()
@@ -303,14 +312,17 @@ def _guesses(path: str, source: str | None = None) -> list[str]:
             target = node.args[0]
             name = target.id if isinstance(target, ast.Name) else (
                 target.attr if isinstance(target, ast.Attribute) else None)
-            if name in LEARNER_NAMES:
+            own = (name == "self" and path.startswith("dppo/training/") and len(node.args) > 1
+                   and isinstance(node.args[1], ast.Constant))
+            if name in LEARNER_NAMES | DECLARED_NAMES or own:
                 found.append(f"{at} {f.id}({ast.unparse(target)}, ...)")
     return found
 
 
-def test_no_module_guesses_what_a_learner_or_an_oracle_declares():
-    """Every module of dppo (the trainer, the builder, the config checks, dppo.load, the learners themselves) asks
-    the learner's and the oracle's declarations; what reads a signature or an attribute by name is only ``KEPT``."""
+def test_no_module_guesses_what_a_learner_an_oracle_a_sampler_or_a_logger_declares():
+    """Every module of dppo (the trainer and its callbacks, the builder, the config checks, dppo.load, the learners
+    themselves) asks the declarations of the learner, the oracle, the sampler, the logger and the trainer; what
+    reads a signature or an attribute by name is only ``KEPT``."""
     paths = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "dppo", "**", "*.py"), recursive=True))
     found = {g for path in paths for g in _guesses(path)}
     assert found == KEPT
@@ -320,6 +332,22 @@ def test_the_static_check_finds_a_guess():
     """The check above is not vacuous: it reports each kind of guess it looks for, with the function it is in."""
     src = ("import inspect\nx = getattr(self.learner, 'T', None)\ndef f():\n    y = hasattr(cls, 'B')\n"
            "    z = inspect.signature(cls.__init__)\n    o = getattr(self.oracle, 'sharded', False)\n"
-           "w = getattr(sampler, 'used', ())\n")
-    assert sorted(_guesses("probe", src)) == ["probe:<module> getattr(self.learner, ...)", "probe:f getattr(self.oracle, ...)",
+           "w = getattr(sampler, 'used', ())\nv = getattr(env, 'population', None)\n")
+    assert sorted(_guesses("probe", src)) == ["probe:<module> getattr(sampler, ...)",
+                                              "probe:<module> getattr(self.learner, ...)", "probe:f getattr(self.oracle, ...)",
                                               "probe:f hasattr(cls, ...)", "probe:f inspect.signature"]
+
+
+def test_the_static_check_finds_a_guess_on_the_sampler_the_logger_and_the_trainer():
+    """The same for the sampler, the logger and the trainer (and, in dppo/training/, the trainer's or a callback's
+    own state read by a literal name); an env, a name read by a variable and ``self`` elsewhere are not reported."""
+    src = ("class C:\n    def f(self, trainer, name):\n"
+           "        a = getattr(self.sampler, 'multi_pass', False)\n        b = callable(getattr(s.sampler, 'check_need', None))\n"
+           "        c = getattr(trainer.logger, 'diagnostics', True)\n        d = hasattr(logger, 'open')\n"
+           "        e = getattr(trainer, 'summary', None)\n        g = getattr(self, '_resumed', False)\n"
+           "        h = getattr(self, name)\n        i = getattr(self.env, 'population', 0)\n")
+    declared = ["getattr(self.sampler, ...)", "getattr(s.sampler, ...)", "getattr(trainer.logger, ...)",
+                "hasattr(logger, ...)", "getattr(trainer, ...)"]
+    assert sorted(_guesses("dppo/training/probe.py", src)) == sorted(
+        f"dppo/training/probe.py:f {call}" for call in declared + ["getattr(self, ...)"])
+    assert sorted(_guesses("dppo/policies/probe.py", src)) == sorted(f"dppo/policies/probe.py:f {call}" for call in declared)
