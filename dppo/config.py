@@ -455,6 +455,8 @@ def validate(cfg) -> None:
         raise ConfigError("privacy.multi_pass=true needs privacy.population_size >= users_per_round")
     if p.population_size is not None and p.population_size < 1:
         raise ConfigError(f"privacy.population_size must be >= 1, got {p.population_size}")
+    if p.bands < 1:   # invalid whatever the run (a non-private run, or privacy.noise_correlation=none, too)
+        raise ConfigError(f"privacy.bands must be >= 1, got {p.bands}")
     if p.composition not in (None, "advanced", "zcdp"):
         raise ConfigError(f"privacy.composition (deprecated: privacy.accountant) must be 'advanced' or 'zcdp', got "
                           f"'{p.composition}'")
