@@ -216,6 +216,10 @@ class PromptsEnv:
                  dataset=None, eval_dataset=None, eval_path: str | None = None, prompt_key: str = "prompt",
                  split_key: str = "split", public_size: int | None = None, eval_size: int = 256,
                  eval_samples: int = 4, show_completions: int = 4, show_every: int = 10, seed: int = 0):
+        for key, value in (("eval_size", eval_size), ("show_completions", show_completions),
+                           ("show_every", show_every)):   # counts: a negative one would slice rows from the end
+            if int(value) < 0:
+                raise ConfigError(f"env.{key} must be >= 0, got {value}")
         self.prompt_key, self.seed = prompt_key, int(seed)
         self.split_note = None   # a console line about the split (``read``), printed by the builder
         public, private, self.path = self.read(path, dataset, eval_dataset, split_key, public_size, eval_path)

@@ -36,3 +36,16 @@ def test_the_issues_non_private_banded_command_exits_2_without_a_run_directory(c
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and lines == ["dppo: error: privacy.bands must be >= 1, got -3"], r.stderr[-2000:]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("key", ["eval_size", "show_completions", "show_every"])
+def test_a_negative_prompts_env_count_is_refused_before_round_0(capsys, key):
+    """A negative env.eval_size used to run (a negative slice of the public rows evaluates all but the last one)."""
+    assert _line(capsys, ["+experiment=lm_addition", f"env.{key}=-1"]) == f"dppo: error: env.{key} must be >= 0, got -1"
+
+
+def test_the_issues_negative_eval_size_command_exits_2_without_a_run_directory(cli, tmp_path):
+    r = cli(["+experiment=lm_addition", "env.eval_size=-1", f"hydra.run.dir={tmp_path / 'run'}"], timeout=120)
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2 and lines == ["dppo: error: env.eval_size must be >= 0, got -1"], r.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
