@@ -309,7 +309,8 @@ def load_run_config(run_dir: str, overrides: list[str] | None = None) -> DictCon
     """The saved config of a run directory (``.hydra/config.yaml``) with extra overrides applied.
 
     ``hydra.*`` overrides configure where Hydra puts a *new* run; a resume continues ``run_dir`` in place, so
-    they are dropped, and a ``hydra.run.dir`` naming another directory is refused.
+    they are dropped, and a ``hydra.run.dir`` naming another directory is refused. A group choice (``algo=``,
+    ``env=``, ...) is refused in one line: the run keeps its groups (``_check_group_override``).
     """
     path = os.path.join(run_dir, ".hydra", "config.yaml")
     if not os.path.isfile(path):
@@ -319,11 +320,48 @@ def load_run_config(run_dir: str, overrides: list[str] | None = None) -> DictCon
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path))
         cfg.resume = None
+    except Exception as err:  # noqa: BLE001
+        raise config_error(err) from None
+    overrides = [o for o in overrides if not _check_group_override(o, run_dir, cfg)]
+    try:
         if overrides:
             cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
     except Exception as err:  # noqa: BLE001
         raise config_error(err) from None
     return cfg
+
+
+def run_algo_name(cfg) -> str:
+    """The algorithm a saved config runs, as its runs are named (``dp_pg``; ``algo=pg eps=5`` is a dp_pg run)."""
+    from dppo.build.checks import algo_name
+    from dppo.config import learner_target
+
+    cls = learner_target(cfg)
+    if cls is None:
+        return str(OmegaConf.select(cfg, "algo.name", default=None)
+                   or OmegaConf.select(cfg, "algo._target_", default="an unknown learner"))
+    return algo_name(cfg, cls, cfg.eps is not None)
+
+
+def _check_group_override(override: str, run_dir: str, cfg) -> bool:
+    """Refuse a group choice (``algo=dp_ppo``, ``env=...``, ``+experiment=...``) on a resume, in one line: a
+    resumed run keeps the groups it was started with; a new run is started without ``resume=``. An ``algo=``
+    naming the run's own algorithm says nothing and is dropped (True)."""
+    key, sep, value = override.partition("=")
+    group = key.lstrip("+~")
+    if group not in GROUPS + ("experiment",) or not sep:
+        return False
+    choice = f"{key}={value}"
+    if group == "algo":
+        name = run_algo_name(cfg)
+        if value == name:
+            return True
+        raise ConfigError(f"resume={run_dir} continues a {name} run, and a resumed run keeps its algorithm "
+                          f"(algo={name}): drop {choice} to continue it, or start a new run with {choice} by "
+                          f"leaving out resume=")
+    raise ConfigError(f"resume={run_dir} continues that run, and a resumed run keeps its {group} (as its "
+                      f".hydra/config.yaml says): drop {choice} to continue it, or start a new run with {choice} "
+                      f"by leaving out resume=")
 
 
 def _check_hydra_override(override: str, run_dir: str) -> bool:

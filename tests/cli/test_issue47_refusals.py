@@ -49,3 +49,36 @@ def test_the_issues_negative_eval_size_command_exits_2_without_a_run_directory(c
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert r.returncode == 2 and lines == ["dppo: error: env.eval_size must be >= 0, got -1"], r.stderr[-2000:]
     assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture(scope="module")
+def dp_pg_run(tmp_path_factory):
+    import dppo
+
+    run = tmp_path_factory.mktemp("resume") / "run"
+    dppo.train(["algo=dp_pg", "rounds=2", "users_per_round=2", "group_size=2", "eval_episodes=1", "progress=false",
+                "env.horizon=20", "checkpoint_every=1", "privacy.secure_rng=false"], run_dir=str(run))
+    return run
+
+
+def test_a_resume_that_names_another_algorithm_says_the_run_keeps_its_algorithm(capsys, dp_pg_run):
+    """Was: "the 'algo' group has no _target_" (the choice read as a value of the stored config's algo node)."""
+    line = _line(capsys, [f"resume={dp_pg_run}", "algo=dp_ppo"])
+    assert line == (f"dppo: error: resume={dp_pg_run} continues a dp_pg run, and a resumed run keeps its algorithm "
+                    f"(algo=dp_pg): drop algo=dp_ppo to continue it, or start a new run with algo=dp_ppo by leaving "
+                    f"out resume=")
+
+
+@pytest.mark.parametrize("choice", ["env=pendulum", "policy=mlp", "+experiment=cartpole_ppo"])
+def test_a_resume_that_names_another_group_option_says_the_run_keeps_it(capsys, dp_pg_run, choice):
+    group = choice.lstrip("+").split("=")[0]
+    line = _line(capsys, [f"resume={dp_pg_run}", choice])
+    assert f"a resumed run keeps its {group}" in line and f"drop {choice} to continue it" in line
+    assert "has no _target_" not in line
+
+
+def test_a_resume_that_names_its_own_algorithm_continues(capsys, dp_pg_run):
+    from dppo.cli import entry
+
+    entry(_never_called, [f"resume={dp_pg_run}", "algo=dp_pg", "progress=false"])   # finished: nothing to do
+    assert "has done all 2 of its rounds" in capsys.readouterr().err
