@@ -222,7 +222,9 @@ class Trainer:
             with_charges.step(e)
         excess = with_charges.spent(delta)[0] - without.spent(delta)[0]
         tol = 1e-9 * max(1.0, target)
-        what = f"the crashed attempt's {len(charged)} release(s) must be charged (their users are burned) and"
+        why = ("multi-pass burns no users: they stay in the population and are drawn again, so the lost releases "
+               "count" if self.privacy.multi_pass else "their users are burned")
+        what = f"the crashed attempt's {len(charged)} release(s) must be charged ({why}) and"
         if now > target + tol:
             reason = f"{what} put eps spent at {now:.4g}, above the target eps={target:g}"
         elif cap is not None and now > cap + tol:
