@@ -17,7 +17,8 @@ def inherited_provenance(cfg, record: dict | None, population, init_state: dict 
     ``policy.init_users_offset=<n>`` names (this run's ids 0..n-1). A bare state_dict has no provenance: it is
     refused unless the offset is stated (0 = the weights never saw a user of this population). A shareable
     ``policy.pt`` of a run on private rows withholds its members: they are read from that run's directory
-    (``policy.init_provenance=<run_dir>``), or the user states ``policy.init_data_disjoint=true``."""
+    (``policy.init_provenance=<run_dir>``), or the user states ``policy.init_data_disjoint=true``
+    (``withheld_rows``)."""
     from dppo.training import provenance
 
     init_from = OmegaConf.select(cfg, "policy.init_from", default=None)
@@ -40,19 +41,39 @@ def inherited_provenance(cfg, record: dict | None, population, init_state: dict 
                           f"population; 0 if it never saw one of them), or init from a run directory or its policy.pt")
     if source:
         record = secret_provenance(source, init_from, init_state)
-    elif provenance.withheld(record):
-        if not disjoint:
-            raise ConfigError(f"policy.init_from={init_from} is a shared policy.pt of a run on private rows, which "
-                              f"does not carry their members; name that run's directory with "
-                              f"policy.init_provenance=<run_dir> (or init from the directory itself), or state "
-                              f"policy.init_data_disjoint=true if this run's data share no person with its")
-        print(f"dppo: note: policy.init_data_disjoint=true: no row of this run is skipped for the private rows "
-              f"that trained policy.init_from={init_from} (stated disjoint)", file=sys.stderr)
-        record = {**record, "consumed": [e for e in record["consumed"] if not e.get("withheld")]}
+    if provenance.withheld(record):
+        record = {**record, "consumed": withheld_rows(init_from, record["consumed"], population, disjoint)}
     out = list(record["consumed"]) if record is not None else []
     if offset:
         out.append(provenance.offset_entry(population, offset))
     return out
+
+
+def withheld_rows(init_from: str, consumed: list[dict], population, disjoint) -> list[dict]:
+    """The entries of private rows whose members no record at hand carries (a shared ``policy.pt``'s, or ones a run
+    this source descends from stated disjoint from its own rows): they cannot be skipped, so they stay in this
+    run's record - a later run from it, however deep the chain, must not reuse them either - and this run goes on
+    only where its rows are stated disjoint from them: now (``policy.init_data_disjoint=true``), or by an earlier
+    run on the very same rows. Otherwise one line."""
+    from dppo.training import provenance
+
+    if disjoint:
+        print(f"dppo: note: policy.init_data_disjoint=true: no row of this run is skipped for the private rows "
+              f"that trained policy.init_from={init_from} (stated disjoint; they stay in this run's record: a later "
+              f"run from it on other rows is refused unless it states so too)", file=sys.stderr)
+        return provenance.state_disjoint(consumed, population)
+    unknown = [e for e in consumed if e.get("withheld") and not provenance.stated_disjoint(e, population)]
+    if any(provenance.statements(e) for e in unknown):
+        raise ConfigError(f"policy.init_from={init_from} descends from a run on private rows whose members no record "
+                          f"carries (stated disjoint from other rows than this run's), so they cannot be skipped; "
+                          f"train on the rows that statement was about, or state policy.init_data_disjoint=true "
+                          f"if this run's data share no person with them")
+    if unknown:
+        raise ConfigError(f"policy.init_from={init_from} is a shared policy.pt of a run on private rows, which "
+                          f"does not carry their members; name that run's directory with "
+                          f"policy.init_provenance=<run_dir> (or init from the directory itself), or state "
+                          f"policy.init_data_disjoint=true if this run's data share no person with its")
+    return list(consumed)
 
 
 def secret_provenance(source: str, init_from: str, init_state: dict | None) -> dict:

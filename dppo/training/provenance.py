@@ -25,13 +25,15 @@ Three kinds of id space (``population["kind"]``):
   same prompts in whatever file, object, name or order they arrive, by keying its own rows with it.
   Such an entry is *secret*: a checkpoint holds it whole, ``policy.pt`` only says it is withheld
   (``public_record``), and fine-tuning from a lone ``policy.pt`` then needs the source run's directory
-  (``policy.init_provenance``) or the user's statement that the data are disjoint.
+  (``policy.init_provenance``) or the user's statement that the data are disjoint. A statement keeps the
+  withheld entry in the new run's record, marked with the rows it covers (``state_disjoint``): a later run
+  from any descendant, on other rows, cannot skip those members and is refused unless it states it too.
 """
 from __future__ import annotations
 
 import sys
 
-from dppo.training.secret import keyed_digest
+from dppo.training.secret import data_fingerprint, keyed_digest, new_key
 
 FORMAT = "dppo-provenance-1"
 
@@ -151,7 +153,8 @@ def merge(entries: list[dict]) -> list[dict]:
     out: list[dict] = []
     for e in entries:
         for o in out:
-            if o["population"] == e["population"] and bool(o.get("withheld")) == bool(e.get("withheld")):
+            if (o["population"] == e["population"] and bool(o.get("withheld")) == bool(e.get("withheld"))
+                    and statements(o) == statements(e)):
                 o["users"] = union_ranges(o["users"], e["users"])
                 if "members" in o or "members" in e:
                     o["members"] = sorted(set(o.get("members") or ()) | set(e.get("members") or ()))
@@ -166,6 +169,8 @@ def merge(entries: list[dict]) -> list[dict]:
                 o["members"] = sorted(set(e.get("members") or ()))
             if e.get("withheld"):
                 o["withheld"] = True
+            if statements(e):
+                o["stated_disjoint"] = statements(e)
             out.append(o)
     return out
 
@@ -204,6 +209,40 @@ def withheld(rec: dict | None) -> bool:
     return rec is not None and any(e.get("withheld") for e in rec.get("consumed", ()))
 
 
+def statements(e: dict) -> list[dict]:
+    """The statements ``policy.init_data_disjoint=true`` that a withheld entry carries (``state_disjoint``)."""
+    return [dict(s) for s in e.get("stated_disjoint") or ()]
+
+
+def rows_fingerprint(key: str, population: Population) -> str:
+    """The keyed fingerprint of the set of a run's private rows (their members' content, sorted: the same in any
+    file, name or order) under ``key``: which rows a statement of disjointness is about. Kept, like the
+    members' digests, in the secret record only."""
+    size = int(getattr(population.env, "population", 0) or 0)
+    return data_fingerprint(key, sorted(set(population.env.member_content(range(size)))))
+
+
+def state_disjoint(consumed: list[dict], population: Population) -> list[dict]:
+    """``policy.init_data_disjoint=true``: the user states that this run's rows share no person with the withheld
+    rows that trained its initial weights. The withheld entries are kept - dropping them would let a later run
+    from this one, back on those rows, reuse them unnoticed - each marked with the rows the statement is about
+    (a keyed fingerprint under the run's key), so this run, and a later one on the very same rows, go on."""
+    if not population.by_content:
+        return list(consumed)   # users that are not rows: a withheld entry never names one (``exclude``)
+    key = population.identity.get("key") or new_key()
+    mark = {"key": key, "rows": rows_fingerprint(key, population)}
+    return [{**e, "stated_disjoint": statements(e) + [mark]} if e.get("withheld") and not stated_disjoint(e, population)
+            else e for e in consumed]
+
+
+def stated_disjoint(e: dict, population: Population) -> bool:
+    """Whether a withheld entry was stated disjoint from this run's private rows: a statement made on the same set
+    of rows (by this run, or by a run it descends from). Rows of any other set may hold its members."""
+    if not population.by_content:
+        return False
+    return any(s.get("key") and rows_fingerprint(s["key"], population) == s.get("rows") for s in statements(e))
+
+
 def is_record(obj) -> bool:
     return isinstance(obj, dict) and obj.get("format") == FORMAT and isinstance(obj.get("consumed"), list)
 
@@ -231,9 +270,13 @@ def exclude(sampler, population: Population, consumed: list[dict], what: str) ->
     skip_below = 0
     for e in consumed:
         pop = e["population"]
-        if e.get("withheld"):
-            raise ConfigError(f"{what} was trained on private rows whose members its policy.pt does not carry; "
-                              f"name its run directory with policy.init_provenance=<run_dir>")
+        if e.get("withheld") and population.by_content:
+            if not stated_disjoint(e, population):
+                raise ConfigError(f"{what} was trained on private rows whose members no record carries, and this "
+                                  f"run's rows are not stated disjoint from them; name the run directory that "
+                                  f"holds them (policy.init_provenance=<run_dir>), or state "
+                                  f"policy.init_data_disjoint=true if this run's data share no person with them")
+            continue   # stated disjoint from these very rows: none of them is a member
         if pop.get("kind") == "content":
             if population.by_content:
                 ids.update(population.users_of_content(e))

@@ -2,8 +2,9 @@
 
 Anything computed from private rows that a run must keep - a fingerprint of its data, so that a resume or
 ``dppo.load`` handed other rows is refused, and the identities of the members it consumed, so that a later
-fine-tuning run skips them whatever file or order they come in - is an HMAC-SHA256 under a key drawn from
-the OS CSPRNG when the run starts. The key and the keyed digests live only in the run's secret files (its
+fine-tuning run skips them whatever file or order they come in, and the set of rows a statement
+``policy.init_data_disjoint=true`` is about - is an HMAC-SHA256 under a key drawn from the OS CSPRNG when
+the run starts. The key and the keyed digests live only in the run's secret files (its
 checkpoints and its user journal), never in a shareable one (``summary.json``, ``policy.pt``, ``.hydra/``,
 logs): without the key, a digest gives no dictionary test (an adversary who knows every row but one cannot
 check a candidate for the last), and the key itself is independent of the data.
