@@ -36,6 +36,20 @@ def hparam_value(v):
     return str(v)
 
 
+def deterministic_plugin_data(*summaries):
+    """The HParams summaries with their plugin data serialized deterministically: the session's hyper-parameters
+    are a protobuf map, which ``SerializeToString()`` writes in the order of protobuf's hash table (seeded per
+    process, so two runs of the same config would write different bytes); ``deterministic=True`` writes its
+    entries sorted by key."""
+    from tensorboard.plugins.hparams.plugin_data_pb2 import HParamsPluginData
+
+    for summary in summaries:
+        for value in summary.value:
+            data = value.metadata.plugin_data
+            data.content = HParamsPluginData.FromString(data.content).SerializeToString(deterministic=True)
+    return summaries
+
+
 class Output:
     """A sink for dumped metrics."""
 
@@ -107,7 +121,7 @@ class TensorBoardOutput(Output):
         w = self._writer()
         hp = {k: hparam_value(v) for k, v in hparams.items()}
         final = {k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(float(v))}
-        exp, ssi, sei = hparams_summary(hp, final)
+        exp, ssi, sei = deterministic_plugin_data(*hparams_summary(hp, final))
         wall = self._walltime()
         for s in (exp, ssi, sei):
             w.file_writer.add_summary(s, walltime=wall)

@@ -4,7 +4,9 @@ seeded noise on *neighbouring* data (one private user or row replaced) must writ
 (summary.json, policy.pt and its config, .hydra/, the adapter folder, and with ``logger.diagnostics=false``
 the TensorBoard events file and progress.csv) that are identical byte for byte once the released tensors and
 the released metrics are masked. Both runs use the same paths (one run directory, moved away after each run,
-and one data file rewritten between them), so the comparison needs no other mask.
+and one data file rewritten between them), so the comparison needs no other mask. Each neighbour runs in a
+Python process of its own, with its own hash seed (PYTHONHASHSEED 1 and 2): a file that depends on the process
+(a dict or set iterated in hash order, a protobuf map written in its hash table's order) differs between them.
 
 The released values masked (everything else must match exactly):
 * tensors: the policy's (and a critic's) weights in policy.pt and in the adapter's safetensors;
@@ -20,11 +22,15 @@ from __future__ import annotations
 import contextlib
 import csv
 import hashlib
+import importlib
 import json
 import os
 import runpy
 import shutil
 import struct
+import subprocess
+import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -155,8 +161,37 @@ def _cli(overrides, run_dir):
         __import__("sys").argv = argv
 
 
+# the hash seed of each neighbour's process (different, so a hash-order dependence shows as a difference)
+HASH_SEEDS = {"a": "1", "b": "2"}
+MODULE = "tests.training.test_shareable_neighbours"
+
+
+def run_worlds(world: str, base: str, *calls: str) -> None:
+    """In this process, for each ``module:function`` of ``calls`` in turn: ``function(world, run_dir)`` in the one
+    run directory ``base/run``, then moved to ``base/<function>/<world>``."""
+    here = os.path.join(base, "run")
+    for call in calls:
+        module, function = call.split(":")
+        getattr(importlib.import_module(module), function)(world, here)
+        os.makedirs(os.path.join(base, function), exist_ok=True)
+        shutil.move(here, os.path.join(base, function, world))
+
+
+def neighbours_in_own_processes(base, *calls: str) -> dict[str, tuple[str, str]]:
+    """World a's runs of ``calls`` (``run_worlds``) in one new Python process with PYTHONHASHSEED=1, then world
+    b's in another with PYTHONHASHSEED=2; returns each function's two run directories (a, b)."""
+    for world in ("a", "b"):
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", PYTHONHASHSEED=HASH_SEEDS[world])
+        code = f"import sys; from {MODULE} import run_worlds; run_worlds(*sys.argv[1:])"
+        r = subprocess.run([sys.executable, "-c", code, world, str(base), *calls], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, f"world {world} failed:\n{r.stderr[-3000:]}"
+    names = [c.split(":")[1] for c in calls]
+    return {n: (os.path.join(base, n, "a"), os.path.join(base, n, "b")) for n in names}
+
+
 def neighbouring_runs(tmp_path, run, worlds=("a", "b")):
-    """``run(world, run_dir)`` for each world, in one run directory moved away after each run."""
+    """``run(world, run_dir)`` for each world, in this process, in one run directory moved away after each run."""
     here = str(tmp_path / "run")
     out = []
     for world in worlds:
@@ -175,59 +210,83 @@ def assert_neighbours_indistinguishable(a, b):
 GYM = ["algo=dp_pg", "rounds=2", "users_per_round=4", "group_size=4", "eval_episodes=1", "env.horizon=60", *QUIET]
 
 
-def test_gym_stream_neighbours_write_the_same_shareable_files(tmp_path, monkeypatch):
-    """Gym stream: user 1's episodes start from another state (its reset seed replaced)."""
+def gym_world(world, run_dir):
+    """Gym stream: in world b, user 1's episodes start from another state (its reset seed replaced)."""
     from dppo.data import streams
 
     original = streams.user_reset_seeds
 
-    def run(world, run_dir):
-        def seeds(run_seed, user, group_size):
-            s = original(run_seed, user, group_size)
-            return [x + 7919 for x in s] if world == "b" and user == 1 else s
-        with monkeypatch.context() as m:
-            m.setattr(streams, "user_reset_seeds", seeds)
-            _cli(GYM, run_dir)
-
-    assert_neighbours_indistinguishable(*neighbouring_runs(tmp_path, run))
+    def seeds(run_seed, user, group_size):
+        s = original(run_seed, user, group_size)
+        return [x + 7919 for x in s] if world == "b" and user == 1 else s
+    with mock.patch.object(streams, "user_reset_seeds", seeds):
+        _cli(GYM, run_dir)
 
 
-def test_bandit_population_neighbours_write_the_same_shareable_files(tmp_path, monkeypatch):
-    """The bandit population: member 2's context replaced by another one."""
+def bandit_world(world, run_dir):
+    """The bandit population: in world b, member 2's context replaced by another one."""
     import numpy as np
 
     from dppo.envs.bandit import ContextualBandit
 
     init = ContextualBandit.__init__
 
-    def run(world, run_dir):
-        def replaced(self, *args, **kw):
-            init(self, *args, **kw)
-            if world == "b":
-                self.contexts[2] = self._draw(np.random.default_rng([99, 2]))
-        with monkeypatch.context() as m:
-            m.setattr(ContextualBandit, "__init__", replaced)
-            _cli(["algo=dp_pg", "env=bandit", "policy=loglinear", "env.population=20", "group_size=2",
-                  "users_per_round=4", "rounds=2", "eval_episodes=2", *QUIET], run_dir)
-
-    assert_neighbours_indistinguishable(*neighbouring_runs(tmp_path, run))
+    def replaced(self, *args, **kw):
+        init(self, *args, **kw)
+        if world == "b":
+            self.contexts[2] = self._draw(np.random.default_rng([99, 2]))
+    with mock.patch.object(ContextualBandit, "__init__", replaced):
+        _cli(["algo=dp_pg", "env=bandit", "policy=loglinear", "env.population=20", "group_size=2",
+              "users_per_round=4", "rounds=2", "eval_episodes=2", *QUIET], run_dir)
 
 
-def test_tabular_neighbours_write_the_same_shareable_files(tmp_path, monkeypatch):
-    """A tabular env (DP-UBEV on RiverSwim): episode 3's randomness (its whole trajectory) replaced."""
+def tabular_world(world, run_dir):
+    """A tabular env (DP-UBEV on RiverSwim): in world b, episode 3's randomness (its whole trajectory) replaced."""
     from dppo.envs.tabular import TabularMDP
 
     uniforms = TabularMDP.uniforms
 
-    def run(world, run_dir):
-        def replaced(self, n, generator):
-            u = uniforms(self, n, generator)
-            if world == "b" and n > 3:
-                u[3] = 1.0 - u[3]
-            return u
-        with monkeypatch.context() as m:
-            m.setattr(TabularMDP, "uniforms", replaced)
-            _cli(["algo=dp_ubev", "env=riverswim", "episodes=200", "algo.episodes_per_round=100",
-                  "eval_episodes=2", *QUIET], run_dir)
+    def replaced(self, n, generator):
+        u = uniforms(self, n, generator)
+        if world == "b" and n > 3:
+            u[3] = 1.0 - u[3]
+        return u
+    with mock.patch.object(TabularMDP, "uniforms", replaced):
+        _cli(["algo=dp_ubev", "env=riverswim", "episodes=200", "algo.episodes_per_round=100", "eval_episodes=2",
+              *QUIET], run_dir)
 
-    assert_neighbours_indistinguishable(*neighbouring_runs(tmp_path, run))
+
+def gym_world_hash_ordered_hparams(world, run_dir):
+    """``gym_world`` with the run's hyper-parameters recorded in hash order (a set of their names): a file that
+    depends on the process's hash seed, for the test that the comparison catches one."""
+    from dppo.build import run
+
+    resolved = run.resolved_hparams
+
+    def hash_ordered(*args, **kw):
+        hp = resolved(*args, **kw)
+        return {k: hp[k] for k in set(hp)}
+    with mock.patch.object(run, "resolved_hparams", hash_ordered):
+        gym_world(world, run_dir)
+
+
+WORLDS = ("gym_world", "bandit_world", "tabular_world")
+
+
+@pytest.fixture(scope="module")
+def neighbours(tmp_path_factory):
+    """Every kind's two neighbours: world a's runs in one process (hash seed 1), world b's in another (2)."""
+    base = tmp_path_factory.mktemp("neighbours")
+    return neighbours_in_own_processes(base, *(f"{MODULE}:{w}" for w in (*WORLDS, "gym_world_hash_ordered_hparams")))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_neighbours_in_processes_of_their_own_write_the_same_shareable_files(neighbours, world):
+    """Gym stream, bandit population, tabular env; each neighbour in its own process and hash seed."""
+    assert_neighbours_indistinguishable(*neighbours[world])
+
+
+def test_the_neighbour_test_catches_a_file_that_depends_on_the_hash_seed(neighbours):
+    """The comparison is not blind to the process: the hyper-parameters recorded in the order of a set of their
+    names (Python's hash order, which PYTHONHASHSEED sets) make the events files of the two neighbours differ."""
+    assert [k for k in differences(*neighbours["gym_world_hash_ordered_hparams"]) if "tfevents" in k]
