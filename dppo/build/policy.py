@@ -95,6 +95,16 @@ def build_policy(cfg, env, init_state: dict | None = None):
                              _convert_="all")
     except Exception as err:  # noqa: BLE001
         raise unwrap_build_error(err, "policy") from None
+    # frozen first: an LM run's checkpoint holds the tensors it trained (``trainable()``: the adapter, or without
+    # LoRA every weight not in ``policy.freeze``), which the policy's trainable set matches only once frozen
+    names = [n for n, _ in policy.named_parameters()]
+    for prefix in freeze:
+        hit = [n for n in names if n == prefix or n.startswith(f"{prefix}.")]
+        if not hit:
+            raise ConfigError(f"policy.freeze: no parameter named {prefix!r} (parameters: {names})")
+        for n, p in policy.named_parameters():
+            if n in hit:
+                p.requires_grad_(False)
     if init_state is None and init_from:
         init_state, _ = load_init_source(init_from)
     adapter = getattr(policy, "trainable", None)
@@ -105,14 +115,6 @@ def build_policy(cfg, env, init_state: dict | None = None):
             policy.load_state_dict(init_state)
         except (RuntimeError, TypeError) as err:
             raise ConfigError(f"policy.init_from does not fit this policy: {str(err).splitlines()[0]}") from None
-    names = [n for n, _ in policy.named_parameters()]
-    for prefix in freeze:
-        hit = [n for n in names if n == prefix or n.startswith(f"{prefix}.")]
-        if not hit:
-            raise ConfigError(f"policy.freeze: no parameter named {prefix!r} (parameters: {names})")
-        for n, p in policy.named_parameters():
-            if n in hit:
-                p.requires_grad_(False)
     return policy
 
 
