@@ -68,6 +68,12 @@ class Learner:
         return False
 
     @classmethod
+    def releases_gaussian_sums(cls, cfg) -> bool:
+        """Whether every private release is a round of the one release of clipped Gaussian sums
+        (``dppo.privacy.composed``), whose noise may be correlated across rounds (``privacy.noise_correlation``)."""
+        return False
+
+    @classmethod
     def releases_carry_rho(cls, cfg) -> bool:
         """Whether the ledger entries carry their zCDP rho (the Gaussian continual counters')."""
         return False

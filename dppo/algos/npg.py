@@ -175,7 +175,7 @@ class NaturalPolicyGradient(GroupPolicyOptimizer):
             rows, stats = self.regression_rows(batch)
         F = self.public_fisher(round_idx)
         gram = F.matrix if F is not None and self.oracle.uses_public_gram else None
-        w = self.oracle.solve(rows, privacy=self.privacy, round=round_idx, public_gram=gram)
+        w = self.oracle.solve(rows, privacy=self.privacy, round=round_idx, public_gram=gram, ids=users)
         if not torch.isfinite(w).all():
             raise DataError("the least-squares oracle returned a non-finite w; aborting before the update")
         self.direction = self.momentum * self.direction + w  # released w's only: post-processing

@@ -67,6 +67,11 @@ class PolicyGradient(GroupPolicyOptimizer):
     needs = (*GroupPolicyOptimizer.needs, "max_grad_norm")
     APPLIES = {**GroupPolicyOptimizer.APPLIES, "momentum": ("optimizer", ("sgd",))}
 
+    @classmethod
+    def releases_gaussian_sums(cls, cfg) -> bool:
+        """Its releases are rounds of ``dppo.privacy.composed``'s release (correlated noise applies)."""
+        return True
+
     def __init__(self, policy, env, privacy, sampler, *, space=None, logger=None, seed: int, rounds: int,
                  group_size: int, reward_bound: float | None, max_grad_norm: float, advantage: str = "group",
                  group_std: bool = True, leave_one_out: bool = False, gamma: float = 0.99, lr: float = 1.0,

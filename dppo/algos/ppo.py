@@ -43,7 +43,7 @@ sensitivity 2C of each clipped sum is derived there). Rounds take disjoint users
 Multi-pass (``privacy.multi_pass``): Poisson-sampled users, add/remove adjacency; each user's minibatch of an
 epoch is fixed in advance by public randomness of its own (``schedule``), so a user still affects exactly its
 k releases and nobody else's minibatch, and the round is the one subsampled Gaussian that
-``dppo.privacy.composed.PoissonComposedSums`` accounts for any ``minibatches`` (derived there).
+``dppo.privacy.composed``' ``Poisson`` sampling accounts for any ``minibatches`` (derived there).
 Everything else (Adam, the learning-rate schedule, the next round's values and ratios) is post-processing.
 PPO (``eps=null``) runs the same code with the noiseless clipped sums.
 """
@@ -169,6 +169,11 @@ class PPO(GroupPolicyOptimizer):
         if getattr(env, "kind", None) == "prompts" or not hasattr(env, "observation_space"):
             raise ConfigError("algo=ppo|dp_ppo learns from episodes of a gymnasium env (env=cartpole, env=pendulum, "
                               "env.id=...); use algo=pg|dp_pg for prompts and algo=ubev|dp_ubev for tabular MDPs")
+
+    @classmethod
+    def releases_gaussian_sums(cls, cfg) -> bool:
+        """Its releases are rounds of ``dppo.privacy.composed``'s release (correlated noise applies)."""
+        return True
 
     def __init__(self, policy, env, privacy, sampler, *, space=None, logger=None, seed: int, rounds: int,
                  group_size: int, reward_bound: float | None, max_grad_norm: float, gamma: float = 0.99,
@@ -300,7 +305,7 @@ class PPO(GroupPolicyOptimizer):
         drawn uniformly from public randomness keyed by (run seed, round, e, u's population index) only
         (``streams.user_minibatches``), so adding or removing one user moves no other user; a minibatch may be
         empty (its sums are noise only) and every mean divides by q N / b. Why the round's guarantee is that of
-        b = 1 (derived in ``PoissonComposedSums``): u is in exactly one minibatch per epoch, fixed in advance by
+        b = 1 (derived in ``ComposedGaussianSums`` with ``Poisson`` sampling): u is in exactly one minibatch per epoch, fixed in advance by
         public randomness, so its presence affects the same k = 2 x epochs releases, all under its one inclusion
         event (probability q); every other release, given the history, sums the same users and divides by the
         same public q N / b with or without u, so the round is the same k-fold composed subsampled Gaussian."""

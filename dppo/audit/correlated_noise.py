@@ -1,4 +1,4 @@
-"""Audit of the correlated-noise stream (``dppo.privacy.correlated``): ``CorrelatedComposedSums`` with each user in
+"""Audit of the correlated-noise stream (``dppo.privacy.correlated``): ``ComposedGaussianSums`` with ``Correlated`` noise with each user in
 one release (DP-PG's) or in the E consecutive releases of its round (each of DP-PPO's parts), driven through
 ``composed_sums`` with the ``CorrelatedNoise`` option, on the released values.
 
@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from dppo.audit.result import MechanismAudit, conclude, same_claim
-from dppo.audit.trials import StackedNoise, trial_context
+from dppo.audit.trials import StackedNoise
 
 DELTA = 1e-5
-ENTRY = "dppo.privacy.composed.CorrelatedComposedSums.release_sum (one stream per trial)"
+ENTRY = "dppo.privacy.composed.ComposedGaussianSums.release_sum (Correlated) (one stream per trial)"
 
 
 def _dense(c, T: int) -> np.ndarray:
@@ -36,10 +36,11 @@ def _stream(eps, n, seed, sign, *, participations, bands, kind, rounds, users, s
     """(released sums minus the other users' sums: the user's +-C plus the noise, shape (T, n); the
     coefficients; the claimed (eps, delta))."""
     from dppo.privacy.composed import composed_sums
+    from dppo.privacy.context import PrivacyContext
     from dppo.privacy.correlated import CorrelatedNoise
 
-    privacy = trial_context(eps, DELTA, StackedNoise(n, seed))
-    privacy.noise_correlation = CorrelatedNoise(kind, bands, rounds=rounds)
+    privacy = PrivacyContext(eps, DELTA, noise=StackedNoise(n, seed),
+                             noise_correlation=CorrelatedNoise(kind, bands, rounds=rounds))
     E = participations
     rel = composed_sums(privacy, parts={"actor": (E, 1.0)})   # E = 1: DP-PG's release; E > 1: each of DP-PPO's parts
     if sigma_scale != 1:   # the broken variant: less noise than the calibration (the ledger's claim unchanged)

@@ -107,7 +107,8 @@ def build_round(eps: float, delta: float, *, users: int = 2, group_size: int = 1
     env = GymEnvFactory("CartPole-v1", horizon=12)
     policy = MLPPolicy(env.observation_space, env.action_space, hidden_sizes=(4,))
     if privacy is None:
-        privacy = PrivacyContext(eps, delta, noise=noise if noise is not None else NoiseSource(seed))
+        privacy = PrivacyContext(eps, delta, noise=noise if noise is not None else NoiseSource(seed),
+                                 check_users=False)   # every trial round releases the same users (trial_context)
     sampler = sampler if sampler is not None else OnePassUserSampler(users, seed=seed)
     learner = PPO(policy, env, privacy, sampler, seed=seed, rounds=rounds,
                   max_grad_norm=clip, critic_max_grad_norm=clip, group_size=group_size, epochs=epochs,

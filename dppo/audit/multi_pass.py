@@ -1,4 +1,4 @@
-"""Audit of one multi-pass DP-PG release (opt-in): Poisson sampling + ``PoissonComposedSums`` (one sum per round).
+"""Audit of one multi-pass DP-PG release (opt-in): Poisson sampling + ``ComposedGaussianSums`` with ``Poisson`` sampling (one sum per round).
 
 Adjacency is add/remove-one-user (the analysis of Opacus' accountants that the release uses).
 Neighbours: a real CartPole round (``dp_pg.build_round``) in which user 0 is a canary whose clipped
@@ -24,7 +24,7 @@ from dppo.audit.result import MechanismAudit, conclude, same_claim
 from dppo.audit.trials import StackedNoise
 
 ENTRY = ("dppo.data.sampler.PoissonUserSampler.next_round + PolicyGradient.update_direction -> "
-         "PoissonComposedSums.release_sum")
+         "ComposedGaussianSums.release_sum (Poisson)")
 
 
 def audit_multi_pass_dp_pg(eps: float, delta: float = 1e-5, trials: int = 1_000_000, *, seed: int = 0,

@@ -1,4 +1,4 @@
-"""Audit of one multi-pass DP-PPO round (opt-in): Poisson sampling + ``PoissonComposedSums``.
+"""Audit of one multi-pass DP-PPO round (opt-in): Poisson sampling + ``ComposedGaussianSums`` with ``Poisson`` sampling.
 
 Adjacency is add/remove-one-user (the analysis of Opacus' accountants that the release uses).
 Neighbours: a real CartPole round (``dp_ppo.build_round``: users 0..m-1, rollouts by the project's
@@ -8,7 +8,7 @@ from a population of N; in D the canary is absent, in D' it is in the population
 users take part in every trial: a fixed draw of the others is one of the datasets the guarantee covers
 (averaging over their draws could only bring D and D' closer).
 
-Releases: through ``PoissonComposedSums``' public interface, ``open_round`` for the round's users, then
+Releases: through the release's public interface (``ComposedGaussianSums`` with ``Poisson`` sampling), ``open_round`` for the round's users, then
 ``release_sum`` for each (epoch, minibatch, actor / critic) of the learner's own ``schedule`` (each sampled user
 in one minibatch per epoch, drawn from public randomness of its own: ``algo.minibatches=1`` puts everyone in the
 one minibatch; with 2 the canary's minibatch of each epoch is the same whether or not it is sampled, and the
@@ -40,7 +40,7 @@ from dppo.audit.result import MechanismAudit, conclude, same_claim
 from dppo.audit.trials import StackedNoise
 from dppo.privacy.release import clip_per_user
 
-ENTRY = ("PoissonUserSampler.next_round + PoissonComposedSums.open_round + release_sum over PPO.schedule "
+ENTRY = ("PoissonUserSampler.next_round + ComposedGaussianSums.open_round (Poisson) + release_sum over PPO.schedule "
          "(PPO.minibatch_gradients at the round's start)")
 CANARY = 0
 

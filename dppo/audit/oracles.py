@@ -17,7 +17,7 @@ Neighbours (normalized units, ||x|| <= 1, |y| <= 1; the other users are fixed an
 - ``dp_gd``: canary (x = e1, y = 1) vs (x = e1, y = -1), others on e2; with clip C = 1 and radius 0.5
   the canary's gradient 2 (w_1 - y) e1 is clipped to exactly -C e1 vs +C e1 at every iterate of the ball,
   the replace-one worst case (2C) at each of the k steps, and the others' gradients have no e1 component.
-  ``noisy_gradient_descent`` runs the oracle's k composed releases on the oracle's per-user gradients; the
+  ``DPGDOracle.descend`` runs the oracle's k composed releases (the one release of clipped sums) on the oracle's per-user gradients; the
   test is the sum over steps of each released noisy sum's e1 component (the likelihood ratio of the k
   composed Gaussian releases), which the canary makes the same at every iterate, so the audit evaluates the
   gradients at w = 0 (its ``update`` keeps w and records the released sums).
@@ -99,7 +99,6 @@ def audit_dp_gd(eps: float, delta: float = 1e-5, trials: int = 20_000, *, seed: 
                 oracle=None) -> MechanismAudit:
     """The noisy projected GD oracle's k = ``steps`` composed releases, clip 1, radius 0.5."""
     from dppo.oracles import make_oracle
-    from dppo.privacy.mechanisms import noisy_gradient_descent
 
     started = time.perf_counter()
     oracle = oracle or make_oracle("dp_gd", steps=steps, clip=1.0, radius=0.5)
@@ -114,12 +113,11 @@ def audit_dp_gd(eps: float, delta: float = 1e-5, trials: int = 20_000, *, seed: 
             released.append(noisy_sum[..., 0])
             return w
 
-        noisy_gradient_descent(privacy, data[side].per_user_grads, record, w0, steps=oracle.steps, clip=oracle.clip,
-                               round=r, users=data[side].users, eps=eps, delta=delta, composition=oracle.accountant)
+        oracle.descend(data[side], privacy, r, list(range(data[side].users)), record, w0)
         return sum(released).numpy()
 
     null, alt, claim = _run(release, eps, delta, trials, seed)
-    return conclude("dp_gd", f"noisy_gradient_descent(prepare(D).per_user_grads, steps={oracle.steps}) (each step's "
+    return conclude("dp_gd", f"DPGDOracle.descend(prepare(D), steps={oracle.steps}) (each step's "
                     "released noisy sum)", claim, null, alt, started)
 
 

@@ -16,12 +16,13 @@ from dppo.build.learner import build_learner
 from dppo.build.memory import check_memory
 from dppo.build.policy import build_policy, build_space, check_policy_fits_env, read_init_source
 from dppo.build.pretraining import exclude_pretraining_users, inherited_provenance
-from dppo.build.privacy import build_privacy, build_sampler
+from dppo.build.privacy import build_privacy, build_sampler, check_passed_privacy, check_passed_sampler
 from dppo.build.record import fingerprint, public_config, resolved_hparams
 from dppo.config import to_container, validate
 from dppo.data import UserSampler
 from dppo.errors import ConfigError
 from dppo.policies.check import check_env, check_policy
+from dppo.privacy.users import GatedSampler
 from dppo.training import distributed, secret
 from dppo.training.logger import Logger, make_logger
 from dppo.training.provenance import Population
@@ -93,10 +94,15 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     if env_given and any(v is not None for v in (env_inputs or {}).values()):
         raise ConfigError("pass either env= or reward_funcs / train_dataset / eval_dataset, not both")
     env = env if env_given else build_env(cfg, env_inputs)
+    if privacy is not None:
+        check_passed_privacy(cfg, cls, privacy)
     privacy = privacy if privacy is not None else build_privacy(cfg, cls)
     init_state, init_record, init_critic = read_init_source(OmegaConf.select(cfg, "policy.init_from", default=None))
     if sampler is None:
         sampler = build_sampler(cfg, privacy.noise)
+    else:
+        check_passed_sampler(cfg, sampler, privacy)
+    sampler = GatedSampler(sampler, privacy.users)   # every take checked (one-pass) and journalled here
     key = secret.new_key()   # the run's secret (dppo/training/secret.py): a resume adopts the stored one
     population = Population(env, sampler, key)
     inherited = inherited_provenance(cfg, init_record, population, init_state)

@@ -101,6 +101,7 @@ class LeastSquaresOracle:
     private_capable = True
     # what a learner asks of its oracle, declared here with the defaults and overridden where an oracle differs
     pure_dp = False             # every release is pure eps-DP (delta = 0): exp_mech's
+    gaussian_sums = False       # releases through the one release of clipped Gaussian sums (correlated noise): dp_gd's
     uses_public_gram = False    # a learner's public Gram matrix (its Fisher) replaces a released one: ssp's
     PUBLIC_GRAM_IGNORES: tuple = ()   # its keys that do nothing when it takes that public Gram matrix
     max_dim: int | None = None  # the largest dimension it works in (d x d statistics, a cover of R^d); None: any
@@ -173,7 +174,7 @@ class LeastSquaresOracle:
 
     # ---- solve -------------------------------------------------------------------------------
     def solve(self, users, *, privacy=None, round: int = 0, eps: float | None = None,
-              delta: float | None = None, public_gram: torch.Tensor | None = None) -> torch.Tensor:
+              delta: float | None = None, public_gram: torch.Tensor | None = None, ids=None) -> torch.Tensor:
         """Minimize F(w) over one round's users; private iff ``privacy.private``.
 
         Args:
@@ -184,6 +185,8 @@ class LeastSquaresOracle:
             public_gram: optional data-independent estimate of E[x x^T] (d x d, original units), e.g.
                 a Fisher matrix at public reference states; oracles that can use it (ssp) then
                 spend no budget on X^T X. Ignored without privacy (the exact Gram is used).
+            ids: the users' ids, in ``users``' order (the release of clipped sums checks them against the round's
+                and the run's users: ``dppo.privacy.users``); None: their positions 0..m-1.
 
         Returns:
             w (d,) float64 in the original units of the features and targets.
@@ -196,13 +199,16 @@ class LeastSquaresOracle:
         self.public_gram = None
         if public_gram is not None:  # in normalized units, summed over users: m E[x' x'^T]
             self.public_gram = public_gram.to(torch.float64) * data.users / self.x_bound ** 2
-        return self.to_original(self._solve_private(data, privacy, round, eps, delta))
+        if ids is not None and len(ids) != data.users:
+            raise DataError(f"oracle {self.name}: {len(ids)} user ids for {data.users} users")
+        return self.to_original(self._solve_private(data, privacy, round, eps, delta, ids))
 
     def exact(self, users) -> torch.Tensor:
         """The non-private minimizer of F on the same clipped data (the reference solution)."""
         return self.to_original(exact_ridge(self.prepare(users), self.ridge, self.cg_iters))
 
-    def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float) -> torch.Tensor:
+    def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float,
+                       ids=None) -> torch.Tensor:
         raise NotImplementedError
 
 
@@ -221,7 +227,7 @@ class ExactOracle(LeastSquaresOracle):
     def __init__(self, *, x_bound: float | None = None, y_bound: float | None = None, ridge: float = 0.01, **kwargs):
         super().__init__(x_bound=x_bound, y_bound=y_bound, ridge=ridge, **kwargs)
 
-    def _solve_private(self, data, privacy, round, eps, delta):
+    def _solve_private(self, data, privacy, round, eps, delta, ids=None):
         raise ConfigError("oracle 'exact' is not private; with eps set choose oracle=ssp, dp_gd or exp_mech")
 
 

@@ -5,8 +5,8 @@ import torch
 
 from dppo.errors import ConfigError
 from dppo.oracles.base import LeastSquaresOracle, UserRegression, project_ball
-from dppo.privacy.calibration import noisy_gd_sigma
-from dppo.privacy.mechanisms import noisy_gradient_descent
+from dppo.privacy.calibration import gaussian_sums_calibration
+from dppo.privacy.composed import composed_sums
 
 
 class DPGDOracle(LeastSquaresOracle):
@@ -14,11 +14,12 @@ class DPGDOracle(LeastSquaresOracle):
 
     Sensitivity of one step (replace-one user): the clipped per-user gradients have norm <= C, so
     replacing user i changes sum_i clip_C(g_i) by at most ||g_i - g_i'|| <= 2C: Delta = 2C. The k steps are
-    adaptive Gaussian releases (step j reads w_{j-1}), released, calibrated and composed by
-    ``dppo.privacy.mechanisms.noisy_gradient_descent`` (``accountant``: ``gdp``, exact, or ``rdp``; see
-    ``dppo.privacy.calibration.noisy_gd_sigma``); the projection and the step are post-processing.
+    adaptive Gaussian releases (step j reads w_{j-1}): a round of the one release of clipped per-user sums
+    (``dppo.privacy.composed``: one part, k sums per user, ``accountant`` ``gdp``, exact, or ``rdp``), which clips
+    the rows, checks the users and draws the noise, independent or correlated across rounds
+    (``privacy.noise_correlation``); the projection and the step are post-processing.
     m (the number of users of the round) is public under replace-one adjacency.
-    The ledger gets one entry per round with the composed (eps, delta), k, z and s.
+    The ledger gets one entry per round (``dp_gd``) with the composed (eps, delta), k, z and s.
 
     Defaults: DP-REBEL's (one step from w = 0, no projection, clip 0.1; the rows' bounds 1).
 
@@ -34,6 +35,7 @@ class DPGDOracle(LeastSquaresOracle):
     """
 
     name = "dp_gd"
+    gaussian_sums = True
 
     def __init__(self, *, x_bound: float = 1.0, y_bound: float = 1.0, ridge: float = 0.0, steps: int = 1,
                  lr: float = 0.5, clip: float | None = 0.1, radius: float | None = None, accountant: str = "gdp",
@@ -54,18 +56,41 @@ class DPGDOracle(LeastSquaresOracle):
         self.clip = float(clip) if clip is not None else 2.0 * (float(radius) + 1.0)
         if not self.clip > 0:
             raise ConfigError(f"oracle dp_gd: clip must be > 0, got {clip}")
+        self._release = None
 
     def noise_std(self, eps: float, delta: float) -> tuple[float, float]:
-        """(s, z): per-step noise std and noise multiplier z = s / Delta meeting (eps, delta) over k steps."""
-        return noisy_gd_sigma(eps, delta, steps=self.steps, clip=self.clip, composition=self.accountant)
+        """(s, z): per-step noise std and noise multiplier z = s / Delta meeting (eps, delta) over k steps
+        (independent noise; replace-one Delta = 2 C)."""
+        z = gaussian_sums_calibration(eps, delta, {None: (self.steps, 1.0)}, composition=self.accountant).multipliers[None]
+        return z * 2.0 * self.clip, z
+
+    def release(self, privacy):
+        """The run's release of this oracle's sums (one per privacy context: a correlated stream spans rounds)."""
+        if self._release is None or self._release.privacy is not privacy:
+            self._release = composed_sums(privacy, releases_per_user=self.steps, composition=self.accountant,
+                                          mechanism="dp_gd", ledger={"steps": self.steps})
+        return self._release
+
+    def descend(self, data: UserRegression, privacy, round: int, ids, update, w: torch.Tensor):
+        """The round's k steps w <- update(w, released noisy sum of the users' clipped gradients at w), the round
+        opened (accounted) first for users ``ids``. Returns (the last w, the ledger entry)."""
+        rel = self.release(privacy)
+        entry = rel.open_round(round, ids, (self.clip,), dim=data.dim)
+        for _ in range(self.steps):
+            total, _ = rel.release_sum(data.per_user_grads(w), ids)
+            w = update(w, total)
+        return w, entry
 
     def step(self, data: UserRegression, w: torch.Tensor, noisy_sum: torch.Tensor) -> torch.Tensor:
         """One descent step from a released noisy sum of clipped per-user gradients (post-processing)."""
         return project_ball(w - self.lr * (noisy_sum + 2.0 * self.ridge * w) / data.users, self.radius)
 
-    def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float) -> torch.Tensor:
-        w, self.last_release = noisy_gradient_descent(
-            privacy, data.per_user_grads, lambda w, total: self.step(data, w, total),
-            torch.zeros(data.dim, dtype=torch.float64), steps=self.steps, clip=self.clip, round=round,
-            users=data.users, eps=eps, delta=delta, composition=self.accountant, dim=data.dim)
+    def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float,
+                       ids=None) -> torch.Tensor:
+        if (eps, delta) != (privacy.eps, privacy.delta):
+            raise ConfigError(f"oracle dp_gd releases at the privacy context's (eps, delta) = ({privacy.eps}, "
+                              f"{privacy.delta}), got ({eps}, {delta})")
+        ids = list(range(data.users)) if ids is None else ids
+        w, self.last_release = self.descend(data, privacy, round, ids, lambda w, total: self.step(data, w, total),
+                                            torch.zeros(data.dim, dtype=torch.float64))
         return w

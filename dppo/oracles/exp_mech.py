@@ -82,7 +82,8 @@ class ExpMechOracle(LeastSquaresOracle):
         """score(w) = -(sum_i L_i(w) + ridge ||w||^2) for every candidate (K,)."""
         return -(data.loss(W) + self.ridge * (W ** 2).sum(1))
 
-    def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float) -> torch.Tensor:
+    def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float,
+                       ids=None) -> torch.Tensor:
         W = self.candidate_set(data.dim)
         idx, self.last_release = exponential_mechanism(privacy, self.score(data, W), eps=eps,
                                                        sensitivity=self.sensitivity(), round=round, users=data.users,

@@ -64,7 +64,8 @@ class SSPOracle(LeastSquaresOracle):
         self.gram_weight = 0.0
         self.gram_weight_sq = 0.0
 
-    def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float) -> torch.Tensor:
+    def _solve_private(self, data: UserRegression, privacy, round: int, eps: float, delta: float,
+                       ids=None) -> torch.Tensor:
         public = getattr(self, "public_gram", None) is not None
         S_noisy, b_noisy, self.last_release = ssp_release(
             privacy, None if public else data.gram(), data.per_user_moments(), round=round, eps=eps, delta=delta,

@@ -130,29 +130,84 @@ def ssp_calibration(eps: float, delta: float, *, gram_share: float, b_clip: floa
     return SSPCalibration(sigma_s, sigma_b, d_s, d_b, joint_sq, sigma_s / unit)
 
 
-# ---- noisy gradient descent (the dp_gd oracle) -------------------------------------------------------------
-def noisy_gd_sigma(eps: float, delta: float, *, steps: int, clip: float, composition: str = "gdp"
-                   ) -> tuple[float, float]:
-    """(s, z): per-step noise std and noise multiplier z = s / Delta of k = ``steps`` adaptive Gaussian
-    releases of a sum of per-user vectors clipped to C = ``clip`` (replace-one: Delta = 2C) composing to
-    (eps, delta).
+# ---- clipped Gaussian sums composed (every Gaussian-sum release: DP-PG, DP-PPO, the LM, the dp_gd oracle) ----
+COMPOSITIONS = ("gdp", "rdp")
 
-    ``gdp`` (exact): a Gaussian mechanism with Delta / s = 1/z is (1/z)-GDP, k adaptive ones compose to
-    exactly (sqrt(k)/z)-GDP (Dong, Roth & Su 2019, Cor. 3.3), whose (eps, delta) curve is the Gaussian
-    mechanism's (Balle & Wang 2018): s = analytic_gaussian_sigma(eps, delta, sqrt(k) Delta).
-    ``rdp``: Opacus' RDP accountant with sample_rate = 1 (no subsampling, so the add/remove analysis of a
-    sensitivity-1, noise-z mechanism is the replace-one analysis of our sensitivity-Delta, noise-z Delta one).
+
+@dataclass(frozen=True)
+class SumsCalibration:
+    """The noise of a round of clipped Gaussian sums (``gaussian_sums_calibration``).
+
+    Attributes:
+        noise_multiplier: the ledger's: z of the round's k releases at equal shares (one-pass, independent),
+            1 / mu of the whole stream (correlated), or the round's subsampled multiplier (Poisson: the
+            accountant's input).
+        multipliers: {part: z_p}, part p's noise std per unit of one sum's sensitivity (2 C replace-one, C
+            add/remove), before a correlated stream's sensitivity factor.
+        mu: the round's guarantee in Gaussian DP (exact under ``gdp``), per user taking part in it.
     """
-    if composition not in ("gdp", "rdp"):
-        raise ConfigError(f"dp_gd: composition must be 'gdp' or 'rdp', got {composition!r}")
-    sens = 2.0 * float(clip)
-    if composition == "gdp":
-        s = analytic_gaussian_sigma(eps, delta, math.sqrt(steps) * sens)
-        return s, s / sens
+
+    noise_multiplier: float
+    multipliers: dict
+    mu: float
+    eps: float = 0.0
+    delta: float = 0.0
+    whole_stream: frozenset = frozenset()
+
+    def sigma(self, part, sensitivity: float, stream_factor: float = 1.0) -> float:
+        """Part ``part``'s noise std for one sum of l2 sensitivity ``sensitivity``: z_p x sensitivity; a correlated
+        part holding the whole budget (DP-PG's one stream) is the analytic Gaussian at the stream's sensitivity,
+        sensitivity x ``stream_factor`` (= sqrt(B_p)), to the bit."""
+        if part in self.whole_stream:
+            return analytic_gaussian_sigma(self.eps, self.delta, sensitivity * stream_factor)
+        return self.multipliers[part] * sensitivity
+
+
+def gaussian_sums_calibration(eps: float, delta: float, parts: dict, *, composition: str = "gdp",
+                              stream_bounds: dict | None = None, sample_rate: float | None = None,
+                              rounds: int = 1, accountant: str = "rdp") -> SumsCalibration:
+    """The one calibration of k adaptive Gaussian releases of clipped per-user sums per user and round
+    (``dppo.privacy.composed`` derives the sensitivities and the composition; this computes the numbers).
+
+    ``parts``: {part: (k_p, w_p)}, part p's k_p releases per user with a share w_p of the budget (shares sum to 1);
+    k = sum_p k_p. Each release of part p carries N(0, (z_p Delta)^2 I), Delta its sum's sensitivity.
+
+    * one-pass, independent noise, ``gdp`` (exact): z = sqrt(k) analytic_gaussian_sigma(eps, delta, 1), the
+      smallest multiplier for which k adaptive (1/z)-GDP releases compose to (eps, delta) (Dong, Roth & Su 2019,
+      Cor. 3.3; Balle & Wang 2018); ``rdp``: Opacus' RDP accountant at sample rate 1 over k steps (an upper bound).
+      Part p: z_p = z sqrt(k_p / (k w_p)), so mu^2 = sum_p k_p / z_p^2 = k / z^2 (the same (eps, delta)).
+    * one-pass, correlated noise (``stream_bounds``: {part: B_p}, a user's participation bound in part p's stream,
+      ``dppo.privacy.factorizations.participation_norm_sq``): mu = 1 / analytic_gaussian_sigma(eps, delta, 1),
+      z_p = sqrt(B_p / w_p) / mu, so sum_p B_p / z_p^2 = mu^2 (``gdp`` only).
+    * Poisson (``sample_rate`` q, multi-pass, add/remove): the round is one subsampled Gaussian of multiplier
+      z_round, the smallest meeting (eps, delta) after ``rounds`` rounds under ``accountant`` (rdp / prv);
+      z = sqrt(k) z_round split between the parts as above.
+    """
+    if composition not in COMPOSITIONS:
+        raise ConfigError(f"algo.accountant must be one of {COMPOSITIONS}, got {composition!r}")
+    k = sum(int(kp) for kp, _ in parts.values())
+    if k < 1:
+        raise ConfigError(f"releases per user must be >= 1, got {k}")
+    if stream_bounds is not None:
+        if composition != "gdp" or sample_rate is not None:
+            raise ConfigError("privacy.noise_correlation composes its one-pass stream in Gaussian DP: use "
+                              "algo.accountant=gdp and privacy.multi_pass=false")
+        mu = 1.0 / analytic_gaussian_sigma(eps, delta, 1.0)
+        zs = {p: math.sqrt(stream_bounds[p] / w) / mu for p, (_, w) in parts.items()}
+        return SumsCalibration(1.0 / mu, zs, math.sqrt(sum(stream_bounds[p] / zs[p] ** 2 for p in parts)), eps, delta,
+                               frozenset(p for p, (_, w) in parts.items() if w == 1.0))
     from dppo.privacy.accountants.opacus import multi_pass_noise_multiplier
 
-    z = multi_pass_noise_multiplier(eps, delta, sample_rate=1.0, steps=steps, accountant="rdp")
-    return z * sens, z
+    if sample_rate is not None:
+        ledger = multi_pass_noise_multiplier(eps, delta, float(sample_rate), int(rounds), accountant)
+        z = math.sqrt(k) * ledger
+    elif composition == "gdp":
+        z = ledger = math.sqrt(k) * analytic_gaussian_sigma(eps, delta, 1.0)
+    else:
+        z = ledger = multi_pass_noise_multiplier(eps, delta, sample_rate=1.0, steps=k, accountant="rdp")
+    multipliers = {p: z if w * k == kp else z * math.sqrt(kp / (k * w)) for p, (kp, w) in parts.items()}
+    return SumsCalibration(ledger, multipliers, math.sqrt(sum(kp / multipliers[p] ** 2
+                                                              for p, (kp, _) in parts.items())))
 
 
 # ---- budget splits over composed releases (DP-GFA) ---------------------------------------------------------

@@ -7,6 +7,7 @@ from dppo.errors import BudgetExhausted, PrivacyError
 from dppo.privacy.accountants import Accountant, ParallelAccountant
 from dppo.privacy.ledger import Ledger
 from dppo.privacy.noise import NoiseSource
+from dppo.privacy.users import UserGate
 
 ADJACENCIES = ("replace_one", "add_remove")
 
@@ -28,7 +29,8 @@ class PrivacyContext:
 
     def __init__(self, eps: float | None = None, delta: float = 1e-5, *, accountant: Accountant | None = None,
                  noise: NoiseSource | None = None, ledger: Ledger | None = None,
-                 max_epsilon: float | None = None, multi_pass: bool = False, population_size: int | None = None):
+                 max_epsilon: float | None = None, multi_pass: bool = False, population_size: int | None = None,
+                 noise_correlation=None, check_users: bool = True):
         self.eps = None if eps is None else float(eps)
         self.delta = float(delta)
         self.accountant = accountant or ParallelAccountant()
@@ -37,6 +39,9 @@ class PrivacyContext:
         self.max_epsilon = max_epsilon
         self.multi_pass = bool(multi_pass)
         self.population_size = population_size
+        self.noise_correlation = noise_correlation
+        self.check_users = bool(check_users)
+        self.users = UserGate(self.multi_pass, population_size if self.multi_pass else None, self.check_users)
         self.journal = None      # set by the trainer: every release is journalled before it leaves
 
     @property
@@ -87,9 +92,10 @@ class PrivacyContext:
 
     def state_dict(self) -> dict:
         return {"ledger": self.ledger.state_dict(), "accountant": self.accountant.state_dict(),
-                "noise": self.noise.state_dict()}
+                "noise": self.noise.state_dict(), "users": self.users.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.ledger.load_state_dict(state["ledger"])
         self.accountant.load_state_dict(state["accountant"])
         self.noise.load_state_dict(state["noise"])
+        self.users.load_state_dict(state.get("users"))

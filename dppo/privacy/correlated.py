@@ -33,7 +33,7 @@ users are burned) and its noise is independent of the old block's, so every user
 mechanism of sensitivity <= 2 C_clip sqrt(B_E). With seeded noise a crash replays the same users, who would
 be released again with other noise (the old stream's history is gone): refused in one line.
 
-The release: ``dppo.privacy.composed.CorrelatedComposedSums`` (DP-PG: one part, each user in one release;
+The release: ``dppo.privacy.composed.ComposedGaussianSums`` with ``Correlated`` noise (DP-PG: one part, each user in one release;
 DP-PPO: two parts, each user in ``epochs`` releases of each), picked by ``composed_sums`` when the context
 carries a ``CorrelatedNoise`` (``privacy.noise_correlation``).
 """

@@ -7,24 +7,21 @@ scores) and post-process the result; the audit (``dppo.audit``) drives these sam
   N(0, sigma_S^2) and off-diagonal N(0, sigma_S^2 / 2) (so ||E||_F is the Gaussian mechanism on the vector
   (diag S, sqrt2 offdiag S)), and sum_i clip(b_i) + N(0, sigma_b^2 I); with a public Gram matrix, the moment
   alone.
-* ``noisy_gradient_descent``: k adaptive releases of sum_i clip_C(g_i(w)) + N(0, s^2 I) (the dp_gd oracle),
-  composed (replace-one sensitivity 2C per step).
 * ``exponential_mechanism``: sample argmax_k beta * score_k + Gumbel_k, an exact draw from
   P(k) ~ exp(beta score_k) (McSherry & Talwar 2007); shared by the exp_mech oracle and DP-GFA, recorded
   under one ledger name, ``exponential`` (eps-DP and eps-bounded-range: the zcdp accountant knows it).
 * ``perturb_statistics``, ``noisy_clipped_sum``, ``clip_rows``: the noise-adding steps they are made of.
-(The Gaussian sums of per-user vectors, DP-PG's and DP-PPO's release, are ``dppo.privacy.composed``.)
+(The Gaussian sums of per-user vectors, DP-PG's, DP-PPO's and the dp_gd oracle's k steps, are the one release of
+``dppo.privacy.composed``.)
 A stacked noise source (the audit's) gives every draw a leading trial dimension, which each step
 broadcasts over.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable
-
 import torch
 
-from dppo.privacy.calibration import analytic_gaussian_sigma, exp_mech_beta, noisy_gd_sigma, ssp_calibration
+from dppo.privacy.calibration import analytic_gaussian_sigma, exp_mech_beta, ssp_calibration
 
 EXPONENTIAL = "exponential"
 
@@ -77,25 +74,6 @@ def ssp_release(privacy, S: torch.Tensor | None, b_users: torch.Tensor, *, round
                             dim=dim, adjacency="replace_one", **extra)
     S_noisy, b_noisy = perturb_statistics(privacy.noise, S, clipped.sum(0), cal.sigma_gram, cal.sigma_moment)
     return S_noisy, b_noisy, entry
-
-
-def noisy_gradient_descent(privacy, grads: Callable[[torch.Tensor], torch.Tensor],
-                           update: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], w: torch.Tensor, *,
-                           steps: int, clip: float, round: int, users: int, eps: float, delta: float,
-                           composition: str = "gdp", **extra) -> tuple[torch.Tensor, dict]:
-    """k = ``steps`` adaptive Gaussian releases: w <- update(w, sum_i clip_C(g_i(w)) + N(0, s^2 I)), with
-    ``grads(w)`` the (m, d) per-user gradients at w and s from ``noisy_gd_sigma`` (the k steps compose to
-    (eps, delta)). The ledger gets one entry with the composed (eps, delta), k, z and s.
-
-    Returns (the last w, the ledger entry).
-    """
-    sigma, z = noisy_gd_sigma(eps, delta, steps=steps, clip=clip, composition=composition)
-    entry = privacy.release("dp_gd", round=round, users=users, eps=eps, delta=delta, steps=steps, noise_multiplier=z,
-                            sigma=sigma, clip=clip, sensitivity=2.0 * clip, composition=composition,
-                            adjacency="replace_one", **extra)
-    for _ in range(steps):
-        w = update(w, noisy_clipped_sum(privacy.noise, grads(w), clip, sigma))
-    return w, entry
 
 
 def exponential_mechanism(privacy, scores: torch.Tensor, *, eps: float, sensitivity: float, round: int, users: int,

@@ -1,12 +1,7 @@
-"""What every release of clipped per-user sums shares, private or not: per-user clipping, the clipped sum of
-rows or of row blocks, the clipping factors of a clipped sum formed elsewhere (the fused path of
-``dppo.policies.per_user_grads``), and the base class ``Release`` whose interface the learners use.
-
-The releases (``dppo.privacy.composed``): a round opens for its users, accounted once, then k noisy sums per user
-in named parts: DP-PG's one sum (k = 1), DP-PPO's 2 x epochs (actor and critic); independent, correlated or
-multi-pass noise, and the non-private twin. A learner asks a release, never its type: ``clip_scale`` (the clipping
-factors of a clipped sum formed elsewhere), ``noise_std`` (the public std of each noise coordinate of a released
-sum: 0 for a twin), ``batch_size`` (what a sum is divided by to form a mean) and ``round_users``.
+"""Per-user clipping, shared by every release of clipped per-user sums, private or not: the clipped rows, the
+clipped sum of rows or of row blocks, and the clipping factors of a clipped sum formed elsewhere (the fused path of
+``dppo.policies.per_user_grads``). The release itself, the one class every learner releases through, is
+``dppo.privacy.composed.ComposedGaussianSums``.
 """
 from __future__ import annotations
 
@@ -61,34 +56,3 @@ def clipped_total(per_user, clip: float) -> tuple[torch.Tensor, torch.Tensor]:
 def clip_fraction(norms: torch.Tensor, clip: float) -> float:
     """The fraction of users whose norm exceeded the clip (a raw diagnostic, ``diag/clip_fraction``)."""
     return float((norms > clip).double().mean()) if len(norms) else 0.0
-
-
-class Release:
-    """The base of every release of clipped per-user sums (module docstring).
-
-    Attributes:
-        mechanism: the ledger's name of the mechanism ("none" for a twin, which records nothing).
-        private: whether the release adds noise (and records it).
-    """
-
-    mechanism = "none"
-    private = False
-
-    def clip_scale(self, norms: torch.Tensor, clip: float) -> torch.Tensor:
-        """The clipping factors of a clipped sum formed elsewhere (clip norm ``clip``), with ``FUSED_MARGIN``."""
-        return clip_scale(norms, float(clip), FUSED_MARGIN)
-
-    def noise_std(self, clip: float | None = None, part=None) -> float:
-        """The std of each noise coordinate of the last released sum (public; 0 without noise)."""
-        return 0.0
-
-    def batch_size(self, users: int, minibatches: int = 1) -> float:
-        """What a released sum over ``users`` users (one of a round's ``minibatches`` minibatches) is divided by to
-        form a mean: the count (public under replace-one adjacency); a multi-pass release divides by the expected
-        count instead (``PoissonComposedSums``)."""
-        return users
-
-    def round_users(self, users: list[int]) -> tuple[list[int], int]:
-        """(the round's users, where ``users`` start among them): ``users`` and 0 in one process; under
-        multi-process training every rank's users and this rank's offset (``dppo.training.distributed``)."""
-        return list(users), 0

@@ -261,10 +261,14 @@ class ShardedOracle:
     def __init__(self, oracle, info: DistInfo):
         self.inner, self.info = oracle, info
 
-    def solve(self, users, **kwargs):
+    def solve(self, users, *, ids=None, **kwargs):
         rows = [(torch.as_tensor(X).detach().cpu(), torch.as_tensor(y).detach().cpu()) for X, y in users]
-        parts = gather_objects(rows, self.info)
-        return on_main(lambda: self.inner.solve([r for part in parts for r in part], **kwargs), self.info)
+        parts = gather_objects((rows, None if ids is None else [int(u) for u in ids]), self.info)
+        def solve():   # on rank 0: every rank's rows and ids, in rank order
+            everyone = None if any(i is None for _, i in parts) else [u for _, i in parts for u in i]
+            return self.inner.solve([r for part, _ in parts for r in part], ids=everyone, **kwargs)
+
+        return on_main(solve, self.info)
 
     def __getattr__(self, name):  # name, last_release, state_dict, ... are the wrapped oracle's
         if name == "inner":  # not set yet (copy / unpickling)

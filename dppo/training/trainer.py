@@ -137,6 +137,8 @@ class Trainer:
         self.privacy.load_state_dict(state["privacy"])
         if self.sampler is not None and state["sampler"] is not None:
             self.sampler.load_state_dict(state["sampler"])
+            if "users" not in state["privacy"] and not self.sampler.multi_pass:   # a checkpoint from before the gate
+                self.privacy.users.burn(self.sampler.used)
         set_rng_state(state["rng"])
         self.round = self.start_round = int(state["round"])
         self.best_round_return = float(state["best_round_return"])
@@ -371,6 +373,8 @@ class Trainer:
             r = self.round
             if self.journal is not None:
                 self.journal.round = r
+            if self.sampler is not None:
+                self.sampler.round = r    # the round the user gate records a take under (dppo.privacy.users)
             self.callbacks.on_round_start(self, r)
             try:
                 metrics = dict(self.learner.train_round(r))

@@ -18,7 +18,7 @@ from dppo.envs.gym_env import GymEnvFactory
 from dppo.policies.mlp import MLPPolicy
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants.opacus import RDPAccountant
-from dppo.privacy.composed import PoissonComposedSums
+from dppo.privacy.composed import ComposedGaussianSums, Poisson
 
 RUN = ["algo=dp_ppo", "eps=3", "privacy.multi_pass=true", "privacy.population_size=40", "users_per_round=8",
        "rounds=4", "privacy.secure_rng=false", "algo.minibatches=1", "algo.epochs=2", "env.horizon=30",
@@ -49,7 +49,7 @@ def test_the_printed_eps_is_the_accountants_recomputed_from_the_ledger(runs):
 
 def test_two_minibatches_keep_the_ledger_and_the_eps_of_one(runs):
     """The same (q, z_round, k = 2 x epochs) every round, so the accountant's eps is the one of minibatches=1
-    (PoissonComposedSums' docstring derives it); the run steps twice per epoch and finishes."""
+    (``dppo.privacy.composed.Poisson``'s docstring derives it); the run steps twice per epoch and finishes."""
     one, two = runs[1], runs[2]
     assert two["ledger"] == one["ledger"]
     assert two["epsilon_spent"] == one["epsilon_spent"]
@@ -169,7 +169,7 @@ def _tiny_round_learner(minibatches: int = 1):
 
 def test_a_multi_pass_round_with_two_minibatches_steps_twice_per_epoch_and_divides_by_q_N_over_b():
     learner, _, privacy, sampler = _tiny_round_learner(minibatches=2)
-    assert isinstance(learner.release, PoissonComposedSums) and learner.release.batch_size(3, 2) == 4.0   # q N / b
+    assert isinstance(learner.release.sampling, Poisson) and learner.release.batch_size(3, 2) == 4.0   # q N / b
     users = sampler.next_round()
     stats = learner.update(learner.collect(users, 0), 0, users)
     steps = {int(s["step"]) for s in learner.optimizer.state.values()}

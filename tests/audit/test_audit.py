@@ -153,7 +153,7 @@ def test_dp_pg_broken_variant_is_caught(variant, monkeypatch):
     cls = {"noise_halved": _HalfNoise, "sensitivity_C": _SensitivityC}.get(variant)
     release = None if cls is None else (lambda privacy, clip: cls(privacy, parts={"actor": (1, 1.0)}))
     if variant == "clipping_disabled":
-        monkeypatch.setattr("dppo.privacy.release.clip_per_user", _no_clipping)
+        monkeypatch.setattr("dppo.privacy.composed.clip_per_user", _no_clipping)
     out = audit_dp_pg(1.0, trials=400_000, seed=11, release=release)
     assert out.claimed_eps == 1.0
     assert out.eps_lb > 1.0

@@ -73,7 +73,7 @@ class _NoClip(ComposedGaussianSums):
         super().__init__(privacy, parts=parts)
 
     def release_sum(self, per_user, users, clip, part=None):
-        self._check_users(users, part)
+        self._check(users, clip, part)
         return per_user.double().sum(0) + self.privacy.noise.gaussian(per_user.shape[1:], self.sigma(clip, part)), {}
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dppo.audit.multi_pass_ppo import CANARY, audit_multi_pass_dp_ppo
-from dppo.privacy.composed import PoissonComposedSums
+from dppo.privacy.composed import ComposedGaussianSums, Poisson
 
 
 @pytest.fixture(autouse=True)
@@ -54,17 +54,16 @@ def test_the_canary_is_clipped_in_every_release_it_takes_part_in():
     g_actor, g_critic, _ = learner.minibatch_gradients(learner.round_targets(batch), torch.arange(4))
     assert float(g_actor[CANARY].norm()) > learner.clip and float(g_critic[CANARY].norm()) > learner.critic_clip
     release = learner.release
-    assert isinstance(release, PoissonComposedSums)
+    assert isinstance(release.sampling, Poisson)
     mu_sq = sum(kp / release.multipliers[p] ** 2 for p, (kp, _) in release.parts.items())
     assert mu_sq == pytest.approx(1.0 / release.noise_multiplier ** 2)
 
 
-class _OneRelease(PoissonComposedSums):
+class _OneRelease(ComposedGaussianSums):
     """Broken on purpose: every release at the round's multiplier, as if a user took part in a single release."""
 
     def __init__(self, privacy, parts, sampler):
-        super().__init__(privacy, parts=parts, sample_rate=sampler.sample_rate,
-                         population_size=sampler.population_size, rounds=1)
+        super().__init__(privacy, parts=parts, sampling=Poisson(sampler.sample_rate, sampler.population_size, 1))
         self.multipliers = {p: self.noise_multiplier for p in parts}
 
 

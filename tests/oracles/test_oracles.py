@@ -197,10 +197,18 @@ def test_ssp_default_noise_is_the_gaussian_mechanism_at_sensitivity_sqrt_4_5():
     assert s_gram == pytest.approx(s_b) and s_b == pytest.approx(analytic_gaussian_sigma(3.0, 1e-5, math.sqrt(4.5)))
 
 
+def _gd_releases(privacy, data):
+    """The dp_gd oracle's 3 released noisy sums of a round (w kept at 0), stacked on the second-to-last axis."""
+    sums = []
+    make_oracle("dp_gd", steps=3, clip=0.5).descend(data, privacy, 0, list(range(6)),
+                                                    lambda w, s: sums.append(s) or w, torch.zeros(3, dtype=torch.float64))
+    return torch.stack(sums, dim=-2)
+
+
 def test_stacked_noise_gives_the_same_releases_as_one_release_per_noise():
     """The mechanisms broadcast over a leading noise dimension (how the audit runs many trials): each row of a
     stacked release equals the unstacked release fed that row's noise."""
-    from dppo.privacy.mechanisms import exponential_mechanism, noisy_gradient_descent, ssp_release
+    from dppo.privacy.mechanisms import exponential_mechanism, ssp_release
 
     users, _ = regression_users(m=6, d=3)
     data = make_oracle("ssp").prepare(users)
@@ -210,9 +218,7 @@ def test_stacked_noise_gives_the_same_releases_as_one_release_per_noise():
                                      gram_share=0.3, b_clip=1.0)[:2],
         "ssp public Gram": lambda p: ssp_release(p, None, data.per_user_moments(), round=0, eps=2.0, delta=1e-5,
                                                  gram_share=0.3, b_clip=0.5, public_gram=True)[1],
-        "noisy gd": lambda p: noisy_gradient_descent(p, lambda w: data.per_user_grads(torch.zeros(3, dtype=torch.float64)),
-                                                     lambda w, s: w + s, torch.zeros(3, dtype=torch.float64), steps=3,
-                                                     clip=0.5, round=0, users=6, eps=2.0, delta=1e-5)[0],
+        "noisy gd": lambda p: _gd_releases(p, data),
         "exponential": lambda p: exponential_mechanism(p, torch.linspace(-1, 1, 7, dtype=torch.float64), eps=2.0,
                                                        sensitivity=1.0, round=0, users=6)[0]}
     for name, release in releases.items():

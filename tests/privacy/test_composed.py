@@ -11,8 +11,18 @@ from scipy.stats import norm
 
 from dppo.errors import ConfigError, PrivacyError
 from dppo.privacy import NoiseSource, PrivacyContext
-from dppo.privacy.calibration import analytic_gaussian_sigma
-from dppo.privacy.composed import ClippedSums, ComposedGaussianSums, composed_noise_multiplier, composed_sums
+from dppo.privacy.calibration import analytic_gaussian_sigma, gaussian_sums_calibration
+from dppo.privacy.composed import ComposedGaussianSums, composed_sums
+
+
+def composed_noise_multiplier(eps, delta, k, composition="gdp"):
+    """z of k one-pass releases at equal shares (the one calibration function's ledger multiplier)."""
+    return gaussian_sums_calibration(eps, delta, {None: (k, 1.0)}, composition=composition).noise_multiplier
+
+
+def ClippedSums():
+    """The non-private twin: the one release with no noise (a context without eps)."""
+    return composed_sums(PrivacyContext(None, 1e-5), releases_per_user=1)
 
 
 def test_replace_one_changes_a_clipped_sum_by_at_most_2C_and_opposite_large_vectors_attain_it():
@@ -101,14 +111,14 @@ def _ctx(eps=5.0):
 
 def test_one_ledger_entry_per_round_and_the_run_spends_eps_by_parallel_composition():
     privacy = _ctx(5.0)
-    mech = composed_sums(privacy, releases_per_user=4)
+    mech = composed_sums(privacy, parts={"a": (2, 0.5), "b": (2, 0.5)})   # k = 4, equal shares
     for r in range(3):
         users = list(range(10 * r, 10 * r + 10))
         mech.open_round(r, users, (1.0, 0.5))
         for _ in range(2):
             for half in (users[:5], users[5:]):
-                mech.release_sum(torch.ones(5, 3), half, 1.0)
-                mech.release_sum(torch.ones(5, 2), half, 0.5)
+                mech.release_sum(torch.ones(5, 3), half, 1.0, part="a")
+                mech.release_sum(torch.ones(5, 2), half, 0.5, part="b")
     assert len(privacy.ledger.entries) == 3
     entry = privacy.ledger.entries[0]
     assert entry["mechanism"] == "composed_gaussian_sum" and entry["releases_per_user"] == 4
@@ -134,7 +144,7 @@ def test_participation_beyond_k_a_foreign_user_and_a_release_before_open_round_a
     mech.release_sum(torch.ones(1, 2), [0], 1.0)
     with pytest.raises(PrivacyError, match="more than 2 releases"):
         mech.release_sum(torch.ones(1, 2), [0], 1.0)
-    with pytest.raises(PrivacyError, match="distinct users"):
+    with pytest.raises(PrivacyError, match="distinct users of the opened round"):
         mech.release_sum(torch.ones(1, 2), [7], 1.0)
     mech.open_round(1, [3, 4], (1.0,))          # a new round resets the counts
     mech.release_sum(torch.ones(2, 2), [3, 4], 1.0)
@@ -143,7 +153,7 @@ def test_participation_beyond_k_a_foreign_user_and_a_release_before_open_round_a
 def test_twin_is_the_same_clipped_sum_without_noise_and_records_nothing():
     privacy = PrivacyContext(None, 1e-5)
     mech = composed_sums(privacy, releases_per_user=4)
-    assert isinstance(mech, ClippedSums) and mech.open_round(0, [0, 1], (1.0,)) is None
+    assert not mech.private and mech.mechanism == "none" and mech.open_round(0, [0, 1], (1.0,)) is None
     v = torch.tensor([[3.0, 4.0], [0.3, 0.4]])
     s, stats = mech.release_sum(v, [0, 1], 1.0)
     assert torch.allclose(s, torch.tensor([0.6 + 0.3, 0.8 + 0.4], dtype=torch.float64), atol=1e-8)

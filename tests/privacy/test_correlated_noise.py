@@ -14,7 +14,7 @@ import torch
 from dppo.errors import ConfigError, PrivacyError
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.calibration import analytic_gaussian_sigma
-from dppo.privacy.composed import ComposedGaussianSums, CorrelatedComposedSums, composed_sums
+from dppo.privacy.composed import ComposedGaussianSums, Correlated, composed_sums
 from dppo.privacy.correlated import CorrelatedNoise, NoiseStream
 from dppo.privacy.factorizations import (factorization, inverse_coefficients, is_stable, participation_norm_sq,
                                          prefix_error_variances, relative_error, sqrt_coefficients,
@@ -118,7 +118,7 @@ def test_dp_pg_correlated_release_is_calibrated_to_eps_delta_and_records_one_ent
     privacy = PrivacyContext(2.0, 1e-5, noise=NoiseSource(0))
     privacy.noise_correlation = CorrelatedNoise("banded", 4, rounds=30)
     rel = dp_pg_release(privacy)
-    assert isinstance(rel, CorrelatedComposedSums) and rel.mechanism == "correlated_gaussian_sum"
+    assert isinstance(rel.noise, Correlated) and rel.mechanism == "correlated_gaussian_sum"
     c = rel.coefficients["actor"]
     assert list(c) == list(factorization("banded", 4, 30, 1))
     sens = 2 * 0.5 * float(np.linalg.norm(c))
@@ -158,7 +158,7 @@ def test_dp_ppo_correlated_sums_give_every_user_exactly_eps_delta():
     privacy = PrivacyContext(3.0, 1e-5, noise=NoiseSource(1))
     privacy.noise_correlation = CorrelatedNoise("banded", 4, rounds=5)
     rel = composed_sums(privacy, parts={"actor": (3, 0.7), "critic": (3, 0.3)})
-    assert isinstance(rel, CorrelatedComposedSums)
+    assert isinstance(rel.noise, Correlated)
     mu = 1 / analytic_gaussian_sigma(3.0, 1e-5, 1.0)
     assert rel.gdp_mu == pytest.approx(mu, rel=1e-12)
     for p, w in (("actor", 0.7), ("critic", 0.3)):   # (Delta_p / sigma_p)^2 = w_p mu^2
@@ -244,12 +244,11 @@ def test_marginal_std_is_the_row_norm_of_c_inverse_and_optimized_factorizations_
 def test_a_training_run_with_correlated_noise_reports_exactly_its_target_from_the_accountant(algo, extra):
     import dppo
 
-    privacy = PrivacyContext(2.0, 1e-5, noise=NoiseSource(0))
-    privacy.noise_correlation = CorrelatedNoise("banded", 4, rounds=5)
     summary = dppo.train([*extra, "rounds=5", "users_per_round=4", "eps=2.0", "privacy.secure_rng=false",
-                          "progress=false", "eval_every=null", "eval_episodes=2"], privacy=privacy)
+                          "privacy.noise_correlation=banded", "privacy.bands=4",
+                          "progress=false", "eval_every=null", "eval_episodes=2"])
     assert summary["epsilon_spent"] == pytest.approx(2.0, abs=1e-12)
     assert summary["delta_spent"] == pytest.approx(1e-5)
-    entries = privacy.ledger.entries
+    entries = summary["ledger"]
     assert [e["round"] for e in entries] == [0, 1, 2, 3, 4]
     assert all(e["mechanism"].startswith("correlated_") and e["bands"] == 4 for e in entries)

@@ -1,4 +1,4 @@
-"""dppo.privacy.composed.PoissonComposedSums (multi-pass DP-PPO): the add/remove sensitivity C of one clipped sum
+"""dppo.privacy.composed with Poisson sampling (multi-pass DP-PPO): the add/remove sensitivity C of one clipped sum
 (brute force), the round's k releases as one subsampled Gaussian of multiplier 1 / mu, the accountant's eps after
 the planned rounds recomputed with Opacus' RDP accountant directly, the mean over the expected count, refusals."""
 import math
@@ -11,7 +11,7 @@ from opacus.accountants import RDPAccountant as OpacusRDP
 from dppo.errors import ConfigError, PrivacyError
 from dppo.privacy import NoiseSource, PrivacyContext
 from dppo.privacy.accountants.opacus import RDPAccountant
-from dppo.privacy.composed import ClippedSums, PoissonComposedSums, composed_sums
+from dppo.privacy.composed import Poisson, composed_sums
 from dppo.privacy.correlated import CorrelatedNoise
 
 PARTS = {"actor": (3, 0.7), "critic": (3, 0.3)}
@@ -23,12 +23,12 @@ def _ctx(eps=2.0, population=200, **kw):
 
 
 def _sampler(q=0.05, population=200):
-    return SimpleNamespace(sample_rate=q, population_size=population)
+    return SimpleNamespace(sample_rate=q, population_size=population, multi_pass=True)
 
 
 def test_adding_or_removing_one_user_changes_a_clipped_sum_by_at_most_C_and_a_large_vector_attains_it():
     gen = torch.Generator().manual_seed(0)
-    twin, worst = ClippedSums(), 0.0
+    twin, worst = composed_sums(PrivacyContext(None, 1e-5), releases_per_user=1), 0.0
     for trial in range(1000):
         m, d, C = 1 + trial % 6, 1 + trial % 4, float(0.2 + trial % 3)
         D = torch.randn(m, d, generator=gen, dtype=torch.float64) * 10.0 ** torch.randint(-2, 3, (m, 1), generator=gen)
@@ -45,7 +45,7 @@ def test_adding_or_removing_one_user_changes_a_clipped_sum_by_at_most_C_and_a_la
 def test_the_round_is_one_subsampled_gaussian_whose_accountant_eps_after_the_planned_rounds_is_the_target():
     privacy = _ctx()
     rel = composed_sums(privacy, parts=PARTS, sampler=_sampler(), rounds=20)
-    assert isinstance(rel, PoissonComposedSums)
+    assert isinstance(rel.sampling, Poisson)
     k = 6
     z = rel.noise_multiplier
     # the parts split mu^2 = sum_p k_p / z_p^2 by their shares, and mu = 1 / z_round
