@@ -1,5 +1,7 @@
-"""scripts/example_private_ppo_loop.py: a CleanRL-shaped PPO loop released through dppo's public release writes the
-ledger that ``algo=dp_ppo`` writes for the same privacy-relevant settings, and its accountant prints the target."""
+"""scripts/example_private_ppo_loop.py: a CleanRL-shaped PPO loop made private with ``dppo.make_private`` writes the
+ledger that ``algo=dp_ppo`` writes for the same privacy-relevant settings, its accountant prints the target, and it
+meets the example's shape: top-level names only (no ``dppo.privacy`` import), no hand-written ``p.grad``, <= 100
+lines of code."""
 import json
 import os
 import subprocess
@@ -29,3 +31,15 @@ def test_the_example_loop_writes_the_ledger_of_algo_dp_ppo(tmp_path):
     assert len(example["ledger"]) == 2 and example["ledger"] == summary["ledger"]
     assert example["ledger"][0]["releases_per_user"] == 4   # 2 x epochs: actor and critic, one minibatch an epoch
     assert example["spent"] == pytest.approx([2.0, 1e-5])   # the accountant's (eps, delta): one-pass users
+
+
+def test_the_example_uses_top_level_names_only_and_writes_no_gradient_by_hand():
+    import ast
+
+    source = open(SCRIPT).read()
+    imports = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    dppo_imports = [(getattr(n, "module", None), [a.name for a in n.names]) for n in imports
+                    if any(a.name.startswith("dppo") for a in n.names) or (getattr(n, "module", "") or "").startswith("dppo")]
+    assert dppo_imports == [(None, ["dppo"])]                       # `import dppo`, nothing deeper
+    assert "dppo.privacy" not in source and ".grad =" not in source and "p.grad" not in source
+    assert len(source.splitlines()) <= 110                            # <= 100 lines of code besides the docstring
