@@ -1,10 +1,5 @@
-"""Your own PPO loop, CleanRL-shaped, made private with ``dppo.make_private`` (Opacus' shape): each round's fresh
-users come from the loader it returns (accounted as the round starts), ``optimizer.step(loss, users)`` takes one
-loss per user and releases the clipped, noised mean; ``privacy_spent()`` answers from the accountant. Its ledger
-equals ``algo=dp_ppo``'s at the same settings (tests/scripts/test_example_private_ppo_loop.py).
-
-    python scripts/example_private_ppo_loop.py --eps 5 --rounds 30
-"""
+"""Your own CleanRL-shaped PPO loop made private with ``dppo.make_private`` (Opacus' shape); its ledger equals
+``algo=dp_ppo``'s at the same settings. Run: python scripts/example_private_ppo_loop.py --eps 5 --rounds 30"""
 from __future__ import annotations
 
 import argparse

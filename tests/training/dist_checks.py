@@ -30,13 +30,14 @@ def rows(n=7, p=5):
 
 
 class _Users:
-    """A sampler whose every round is users 0..n-1."""
+    """A sampler whose round k is the fresh users k n .. (k + 1) n - 1 (one-pass: the release refuses a user twice)."""
 
     def __init__(self, n):
-        self.n = n
+        self.n, self.round = n, 0
 
     def next_round(self):
-        return list(range(self.n))
+        self.round += 1
+        return list(range((self.round - 1) * self.n, self.round * self.n))
 
 
 def sharded(info, privacy, n):
