@@ -252,3 +252,20 @@ def test_a_training_run_with_correlated_noise_reports_exactly_its_target_from_th
     entries = summary["ledger"]
     assert [e["round"] for e in entries] == [0, 1, 2, 3, 4]
     assert all(e["mechanism"].startswith("correlated_") and e["bands"] == 4 for e in entries)
+
+
+def test_the_dp_gd_oracle_of_dp_rebel_and_dp_npg_takes_correlated_noise_and_ssp_refuses_it():
+    """DP-REBEL / DP-NPG with oracle=dp_gd release through the one release, so the correlated noise is theirs too:
+    each round's entry is the oracle's (``dp_gd``) with the stream's bands, and the run spends exactly its target;
+    DP-NPG's default ssp oracle releases sufficient statistics and is refused in one line."""
+    import dppo
+
+    for algo in ("algo=dp_rebel", "algo=dp_npg oracle=dp_gd"):
+        summary = dppo.train([*algo.split(), "rounds=4", "users_per_round=4", "eps=2.0", "privacy.secure_rng=false",
+                              "privacy.noise_correlation=banded", "privacy.bands=3", "progress=false",
+                              "eval_every=null", "eval_episodes=1"])
+        assert summary["epsilon_spent"] == pytest.approx(2.0, abs=1e-12)
+        assert [(e["mechanism"], e["bands"], e["noise_correlation"]) for e in summary["ledger"]] == \
+            [("dp_gd", 3, "banded")] * 4
+    with pytest.raises(ConfigError, match="oracle=dp_gd"):
+        dppo.train(["algo=dp_npg", "rounds=2", "privacy.noise_correlation=banded", "progress=false"])
