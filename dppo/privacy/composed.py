@@ -275,15 +275,16 @@ class ComposedGaussianSums:
     def sigma(self, clip: float, part=None) -> float:
         """Noise std of one sum of ``part`` clipped to ``clip``: z_p x one sum's sensitivity; a correlated part
         holding the whole budget is the analytic Gaussian at the stream's sensitivity (DP-PG's one stream)."""
+        z = self._multiplier(part)
         if not self.private:
             return 0.0
-        z = self._multiplier(part)
         if part in self.calibration.whole_stream:
             return self.calibration.sigma(part, self.sampling.sensitivity(clip), math.sqrt(self.bound[part]))
         return z * self.sampling.sensitivity(clip)
 
     def noise_std(self, clip: float | None = None, part=None) -> float:
         """The std of each noise coordinate of ``part``'s last released sum (public; 0 for the twin)."""
+        self._multiplier(part)
         if not self.private:
             return 0.0
         clip = self._clips.get(part, clip)
@@ -312,9 +313,12 @@ class ComposedGaussianSums:
         ``clips``, one clip norm per part in the parts' order (every sum of a part is clipped to it);
         ``dim``: the released vectors' size (recorded). The twin records nothing (None)."""
         round_idx, names = int(round_idx), list(self.parts)
-        clips = [float(c) for c in (clips if isinstance(clips, (list, tuple)) else (clips,))]
-        if len(clips) != len(names) or not all(c > 0 and math.isfinite(c) for c in clips):
-            raise PrivacyError(f"open_round: one positive clip norm per part {names}, got {clips}")
+        try:
+            clips = [float(c) for c in (clips if isinstance(clips, (list, tuple)) else (clips,))]
+        except (TypeError, ValueError):
+            clips = None
+        if clips is None or len(clips) != len(names) or not all(c > 0 and math.isfinite(c) for c in clips):
+            raise PrivacyError(f"open_round: pass clips, one positive clip norm per part {names} in that order")
         if not self.private:
             self._round, self._users, self._count = round_idx, frozenset(user_ids(users)), Counter()
             self._clips = dict(zip(names, clips))
@@ -392,11 +396,14 @@ class ComposedGaussianSums:
         users' pre-clipping ``norms``, one per user. Refused if the norms are not one per user, or if ``total``
         is longer than a sum of rows clipped to ``clip`` can be: sum_u min(||g_u||, C)."""
         users, clip = self._check(users, clip, part)
-        norms = torch.as_tensor(norms).double().reshape(-1)
+        try:
+            norms, total = torch.as_tensor(norms).double().reshape(-1), torch.as_tensor(total).double()
+        except (TypeError, RuntimeError, ValueError):
+            raise PrivacyError("release_clipped_sum: pass the clipped total and one pre-clipping norm per user as "
+                               "tensors") from None
         if norms.numel() != len(users):
             raise PrivacyError(f"release_clipped_sum: {norms.numel()} norms for {len(users)} users; pass one "
                                f"pre-clipping norm per user")
-        total = torch.as_tensor(total).double()
         bound = float(norms.nan_to_num(nan=math.inf).clamp_max(clip).sum())
         if float(total.norm()) > bound * (1 + 1e-4) + 1e-12 * clip:
             raise PrivacyError(f"release_clipped_sum: the total's norm {float(total.norm()):.6g} exceeds what "
@@ -460,6 +467,8 @@ def _clipped_rows(per_user, clip: float, users: int) -> tuple[torch.Tensor, torc
                                f"one row per user, a (users, P) matrix (sum each user's own rows first)")
         clipped, norms = clip_per_user(per_user, clip)
         return clipped.sum(0), norms
+    if per_user is None or not hasattr(per_user, "__iter__"):
+        raise PrivacyError(f"release_sum: pass the rows, a (users, P) tensor (one row per user), got {per_user!r}")
     total, norms, rows = None, [], 0
     blocks = per_user
     for block in blocks:

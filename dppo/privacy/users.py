@@ -31,6 +31,8 @@ BURNED = -1   # the round recorded for a user a crashed attempt took: never take
 
 def user_ids(ids) -> list[int]:
     """``ids`` as a list of Python ints, refusing anything that is not an integer id (one line)."""
+    if ids is None or isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+        raise PrivacyError(f"users must be a list of integer user ids, got {ids!r}")
     out = []
     for u in ids:
         if hasattr(u, "dtype") and hasattr(u, "item") and getattr(u, "ndim", 0) == 0:   # a 0-d tensor / array

@@ -93,9 +93,10 @@ class _Repeating(OnePassUserSampler):
         return [0, 1, 2, 3]
 
 
-def test_a_sampler_that_hands_out_a_user_twice_is_refused_at_the_take():
+@pytest.mark.parametrize("config", [[], ["+experiment=cartpole_dp_pg_eps5"]], ids=["dp_pg", "banded_noise"])
+def test_a_sampler_that_hands_out_a_user_twice_is_refused_at_the_take(config):
     with pytest.raises(PrivacyError, match="the sampler handed out user 0 again .it was in round 0."):
-        dppo.train(TINY, sampler=_Repeating(4))
+        dppo.train([*config, *TINY], sampler=_Repeating(4))
 
 
 def test_a_one_pass_context_for_a_multi_pass_config_is_refused_before_round_0():
@@ -239,3 +240,29 @@ def test_a_sums_rows_are_clipped_to_the_accounted_clip_by_the_release_itself():
     twin.open_round(0, [0, 1], (0.5,))
     total, _ = twin.release_sum(torch.tensor([[30.0, 40.0], [0.0, 0.3]]), [0, 1], part="a")
     assert float(total.norm()) <= 1.0 and total[0] == pytest.approx(0.3)
+
+
+MISUSES = {
+    "users None": lambda r: r.open_round(0, None, (1.0,)),
+    "clips None": lambda r: r.open_round(0, [1], None),
+    "clips text": lambda r: r.open_round(0, [1], "a"),
+    "a float user id": lambda r: r.open_round(0, [1.5], (1.0,)),
+    "rows None": lambda r: (r.open_round(0, [1], (1.0,)), r.release_sum(None, [1], part="actor")),
+    "a 1-d row": lambda r: (r.open_round(0, [1], (1.0,)), r.release_sum(torch.ones(3), [1], part="actor")),
+    "an unknown part": lambda r: (r.open_round(0, [1], (1.0,)), r.release_sum(torch.ones(1, 2), [1], part="x")),
+    "norms None": lambda r: (r.open_round(0, [1], (1.0,)),
+                             r.release_clipped_sum(torch.zeros(2), None, [1], part="actor")),
+    "a sum before open_round": lambda r: r.release_sum(torch.ones(1, 2), [1], part="actor"),
+    "the noise of an unknown part": lambda r: r.noise_std(1.0, "x"),
+}
+
+
+@pytest.mark.parametrize("noise", ["independent", "banded", "twin"])
+@pytest.mark.parametrize("misuse", list(MISUSES))
+def test_every_misuse_of_the_release_api_is_one_privacy_or_config_error_line(misuse, noise):
+    corr = CorrelatedNoise("banded", 2, rounds=4) if noise == "banded" else None
+    privacy = PrivacyContext(None if noise == "twin" else 2.0, 1e-5, noise=NoiseSource(0), noise_correlation=corr)
+    release = composed_sums(privacy, parts={"actor": (1, 1.0)})
+    with pytest.raises((PrivacyError, ConfigError)) as err:
+        MISUSES[misuse](release)
+    assert "\n" not in str(err.value)
