@@ -102,7 +102,16 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
         sampler = build_sampler(cfg, privacy.noise)
     else:
         check_passed_sampler(cfg, sampler, privacy)
+    held = None if learner is None else learner.sampler
+    if isinstance(sampler, GatedSampler):            # a run's own sampler handed back: gate its inner sampler anew
+        sampler = sampler.inner
+    if learner is not None and (learner.privacy is not privacy or
+                                (held is not sampler and not (isinstance(held, GatedSampler) and held.inner is sampler))):
+        raise ConfigError("learner= releases through its own privacy context and sampler: pass those two as privacy= "
+                          "and sampler= too, so they are checked against the config")
     sampler = GatedSampler(sampler, privacy.users)   # every take checked (one-pass) and journalled here
+    if learner is not None:
+        learner.sampler = sampler
     key = secret.new_key()   # the run's secret (dppo/training/secret.py): a resume adopts the stored one
     population = Population(env, sampler, key)
     inherited = inherited_provenance(cfg, init_record, population, init_state)

@@ -266,3 +266,15 @@ def test_every_misuse_of_the_release_api_is_one_privacy_or_config_error_line(mis
     with pytest.raises((PrivacyError, ConfigError)) as err:
         MISUSES[misuse](release)
     assert "\n" not in str(err.value)
+
+
+def test_a_passed_learner_runs_only_with_its_own_context_and_sampler_checked_and_gated():
+    from dppo.build import build
+
+    cfg = dppo.make_config([*TINY, "eps=5"])
+    first = build(cfg)
+    with pytest.raises(ConfigError, match="pass those two as privacy= and sampler= too"):
+        build(cfg, learner=first.learner)
+    trainer = build(cfg, learner=first.learner, privacy=first.privacy, sampler=first.sampler)
+    trainer.fit()
+    assert trainer.privacy.spent()[0] == pytest.approx(5.0) and len(trainer.privacy.users) == 12
