@@ -84,6 +84,14 @@ def test_a_secure_run_killed_with_sigkill_before_its_first_checkpoint_resumes_wi
     assert summary["epsilon_spent"] == pytest.approx(5.0)                 # burned users: parallel composition
     rows = _rows(run)
     assert [int(float(x["rollout/round"])) for x in rows] == list(range(40))   # the lost attempt's rows purged
+    # the release's user gate survived the crash in the checkpoint: every user taken, the lost attempt's burned
+    from dppo.privacy.users import BURNED
+    from dppo.training.checkpoint import load_latest_checkpoint
+
+    state, _ = load_latest_checkpoint(str(run / "checkpoints"))
+    gate = dict(map(tuple, state["privacy"]["users"]["round_of"]))
+    assert set(gate) == {u for e in _takes(run) for u in e["users"]}
+    assert sum(r == BURNED for r in gate.values()) == summary["users_burned"]
 
 
 @pytest.mark.slow
