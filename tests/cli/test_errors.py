@@ -6,6 +6,7 @@ subprocess to check the real exit code and that no traceback reaches the termina
 import pytest
 
 from dppo.cli import entry
+from tests.cli_helpers import one_error_line
 
 CASES = [
     (["eps=0"], "eps must be > 0"),
@@ -114,13 +115,7 @@ def test_subprocess_exit_code_and_no_traceback(cli, tmp_path, args, needle):
     assert not (tmp_path / "run").exists()  # rejected before Hydra made a run directory
 
 
-def _line(capsys, args):
-    with pytest.raises(SystemExit) as exc:
-        entry(_never_called, [*args, "progress=false"])
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert exc.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
+_line = one_error_line
 
 
 @pytest.mark.parametrize("args,first", [

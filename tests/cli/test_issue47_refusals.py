@@ -2,20 +2,7 @@
 line, exit code 2, through ``dppo.errors.ConfigError``, as the project's other config errors are."""
 import pytest
 
-from dppo.cli import entry
-
-
-def _never_called():
-    raise AssertionError("Hydra's run must not start for a bad config")
-
-
-def _line(capsys, args):
-    with pytest.raises(SystemExit) as exc:
-        entry(_never_called, [*args, "progress=false"])
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert exc.value.code == 2 and len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
+from tests.cli_helpers import one_error_line as _line
 
 
 @pytest.mark.parametrize("args", [
@@ -80,5 +67,8 @@ def test_a_resume_that_names_another_group_option_says_the_run_keeps_it(capsys, 
 def test_a_resume_that_names_its_own_algorithm_continues(capsys, dp_pg_run):
     from dppo.cli import entry
 
-    entry(_never_called, [f"resume={dp_pg_run}", "algo=dp_pg", "progress=false"])   # finished: nothing to do
+    def never_called():
+        raise AssertionError("a finished run has nothing to do")
+
+    entry(never_called, [f"resume={dp_pg_run}", "algo=dp_pg", "progress=false"])   # finished: nothing to do
     assert "has done all 2 of its rounds" in capsys.readouterr().err
