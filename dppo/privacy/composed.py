@@ -61,8 +61,11 @@ the same mu as k releases at the equal multiplier z: the same (eps, delta). Equa
 give z_p = z. Under RDP each Gaussian release of multiplier z_p adds alpha / (2 z_p^2) at every order
 alpha, so the same z_p keep the RDP curve, hence Opacus' bound, unchanged too.
 
-Rounds take disjoint users (one-pass), so the run is (eps, delta)-DP by parallel composition: one
-ledger entry per round (``open_round``), recorded before the round's first noisy sum leaves.
+Rounds take disjoint users (one-pass, enforced by the context's ``UserGate``: ``dppo.privacy.users``), so the run
+is (eps, delta)-DP by parallel composition: one ledger entry per round (``open_round``), recorded before the round's
+first noisy sum leaves. A round index opened again (independent noise) adds a second entry to that round, which the
+parallel accountant composes with the first (basic composition within a round): the printed eps covers a user who
+takes part in both.
 m and the sizes |S_j| are public (replace-one adjacency keeps them fixed).
 
 Correlated noise across rounds (``privacy.noise_correlation``, ``Correlated``): each part's releases
