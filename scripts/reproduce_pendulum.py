@@ -52,9 +52,17 @@ def initial_return(path: str) -> float:
 
 def describe(cfg) -> str:
     """The setting of the table, read from a run's saved config (so the text cannot drift from the runs)."""
-    hidden = list(cfg.policy.hidden_sizes)
-    body = f"{len(hidden)} x {hidden[0]} {cfg.policy.activation}" if hidden else "linear"
-    return (f"Gaussian MLP policy ({body}, state-independent log-std, {cfg.policy.squash}-squashed to the torque "
+    import inspect
+
+    from omegaconf import OmegaConf
+
+    from dppo.policies.gaussian import GaussianMLPPolicy
+
+    defaults = {k: v.default for k, v in inspect.signature(GaussianMLPPolicy).parameters.items()}
+    key = lambda k: OmegaConf.select(cfg, f"policy.{k}", default=defaults[k])  # noqa: E731 - the class's default
+    hidden = list(key("hidden_sizes"))
+    body = f"{len(hidden)} x {hidden[0]} {key('activation')}" if hidden else "linear"
+    return (f"Gaussian MLP policy ({body}, state-independent log-std, {key('squash')}-squashed to the torque "
             f"Box [-2, 2]); each user runs G rollouts of 200 steps from its own start state (one privacy unit; "
             f"G per row below); rewards clipped to [-{cfg.reward_bound:g}, {cfg.reward_bound:g}] (the native "
             f"range, so no reward is changed); delta = {float(cfg.delta):.0e}")
