@@ -17,6 +17,7 @@ def test_a_non_positive_privacy_bands_is_refused_whatever_eps_and_algo(capsys, a
     assert _line(capsys, args) == f"dppo: error: privacy.bands must be >= 1, got {bands}"
 
 
+@pytest.mark.slow   # the same refusal in-process above; here through a train.py subprocess
 def test_the_issues_non_private_banded_command_exits_2_without_a_run_directory(cli, tmp_path):
     r = cli(["algo=pg", "eps=null", "privacy.noise_correlation=banded", "privacy.bands=-3", "progress=false",
              f"hydra.run.dir={tmp_path / 'run'}"], timeout=120)
@@ -31,6 +32,7 @@ def test_a_negative_prompts_env_count_is_refused_before_round_0(capsys, key):
     assert _line(capsys, ["+experiment=lm_addition", f"env.{key}=-1"]) == f"dppo: error: env.{key} must be >= 0, got -1"
 
 
+@pytest.mark.slow   # the same refusal in-process above; here through a train.py subprocess
 def test_the_issues_negative_eval_size_command_exits_2_without_a_run_directory(cli, tmp_path):
     r = cli(["+experiment=lm_addition", "env.eval_size=-1", f"hydra.run.dir={tmp_path / 'run'}"], timeout=120)
     lines = [line for line in r.stderr.splitlines() if line.strip()]

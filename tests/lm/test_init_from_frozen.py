@@ -46,6 +46,7 @@ def test_init_from_a_frozen_full_parameter_run_dir_loads_the_weights_it_trained(
     assert frozen and all(n.startswith(tuple(cfg.policy.freeze)) for n in frozen)   # policy.freeze still applies
 
 
+@pytest.mark.slow   # the fix is tested in-process above; this is the issue's two-command CLI repro
 def test_the_issues_cli_fine_tuning_from_the_run_dir_runs_and_skips_the_consumed_rows(source, small_prompts,
                                                                                        tmp_path):
     second = tmp_path / "second"

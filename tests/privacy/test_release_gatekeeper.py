@@ -179,7 +179,7 @@ class _Recording(NoiseSource):
         return super().gaussian(shape, sigma)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_random_call_sequences_never_print_an_eps_below_the_true_one(data):
     """Random sequences of opens (new or repeated ids, repeated or skipped round indices, clips), sums (the round's
