@@ -517,8 +517,6 @@ def composed_sums(privacy, releases_per_user: int | None = None, composition: st
     (multi-pass: a Poisson sampler's rate and population, calibrated over ``rounds``), its noise from the context
     (``NoNoise`` if eps is null, ``Correlated`` with ``privacy.noise_correlation``). DP-PG's:
     ``parts={"actor": (1, 1.0)}``; DP-PPO's: ``{"actor": (epochs, w), "critic": (epochs, 1 - w)}``."""
-    if composition not in COMPOSITIONS:
-        raise ConfigError(f"algo.accountant must be one of {COMPOSITIONS}, got {composition!r}")
     sampling = None
     if privacy.private and privacy.multi_pass:
         if sampler is None or not sampler.multi_pass or sampler.sample_rate is None:
