@@ -8,16 +8,18 @@ one batched policy call per step. Episode i's actions come from the inverse CDF 
 (``dppo.data.streams``), so an episode depends only on its seed, its uniforms and the policy, never
 on the other episodes of the batch or on how they are packed into the vector env.
 
-Backends (``env.vectorization``): ``native`` (the env's own vectorized implementation, CartPole's
-``CartPoleVectorEnv``; its reset draws every sub-env from one seed, so each sub-env's start state is
-overwritten with the state a single env reset with that episode's seed reaches), ``async``
-(``gymnasium.vector.AsyncVectorEnv``, reset with one seed per sub-env), ``sync`` / ``none`` (a pool of
-single envs, stepping only the running ones). Memory is bounded: at most ``env.num_envs`` live instances
-(``resolve_num_envs``; ``auto`` sizes it to the machine from the measured size of one instance), reused
-across users: in the pool a slot takes the next episode (reset with its own user's seed) as soon as its
-own ends; a vector env runs episodes in waves of its size. Buffers grow with the steps taken
-(``_StepRecord``), padded at the end to the longest episode, never to N x horizon. Backends are built
-once per batch size and reused for the whole run.
+Backends (``env.vectorization``): ``native`` (the env's own vectorized implementation: CartPole's
+``CartPoleVectorEnv``, dppo's Acrobot and ICU-Sepsis ones, a user's ``gymnasium.vector.VectorEnv``), ``async``
+(``gymnasium.vector.AsyncVectorEnv``), ``sync`` / ``none`` (a pool of single envs, stepping only the running
+ones). Every backend works in slots: a slot takes the next episode (reset with its own seed) as soon as its own
+ends, so a batch costs the steps its episodes take, not its longest episode times the batch. A vector env's
+sub-env is reset alone through gymnasium's partial reset (``reset_mask``) or, for a native env that holds its
+sub-envs as columns of a ``state`` array, by copying the state a single env reset with that seed reaches
+(``_VectorBackend``). Observations are encoded in one call per step (``ObservationLayout.encode_batch``).
+Memory is bounded: at most ``env.num_envs`` live instances (``resolve_num_envs``; ``auto`` sizes it to the
+machine from the measured size of one instance), reused across users. Buffers grow with the steps taken
+(``_StepRecord``), padded at the end to the longest episode, never to N x horizon. Backends are built once per
+batch size and reused for the whole run.
 """
 from __future__ import annotations
 
@@ -114,10 +116,7 @@ def inverse_cdf_actions(logits: torch.Tensor, uniforms: torch.Tensor | None) -> 
 
 
 class _PoolBackend:
-    """``size`` single env instances, each reset and stepped on its own (``sync`` / ``none``): a slot takes the
-    next episode as soon as its own ends, so ``size`` instances serve any number of episodes."""
-
-    refill = True
+    """``size`` single env instances, each reset and stepped on its own (``sync`` / ``none``)."""
 
     def __init__(self, factory, size: int, layout):
         self.envs = [factory.make() for _ in range(size)]
@@ -127,8 +126,9 @@ class _PoolBackend:
     def size(self) -> int:
         return len(self.envs)
 
-    def reset_slot(self, slot: int, seed: int) -> np.ndarray:
-        return self.layout.encode(self.envs[slot].reset(seed=int(seed))[0])
+    def start(self, slots: np.ndarray, seeds: list) -> np.ndarray:
+        """Reset ``slots[j]`` with ``seeds[j]``: their first observations (k, raw_dim)."""
+        return np.stack([self.layout.encode(self.envs[i].reset(seed=int(s))[0]) for i, s in zip(slots, seeds)])
 
     def step(self, slots: np.ndarray, actions: np.ndarray):
         k = len(slots)
@@ -141,19 +141,36 @@ class _PoolBackend:
             obs[j], rew[j], term[j], trunc[j] = self.layout.encode(o), float(r), bool(te), bool(tr)
         return obs, rew, term, trunc
 
+    def idle(self, slots: np.ndarray) -> None:
+        """Slots whose episode ended with no episode left for them (a single env is simply not stepped)."""
+
     def close(self):
         for e in self.envs:
             e.close()
 
 
 class _VectorBackend:
-    """A gymnasium vector env of ``size`` sub-envs (``native``: the env's own; ``async``), run in waves: every
-    sub-env is reset at a wave's start (slots without an episode get a public dummy seed and stay idle)."""
+    """A gymnasium vector env of ``size`` sub-envs (``native``: the env's own; ``async``), every sub-env a slot.
 
-    refill = False
+    A slot whose episode ends takes the next episode at once, reset with that episode's own seed, so the vector
+    env runs at its own speed whatever the spread of episode lengths. Two ways to reset one sub-env:
+
+    * ``mask``: gymnasium's partial reset, ``reset(seed=[...], options={"reset_mask": mask})`` (gymnasium's
+      ``SyncVectorEnv`` / ``AsyncVectorEnv``, the native ICU-Sepsis env, any ``VectorEnv`` that implements it;
+      ``docs/api.md``); checked once at construction (the unmasked sub-envs keep their state);
+    * ``state``: a native env holding its sub-envs as columns of a ``state`` array, with ``prev_done`` and
+      ``steps`` (gymnasium's ``CartPoleVectorEnv``, dppo's Acrobot): the sub-env's column is set to the state a
+      single env reset with that seed reaches, its pending autoreset and step count cleared.
+
+    Any autoreset mode: a slot is reset by the engine before its next step (next-step autoreset never fires on
+    it); with same-step autoreset the episode's last observation is read from ``info["final_obs"]``; a slot left
+    idle is stepped with a dummy action and its results ignored (with autoreset disabled it is reset first, on
+    the public seed 0).
+    """
 
     def __init__(self, factory, size: int, mode: str, layout):
         import gymnasium as gym
+        from gymnasium.vector import AutoresetMode
 
         self.mode, self.layout, self.size = mode, layout, int(size)
         vmode = "vector_entry_point" if mode == "native" else mode
@@ -166,50 +183,93 @@ class _VectorBackend:
         self.vec = gym.make_vec(factory.id, num_envs=self.size, vectorization_mode=vmode,
                                 max_episode_steps=factory.horizon, **extra, **factory.kwargs)
         self.single_space = factory.observation_space
-        self.seeded = mode == "native" and callable(getattr(self.vec.unwrapped, "reset_seeds", None))
-        if mode == "native" and not self.seeded:   # CartPole's protocol: copy each single env's start state
+        self.autoreset = self.vec.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
+        self.same_step = self.autoreset == AutoresetMode.SAME_STEP
+        self.disabled = self.autoreset == AutoresetMode.DISABLED
+        self.zero_action = None
+        self.vec.reset(seed=0)   # a native env's state arrays exist after its first reset
+        u = self.vec.unwrapped
+        self.protocol = "state" if (mode == "native" and isinstance(getattr(u, "state", None), np.ndarray)
+                                    and hasattr(u, "prev_done") and hasattr(u, "steps")) else "mask"
+        if self.protocol == "state":
             self.probe = factory.make()
-            self.vec.reset(seed=0)
-            state = getattr(self.vec.unwrapped, "state", None)
-            self.probe.reset(seed=0)
-            single = getattr(self.probe.unwrapped, "state", None)
-            if not (isinstance(state, np.ndarray) and isinstance(single, np.ndarray)
-                    and state.shape == (single.shape[0], self.size)):
-                raise ConfigError(f"env.vectorization=native: {factory.id}'s vector env has no per-sub-env state "
-                                  f"to seed each user's start from; use env.vectorization=sync")
+            self._check_state_protocol()
+        else:
+            self._check_partial_reset(factory.id)
+
+    def _check_state_protocol(self) -> None:
+        self.vec.reset(seed=0)
+        self.probe.reset(seed=0)
+        state, single = self.vec.unwrapped.state, getattr(self.probe.unwrapped, "state", None)
+        if not (isinstance(single, np.ndarray) and state.shape == (single.shape[0], self.size)):
+            raise ConfigError(f"env.vectorization=native: the vector env has no per-sub-env state to start each "
+                              f"user's episode from; use env.vectorization=sync")
+
+    def _check_partial_reset(self, env_id) -> None:
+        """The vector env resets only the masked sub-envs (gymnasium's ``reset_mask``), each from its own seed."""
+        first = self._rows(self.vec.reset(seed=[1000 + i for i in range(self.size)])[0])
+        if self.size < 2:
+            return
+        mask = np.zeros(self.size, dtype=bool)
+        mask[0] = True
+        try:
+            again = self._rows(self.vec.reset(seed=[2000 + i for i in range(self.size)],
+                                              options={"reset_mask": mask})[0])
+        except Exception as err:  # noqa: BLE001 - any failure: the interface is missing
+            raise ConfigError(f"{env_id}'s vector env cannot reset one sub-env ({type(err).__name__}: {err}); "
+                              f"implement gymnasium's partial reset, reset(seed=[...], options={{'reset_mask': "
+                              f"mask}}) (docs/api.md), or use env.vectorization=sync") from None
+        if not np.array_equal(first[1:], again[1:]):
+            raise ConfigError(f"{env_id}'s vector env reset sub-envs outside options['reset_mask']; implement "
+                              f"gymnasium's partial reset (docs/api.md), or use env.vectorization=sync")
 
     def _rows(self, obs) -> np.ndarray:
-        if self.layout.is_box:
-            return np.asarray(obs, dtype=np.float32).reshape(self.size, -1)
-        from gymnasium.vector.utils import batch_space, iterate
+        return self.layout.encode_batch(obs, self.size)
 
-        return np.stack([self.layout.encode(o) for o in iterate(batch_space(self.single_space, self.size), obs)])
-
-    def reset(self, seeds) -> np.ndarray:
-        seeds = [int(s) for s in seeds] + [0] * (self.size - len(seeds))
-        if self.seeded:   # a native env that seeds each sub-env as the single env's reset(seed) does
-            return self._rows(self.vec.unwrapped.reset_seeds(seeds))
-        if self.mode != "native":
-            return self._rows(self.vec.reset(seed=seeds)[0])
-        self.vec.reset(seed=0)
-        obs = []
-        for i, s in enumerate(seeds):  # each start state = the single env's reset with that seed
-            o, _ = self.probe.reset(seed=int(s))
-            self.vec.unwrapped.state[:, i] = self.probe.unwrapped.state
-            obs.append(self.layout.encode(o))
-        return np.stack(obs)
+    def start(self, slots: np.ndarray, seeds: list) -> np.ndarray:
+        """Reset ``slots[j]`` with ``seeds[j]`` (the other sub-envs untouched): their first observations."""
+        slots = np.asarray(slots, dtype=np.int64)
+        if self.protocol == "state":
+            u, obs = self.vec.unwrapped, []
+            for i, s in zip(slots, seeds):   # each start state = the single env's reset with that seed
+                o, _ = self.probe.reset(seed=int(s))
+                u.state[:, i] = self.probe.unwrapped.state
+                obs.append(self.layout.encode(o))
+            u.prev_done[slots], u.steps[slots] = False, 0
+            return np.stack(obs)
+        full = np.zeros(self.size, dtype=np.int64)
+        full[slots] = [int(s) for s in seeds]
+        if len(slots) == self.size:
+            return self._rows(self.vec.reset(seed=full.tolist())[0])[slots]
+        mask = np.zeros(self.size, dtype=bool)
+        mask[slots] = True
+        return self._rows(self.vec.reset(seed=full.tolist(), options={"reset_mask": mask})[0])[slots]
 
     def step(self, slots: np.ndarray, actions: np.ndarray):
-        full = np.zeros((self.size,) + actions.shape[1:], dtype=actions.dtype)
+        if self.zero_action is None or self.zero_action.shape[1:] != actions.shape[1:]:
+            self.zero_action = np.zeros((self.size,) + actions.shape[1:], dtype=actions.dtype)
+        full = self.zero_action.copy()
         full[slots] = actions
-        obs, rew, term, trunc, _ = self.vec.step(full)
+        obs, rew, term, trunc, info = self.vec.step(full)
+        rows = self._rows(obs)
+        term, trunc = np.asarray(term, dtype=bool), np.asarray(trunc, dtype=bool)
+        if self.same_step and "final_obs" in info:   # the ended sub-envs already show their next episode's start
+            ended = np.flatnonzero(term | trunc)
+            if len(ended):
+                rows = rows.copy()
+                rows[ended] = np.stack([self.layout.encode(info["final_obs"][i]) for i in ended])
         sel = slice(0, len(slots)) if len(slots) and slots[-1] == len(slots) - 1 else slots   # the first k: a view
-        return (self._rows(obs)[sel], np.asarray(rew, dtype=np.float64)[sel],
-                np.asarray(term, dtype=bool)[sel], np.asarray(trunc, dtype=bool)[sel])
+        return rows[sel], np.asarray(rew, dtype=np.float64)[sel], term[sel], trunc[sel]
+
+    def idle(self, slots: np.ndarray) -> None:
+        """Slots left without an episode: stepped with dummy actions from now on (reset first, on the public seed
+        0, where the env does not reset itself)."""
+        if self.disabled and len(slots):
+            self.start(slots, [0] * len(slots))
 
     def close(self):
         self.vec.close()
-        if self.mode == "native" and not self.seeded:
+        if self.protocol == "state":
             self.probe.close()
 
 
@@ -288,13 +348,7 @@ class RolloutEngine:
             "multi" if getattr(policy, "multi_discrete", False) else "discrete")
         rec = _StepRecord(n)
         try:
-            backend = self.backend(n)
-            if backend.refill:
-                self._run_pool(backend, policy, seeds, uniforms, kind, horizon, rec)
-            else:
-                for lo in range(0, n, backend.size):
-                    self._run_wave(backend, policy, seeds, uniforms, kind, horizon, rec, lo,
-                                   min(n, lo + backend.size))
+            self._run_slots(self.backend(n), policy, seeds, uniforms, kind, horizon, rec)
         except (DataError, ConfigError):
             raise
         except Exception as err:  # noqa: BLE001 - any env failure aborts the round without releasing it
@@ -322,16 +376,19 @@ class RolloutEngine:
         if not np.isfinite(rows).all():
             raise DataError("the environment returned a NaN/inf observation; this round's data is discarded")
 
-    def _run_pool(self, backend, policy, seeds, uniforms, kind, horizon, rec) -> None:
-        """Slots take episodes in order and the next one as soon as theirs ends."""
+    def _run_slots(self, backend, policy, seeds, uniforms, kind, horizon, rec) -> None:
+        """Slots take episodes in order and the next one as soon as theirs ends (every episode from its own seed
+        and uniforms, whichever slot and step it starts at)."""
         n, size = len(seeds), backend.size
         episode = np.full(size, -1, dtype=np.int64)   # the slot's episode (-1: idle)
         t = np.zeros(size, dtype=np.int64)
         cur = np.zeros((size, self.layout.raw_dim), dtype=np.float32)
-        nxt_ep = 0
-        for slot in range(min(size, n)):
-            episode[slot], cur[slot] = slot, backend.reset_slot(slot, seeds[slot])
-            nxt_ep += 1
+        first = np.arange(min(size, n))
+        episode[first] = first
+        cur[first] = backend.start(first, seeds[:len(first)])
+        nxt_ep = len(first)
+        if len(first) < size:
+            backend.idle(np.arange(len(first), size))
         while True:
             slots = np.flatnonzero(episode >= 0)
             if len(slots) == 0:
@@ -346,41 +403,21 @@ class RolloutEngine:
             done = term | trunc | (t[slots] >= horizon)
             rec.add(eps, ts, rows, stored, rew)
             cur[slots] = obs
-            for j in np.flatnonzero(done):
-                slot = slots[j]
-                rec.finish(eps[j], int(t[slot]), obs[j], bool(term[j]))
-                if nxt_ep < n:
-                    episode[slot], t[slot] = nxt_ep, 0
-                    cur[slot] = backend.reset_slot(slot, seeds[nxt_ep])
-                    nxt_ep += 1
-                else:
-                    episode[slot] = -1
-
-    def _run_wave(self, backend, policy, seeds, uniforms, kind, horizon, rec, lo: int, hi: int) -> None:
-        """Episodes lo..hi-1 in lockstep on the vector env's first hi - lo sub-envs."""
-        k = hi - lo
-        cur = backend.reset(seeds[lo:hi])
-        active = np.zeros(backend.size, dtype=bool)
-        active[:k] = True
-        wave_u = None if uniforms is None else uniforms[lo:hi]
-        for step in range(horizon):
-            slots = np.flatnonzero(active)
-            if len(slots) == 0:
-                return
-            rows = cur[:k] if len(slots) == k else cur[slots]    # a copy only once episodes have ended
-            self._check_obs(rows)
-            u = None if wave_u is None else (wave_u[:, step] if len(slots) == k
-                                             else wave_u[torch.from_numpy(slots), step])
-            stored, env_actions = self._act(policy, kind, rows, u)
-            obs, rew, term, trunc = backend.step(slots, env_actions)
-            rec.add(slots + lo, np.full(len(slots), step), rows, stored, rew)   # cur is rebuilt each step
-            done = term | trunc | (step + 1 >= horizon)
-            if done.any():
-                for j in np.flatnonzero(done):
-                    rec.finish(int(slots[j]) + lo, step + 1, obs[j], bool(term[j]))
-                active[slots[done]] = False
-            cur = np.zeros((backend.size, self.layout.raw_dim), dtype=np.float32)
-            cur[slots] = obs
+            ended = np.flatnonzero(done)
+            if len(ended) == 0:
+                continue
+            for j in ended:
+                rec.finish(eps[j], int(t[slots[j]]), obs[j], bool(term[j]))
+            freed = slots[ended]
+            k = min(len(freed), n - nxt_ep)
+            refill, left = freed[:k], freed[k:]
+            if k:
+                episode[refill], t[refill] = np.arange(nxt_ep, nxt_ep + k), 0
+                cur[refill] = backend.start(refill, seeds[nxt_ep:nxt_ep + k])
+                nxt_ep += k
+            if len(left):
+                episode[left] = -1
+                backend.idle(left)
 
 
 class _RawLayout:

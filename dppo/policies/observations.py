@@ -99,6 +99,31 @@ class ObservationLayout:
             vals.append(v)
         return np.concatenate(vals).astype(np.float32)
 
+    def encode_batch(self, obs, n: int) -> np.ndarray:
+        """A vector env's batched observation (gymnasium's ``batch_space`` layout: an array with a leading axis of
+        ``n``, a tuple / dict of those for Tuple / Dict spaces) -> (n, raw_dim) float32, in one call per leaf."""
+        if self.is_box:
+            return np.asarray(obs, dtype=np.float32).reshape(n, -1)
+        cols = []
+
+        def walk(space, x):
+            if isinstance(space, gym.spaces.Tuple):
+                for sp, xi in zip(space.spaces, x):
+                    walk(sp, xi)
+            elif isinstance(space, gym.spaces.Dict):
+                for k, sp in space.spaces.items():
+                    walk(sp, x[k])
+            else:
+                cols.append(np.asarray(x).reshape(n, -1))
+
+        walk(self.space, obs)
+        out = np.empty((n, self.raw_dim), dtype=np.float32)
+        lo = 0
+        for part, v in zip(self.parts, cols):
+            out[:, lo:lo + part.raw] = v - np.asarray(part.start, dtype=np.int64) if part.start else v
+            lo += part.raw
+        return out
+
     def contains(self, obs) -> bool:
         """Whether ``obs`` is one observation of the space (else a batch)."""
         try:
@@ -127,11 +152,14 @@ class BoundsScaling(nn.Module):
 class ObservationEncoder(nn.Module):
     """(N, raw_dim) stored observations -> (N, feature_dim) network inputs: one-hots for the discrete parts,
     Box and MultiBinary parts as they are (Box parts bounds-scaled onto [-1, 1] with ``normalize``). No
-    parameters; the one-hot is a comparison with fixed buffers, so per-user gradients pass through it."""
+    parameters; the one-hot is a comparison with fixed buffers, so per-user gradients pass through it.
 
-    def __init__(self, layout: ObservationLayout, normalize: bool = False):
+    ``indices``: a layout of discrete parts only, followed by an ``IndexLinear``: the stored indices pass through
+    as they are (the next layer reads its columns by index instead of multiplying a one-hot row)."""
+
+    def __init__(self, layout: ObservationLayout, normalize: bool = False, indices: bool = False):
         super().__init__()
-        self.layout = layout
+        self.layout, self.indices = layout, bool(indices)
         self.slices = []
         offset = 0
         for i, part in enumerate(layout.parts):
@@ -145,6 +173,8 @@ class ObservationEncoder(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs.flatten(start_dim=1) if obs.dim() > 2 else obs
+        if self.indices:
+            return x
         out = []
         for i, (kind, lo, raw, sizes) in enumerate(self.slices):
             seg = x[:, lo:lo + raw]
@@ -158,13 +188,51 @@ class ObservationEncoder(nn.Module):
         return torch.cat(out, dim=1)
 
 
-def input_layers(observation_space: gym.Space, normalize_obs: bool) -> tuple[list[nn.Module], int, ObservationLayout]:
+class IndexLinear(nn.Linear):
+    """The first ``nn.Linear`` of a network over discrete observations (Discrete, MultiDiscrete, Tuple / Dict of
+    these), fed the stored indices instead of their one-hot rows: y = b + sum_j W[:, offset_j + i_j], which is
+    the Linear layer of the one-hot input (the same ``weight`` (out, sum of sizes) and ``bias``, the same state
+    dict), at the cost of k column reads instead of a (sum of sizes)-wide product. An index outside its part's
+    range reads nothing, as its one-hot row (all zeros) would. Its per-user gradients are sparse: user u's
+    weight gradient is nonzero only in the columns u's rows visited (``dppo.policies.per_user_grads``: its norm
+    from the rows' index matches, the clipped sum by an index add, never the (out, in) matrix per user)."""
+
+    indexed_input = True   # what dppo.policies.per_user_grads reads: the input is column indices
+
+    def __init__(self, layout: ObservationLayout, out_features: int):
+        sizes = [n for part in layout.parts for n in part.sizes]
+        super().__init__(int(sum(sizes)), out_features)
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self.register_buffer("offsets", torch.as_tensor(offsets), persistent=False)
+        self.register_buffer("sizes", torch.as_tensor(sizes, dtype=torch.int64), persistent=False)
+
+    def columns(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, k) stored indices -> (N, k) weight columns; ``in_features`` (one past the last) where invalid."""
+        idx = x.long()
+        ok = (x == idx.to(x.dtype)) & (idx >= 0) & (idx < self.sizes)
+        return torch.where(ok, idx + self.offsets, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cols = self.columns(x)
+        table = torch.cat([self.weight.t(), self.weight.new_zeros(1, self.out_features)])   # the last: nothing
+        out = table.index_select(0, cols.reshape(-1)).view(*cols.shape, self.out_features).sum(-2)
+        return out + self.bias if self.bias is not None else out
+
+
+def indexed(layout: ObservationLayout) -> bool:
+    """Whether every part of the layout is discrete (the first layer then reads columns by index)."""
+    return all(part.kind in ("discrete", "multidiscrete") for part in layout.parts)
+
+
+def input_layers(observation_space: gym.Space, normalize_obs: bool,
+                 indices: bool = False) -> tuple[list[nn.Module], int, ObservationLayout]:
     """The modules before a network's first linear layer and its input width: a Box space as before (flattened,
-    bounds-scaled with ``normalize_obs``), any other supported space through an ``ObservationEncoder``."""
+    bounds-scaled with ``normalize_obs``), any other supported space through an ``ObservationEncoder``
+    (``indices``: passing a discrete layout's indices through, for an ``IndexLinear``)."""
     layout = ObservationLayout(observation_space)
     if layout.is_box:
         return ([BoundsScaling(observation_space)] if normalize_obs else []), layout.raw_dim, layout
-    return [ObservationEncoder(layout, normalize_obs)], layout.feature_dim, layout
+    return [ObservationEncoder(layout, normalize_obs, indices=indices)], layout.feature_dim, layout
 
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -176,8 +244,10 @@ def mlp_body(observation_space: gym.Space, hidden_sizes, activation: str, normal
     Returns the trunk, its output width and the observation layout; ``key`` names the activation's config key."""
     if activation not in ACTIVATIONS:
         raise ConfigError(f"{key} must be one of {sorted(ACTIVATIONS)}, got '{activation}'")
-    layers, width, layout = input_layers(observation_space, normalize_obs)
+    layout = ObservationLayout(observation_space)
+    by_index = bool(hidden_sizes) and not layout.is_box and indexed(layout)   # discrete inputs: IndexLinear
+    layers, width, layout = input_layers(observation_space, normalize_obs, indices=by_index)
     sizes = [width] + [int(h) for h in hidden_sizes]
-    for a, b in zip(sizes[:-1], sizes[1:]):
-        layers += [nn.Linear(a, b), ACTIVATIONS[activation]()]
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers += [IndexLinear(layout, b) if by_index and i == 0 else nn.Linear(a, b), ACTIVATIONS[activation]()]
     return nn.Sequential(*layers), sizes[-1], layout

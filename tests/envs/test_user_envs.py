@@ -176,7 +176,7 @@ def test_buffers_grow_with_the_steps_taken_not_the_horizon():
     assert batch.obs.shape[1] == int(batch.lengths.max()) < 1000
 
 
-def test_native_cartpole_runs_in_waves_identical_to_one_batch():
+def test_native_cartpole_on_fewer_slots_than_episodes_is_identical_to_one_batch():
     pi = auto_policy(gym.spaces.Box(-5, 5, (4,)), gym.spaces.Discrete(2), hidden_sizes=[8])
     seeds = list(range(10))
     u = torch.rand(10, 500, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
