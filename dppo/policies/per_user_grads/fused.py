@@ -33,7 +33,8 @@ import torch
 
 from dppo.policies.base import MIN_ROWS
 from dppo.policies.per_user_grads.capture import capture
-from dppo.policies.per_user_grads.layout import PAD_MULTIPLE, Groups, Unsupported, flat_rows, user_groups
+from dppo.policies.per_user_grads.layout import (PAD_MULTIPLE, Groups, Unsupported, by_length_class, flat_rows,
+                                                 user_groups)
 from dppo.policies.per_user_grads.materialised import per_user_gradients
 from dppo.policies.per_user_grads.plan import plan_for
 from dppo.policies.per_user_grads.rules import linear_rule, module_gradients, root_gradients, rule_for
@@ -75,13 +76,21 @@ def clipped_gradient_sum(module, inputs: tuple, weights, scale, user_index: torc
     keep = flat_w != 0
     if not bool(keep.any()):
         return torch.zeros(plan.P, dtype=torch.float64), torch.zeros(m, dtype=torch.float64)
-    groups = user_groups(user_index, m, T, keep, pad_multiple, min_rows)
+    relabel = None
+    if pad_multiple == 1:   # many runs of equal lengths: users laid out by length class (``by_length_class``)
+        rows_user = user_index if T is None else torch.arange(m).repeat_interleave(T)
+        relabel = by_length_class(rows_user, keep, m)
+    if relabel is not None:
+        groups = Groups(relabel[0], m, 1, keep, min_rows=min_rows, length_classes=True)
+    else:
+        groups = user_groups(user_index, m, T, keep, pad_multiple, min_rows)
     # a parameter of two modules (tied weights): its two parts' norms do not add (the cross term), so the
     # per-layer norms would not be ||g_u||: such a policy takes the materialised path
     if groups.buckets and not plan.has_shared_parameter():
         try:
-            return _fused(module, objective, plan, tuple(groups.layout(t) for t in flat_inputs),
-                          groups.layout_weights(flat_w.to(plan.dtype)), groups, scale, norms)
+            total, n = _fused(module, objective, plan, tuple(groups.layout(t) for t in flat_inputs),
+                              groups.layout_weights(flat_w.to(plan.dtype)), groups, scale, norms)
+            return total, (n if relabel is None else n[relabel[1]])
         except Unsupported:
             pass
     g = per_user_gradients(module, inputs, weights, None if padded else user_index, objective=objective,
@@ -127,9 +136,59 @@ class _Layer:
         return (None if xs[0] is None else torch.cat(xs, 1)), torch.cat(es, 1)
 
 
+class _IndexLayer:
+    """One ``IndexLinear`` (``dppo.policies.observations``): a Linear fed column indices. User u's weight gradient
+    is nonzero only in the columns its rows read: its entries are the sums of u's errors per (user, column) key,
+    formed once for the whole batch by an index add (O(rows x out), never the (out, in) matrix per user); its
+    squared norm is the sum of those entries' squares, and the clipped sum adds each entry, weighted by its
+    user's factor, into its column. Each entry sums one user's rows in their order: it depends on that user
+    alone."""
+
+    def __init__(self, module, w_cols, b_cols):
+        self.module, self.w_cols, self.b_cols, self.calls = module, w_cols, b_cols, []
+
+    def add(self, x, g):
+        self.calls.append((self.module.columns(x.reshape(x.shape[0], -1)), g.reshape(g.shape[0], -1)))
+
+    def squared_norms(self, groups: Groups) -> torch.Tensor:
+        """(users,) float64 squared norms of the layer's per-user gradients (keeps the entries for ``add_sum``)."""
+        m, D, out_f = groups.num_users, self.module.in_features, self.module.out_features
+        su = groups.slot_user
+        sq = torch.zeros(m + 1, dtype=torch.float64)
+        self.bias = None
+        if self.w_cols is not None:
+            key = torch.cat([(su[:, None] * (D + 1) + c).reshape(-1) for c, _ in self.calls])
+            rows = torch.cat([g[:, None, :].expand(-1, c.shape[1], -1).reshape(-1, out_f) for c, g in self.calls])
+            uniq, inv = torch.unique(key, return_inverse=True)
+            self.entries = torch.zeros(len(uniq), out_f, dtype=torch.float64).index_add_(0, inv, rows.double())
+            self.user, self.col = uniq // (D + 1), uniq % (D + 1)
+            self.entries[self.col == D] = 0.0   # invalid indices read nothing
+            sq.index_add_(0, self.user, self.entries.square().sum(1))
+        if self.b_cols is not None:
+            self.bias = torch.zeros(m + 1, out_f, dtype=torch.float64)
+            for _, g in self.calls:
+                self.bias.index_add_(0, su, g.double())
+            sq += self.bias.square().sum(1)
+        return sq[:m]
+
+    def add_sum(self, total: torch.Tensor, factor: torch.Tensor) -> None:
+        """total[columns] += sum_u factor_u g_u (the phantom user's factor 0)."""
+        f = torch.cat([factor, factor.new_zeros(1)])
+        D = self.module.in_features
+        if self.w_cols is not None:
+            W = torch.zeros(D + 1, self.module.out_features, dtype=torch.float64)
+            W.index_add_(0, self.col, self.entries * f[self.user][:, None])
+            lo, hi = self.w_cols
+            total[lo:hi] += W[:D].T.reshape(-1)
+        if self.bias is not None:
+            lo, hi = self.b_cols
+            total[lo:hi] += f @ self.bias
+
+
 def _fused(module, objective, plan, inputs: tuple, weights, groups: Groups, scale, norms: str):
     records, err_of = capture(module, objective, plan.hooked, inputs, weights, groups.num_slots)
     layers: dict = {}
+    indexed: dict = {}
     other: dict = {}  # parameter -> (m, numel) per-user gradients of the modules handled by their rules
     with torch.no_grad():
         for mod, args, kwargs, out, _, _ in records:
@@ -137,6 +196,12 @@ def _fused(module, objective, plan, inputs: tuple, weights, groups: Groups, scal
             if g is None:
                 continue
             _, names = plan.owner[mod]
+            if getattr(mod, "indexed_input", False) and args:
+                if mod not in indexed:
+                    indexed[mod] = _IndexLayer(mod, *(plan.columns[id(getattr(mod, n))] if n in names else None
+                                                      for n in ("weight", "bias")))
+                indexed[mod].add(args[0], g)
+                continue
             if rule_for(mod) is linear_rule and args:
                 if mod not in layers:
                     layers[mod] = _Layer(*(plan.columns[id(getattr(mod, n))] if n in names else None
@@ -148,7 +213,7 @@ def _fused(module, objective, plan, inputs: tuple, weights, groups: Groups, scal
         if module in plan.owner:  # parameters used directly by the module: vmap over users for those only
             for p, v in root_gradients(module, objective, plan.owner[module][1], inputs, weights, groups).items():
                 _add_rows(other, p, v, groups)
-        return _norms_and_sum(plan, layers, other, groups, scale, norms)
+        return _norms_and_sum(plan, layers, other, groups, scale, norms, list(indexed.values()))
 
 
 def _add_rows(other: dict, param, v, groups: Groups) -> None:
@@ -158,13 +223,15 @@ def _add_rows(other: dict, param, v, groups: Groups) -> None:
     groups.add_into(other[param], v)
 
 
-def _norms_and_sum(plan, layers: dict, other: dict, groups: Groups, scale, norms: str):
+def _norms_and_sum(plan, layers: dict, other: dict, groups: Groups, scale, norms: str, indexed=()):
     """The norms, the factors and the clipped sum from the captured layers (module docstring)."""
     m = groups.num_users
     total = torch.zeros(plan.P, dtype=torch.float64)
     sq = torch.zeros(m, dtype=torch.float64)
     for rows in other.values():  # small per-user gradients: their squared norms first
         sq += torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64) ** 2
+    for lay in indexed:   # layers fed indices: their sparse per-user gradients' norms, for every user at once
+        sq += lay.squared_norms(groups)
     factor = torch.zeros(m, dtype=torch.float64)
     for s0, users, L in groups.buckets:
         n, u0 = len(users), users.start
@@ -221,4 +288,6 @@ def _norms_and_sum(plan, layers: dict, other: dict, groups: Groups, scale, norms
     for p, rows in other.items():
         lo, hi = plan.columns[id(p)]
         total[lo:hi] += (factor.to(rows.dtype) @ rows).double()
+    for lay in indexed:
+        lay.add_sum(total, factor)
     return total, sq.sqrt()

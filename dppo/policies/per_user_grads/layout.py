@@ -13,6 +13,9 @@ import torch
 from dppo.policies.base import MIN_ROWS
 
 PAD_MULTIPLE = 1  # a user's rows are padded to a multiple of this (1: none; larger: fewer distinct lengths)
+# above this many buckets (runs of consecutive users with equal row counts) the users are laid out by length
+# class (``by_length_class``): one batched product per class instead of one per run
+MANY_BUCKETS = 16
 
 
 class Unsupported(Exception):
@@ -40,6 +43,38 @@ def user_groups(user_index, m: int, T: int | None, keep, pad_multiple: int, min_
     return Groups(user_index, m, pad_multiple, keep, sorted_users=padded, rows_per_user=T, min_rows=min_rows)
 
 
+def length_class(counts: np.ndarray) -> np.ndarray:
+    """Rows per user rounded up to the next of 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, ... (at most 1.5x the rows):
+    a function of the user's own count only."""
+    n = np.maximum(np.asarray(counts, dtype=np.int64), 1)
+    p = 1 << (np.log2(n).astype(np.int64))
+    p = np.where(p > n, p >> 1, p)   # float log2 rounding: p = 2^floor(log2 n) exactly
+    mid = p + p // 2
+    return np.where(n <= p, p, np.where(n <= mid, mid, 2 * p))
+
+
+def by_length_class(user_index: torch.Tensor, keep: torch.Tensor, m: int):
+    """``(user index relabelled, new_of_old)`` laying users out by length class (``length_class`` of their kept
+    rows, then id) when their row counts in id order form more than ``MANY_BUCKETS`` runs, else None.
+
+    Every user's rows are then padded to its class (zero-weight copies of its first row: ``Groups`` with
+    ``length_classes``) and the users of a class form one bucket, so a round of users with scattered episode
+    lengths costs a few batched products instead of one per run of equal lengths. The relabelling is a
+    permutation of the users: user u's result is row ``new_of_old[u]`` of the relabelled computation, and every
+    quantity of u still depends on u's rows only (its padded length is a function of its own count)."""
+    ui = np.asarray(user_index, dtype=np.int64)
+    kept = ui if keep is None else ui[np.asarray(keep)]
+    counts = np.bincount(kept, minlength=m)[:m] if len(kept) else np.zeros(m, dtype=np.int64)
+    live = counts[counts > 0]
+    if len(live) < 2 or 1 + int(np.count_nonzero(np.diff(live))) <= MANY_BUCKETS:
+        return None
+    cls = np.where(counts > 0, length_class(counts), 0)
+    order = np.lexsort((np.arange(m), cls))   # new id -> old id
+    new_of_old = np.empty(m, dtype=np.int64)
+    new_of_old[order] = np.arange(m)
+    return torch.from_numpy(new_of_old[ui]), torch.from_numpy(new_of_old)
+
+
 class Groups:
     """The layout of one forward pass, chosen so that a user's result depends on that user alone.
 
@@ -56,12 +91,12 @@ class Groups:
 
     def __init__(self, user: torch.Tensor, num_users: int, pad_multiple: int = PAD_MULTIPLE,
                  keep: torch.Tensor | None = None, sorted_users: bool = False, rows_per_user: int | None = None,
-                 min_rows: int = MIN_ROWS):
+                 min_rows: int = MIN_ROWS, length_classes: bool = False):
         m, B = int(num_users), int(pad_multiple)
         self.num_users, self.min_rows = m, int(min_rows)
         self._slot_user = None
         self.stride = None  # set by _init_strided: user u's slots start at slot u * stride (else consecutive)
-        if B == 1 and self._init_sorted(user, m, keep, sorted_users, rows_per_user):
+        if B == 1 and not length_classes and self._init_sorted(user, m, keep, sorted_users, rows_per_user):
             return
         user = np.asarray(user, dtype=np.int64)  # index book-keeping in numpy: cheaper on small arrays
         n_all = len(user)
@@ -69,7 +104,7 @@ class Groups:
         user = user[rows]
         N = len(user)
         counts = np.bincount(user, minlength=m)[:m] if N else np.zeros(m, dtype=np.int64)
-        lens = (counts + B - 1) // B * B
+        lens = np.where(counts > 0, length_class(counts), 0) if length_classes else (counts + B - 1) // B * B
         phantom = max(0, -(-(self.min_rows - int(lens.sum())) // B) * B)
         counts, lens = np.append(counts, 0), np.append(lens, phantom)
         ends = np.cumsum(lens)  # users laid out in id order (the phantom last)

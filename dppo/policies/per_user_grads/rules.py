@@ -6,6 +6,7 @@ class name for classes of optional packages (``register_rule``):
 
     Linear     y = x W^T + b:             dL_u/dW = sum_{r in u} g_r^T x_r,   dL_u/db = sum_{r in u} g_r
     Embedding  y = E[i]:                  dL_u/dE[v] = sum_{r in u, t: i_rt = v} g_rt
+    IndexLinear  y = b + sum_j W[:, c_rj]:  dL_u/dW[:, c] = sum_{r in u, j: c_rj = c} g_r,   dL_u/db = sum g_r
     LayerNorm  y = xhat * gamma + beta:   dL_u/dgamma = sum_{r in u} g_r * xhat_r,   dL_u/dbeta = sum g_r
     RMSNorm    y = xhat * gamma:          dL_u/dgamma = sum_{r in u} g_r * xhat_r
 
@@ -82,6 +83,26 @@ def linear_rule(module, inputs, output, g, groups: Groups, names) -> dict:
         out["weight"] = w
     if "bias" in names:
         out["bias"] = b
+    return out
+
+
+@register_rule("IndexLinear")
+def _index_linear(module, inputs, output, g, groups: Groups, names) -> dict:
+    """``dppo.policies.observations.IndexLinear`` (a Linear fed column indices): dL_u/dW[:, c] = sum of g_r over
+    u's rows r that read column c (an index add, one output row per (user, column)), dL_u/db = sum_r g_r."""
+    if not inputs:
+        raise Unsupported("IndexLinear called with keyword input")
+    cols = module.columns(inputs[0].reshape(inputs[0].shape[0], -1))
+    D, out_f, m = module.in_features, module.out_features, groups.num_users
+    gf = g.reshape(g.shape[0], out_f)
+    out = {}
+    if "weight" in names:
+        key = (groups.slot_user[:, None] * (D + 1) + cols).reshape(-1)
+        rows = gf[:, None, :].expand(-1, cols.shape[1], -1).reshape(-1, out_f)
+        w = gf.new_zeros((m + 1) * (D + 1), out_f).index_add_(0, key, rows)
+        out["weight"] = w.view(m + 1, D + 1, out_f)[:m, :D].transpose(1, 2)
+    if "bias" in names:
+        out["bias"] = gf.new_zeros(m + 1, out_f).index_add_(0, groups.slot_user, gf)[:m]
     return out
 
 
