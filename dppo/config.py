@@ -15,6 +15,7 @@ from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from dppo.errors import ConfigError
+from dppo.training.threads import check_threads
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 # below ~1e-300 the analytic Gaussian's delta(sigma) underflows and its solver pins sigma at its upper limit
@@ -97,6 +98,8 @@ class TrainConfig:
     checkpoint_every: int = 10  # rounds between checkpoints (and one at the end)
     progress: bool = True  # the progress bar
     device: str = "cpu"  # cpu | cuda | auto (policies that support it, e.g. policy=lm)
+    threads: Union[int, str] = "auto"  # torch's CPU threads while training: auto = one for a small policy, torch's
+    # default for a large one (an LM), OMP_NUM_THREADS if set (dppo/training/threads.py); or an int
 
 
 def eps_tag(eps) -> str:
@@ -447,6 +450,7 @@ def validate(cfg) -> None:
         raise ConfigError(f"eval_every must be an int >= 1, auto (about 10 evaluations per run) or null (at the end "
                           f"only), got {every}")
     p = cfg.privacy
+    check_threads(cfg.threads)
     if cfg.device not in ("cpu", "cuda", "auto") and not str(cfg.device).startswith("cuda:"):
         raise ConfigError(f"device must be cpu, cuda or auto, got '{cfg.device}'")
     if p.max_epsilon is not None and not p.max_epsilon > 0:

@@ -13,7 +13,7 @@ from dppo.config import to_container
 # algo's and oracle's parameters, accountant, population, secure_rng, max_epsilon, env, policy, seed) can
 # change what a release spends or on whom, and a change to it refuses the resume, naming the key.
 RESUME_MAY_CHANGE = ("logger", "progress", "checkpoint_every", "eval_episodes", "eval_every", "eval", "resume",
-                     "callbacks", "hydra", "privacy.allow_over_target")
+                     "callbacks", "hydra", "privacy.allow_over_target", "threads")
 
 
 def fingerprint(cfg) -> dict:

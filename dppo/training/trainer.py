@@ -18,6 +18,7 @@ from dppo.training import distributed, provenance, secret
 from dppo.training.journal import JOURNAL_NAME, UserJournal
 from dppo.training.runlock import RunLock
 from dppo.training.steps import StepCounter
+from dppo.training.threads import torch_threads
 
 SEEDED_WARNING = ("dppo: warning: privacy.secure_rng=false: the noise is seeded (reproducible); the privacy "
                   "guarantee does not hold against anyone who knows the seed")
@@ -46,6 +47,7 @@ class Trainer:
     """Runs ``learner.train_round`` for each round, with logging, checkpoints, callbacks and summary.json."""
 
     dist = distributed.SINGLE  # under torchrun, set by the builder (only rank 0 has a run_dir and writes)
+    threads: int | None = None  # torch's CPU threads for the loop (set by the builder; None: as they are)
 
     def __init__(self, learner, privacy, logger, *, sampler=None, callbacks=(), run_dir: str | None = None,
                  checkpoint_every: int = 10, eval_episodes: int = 20, eval_greedy: bool = False,
@@ -328,7 +330,8 @@ class Trainer:
                 self.sync_from_main()
             if self.dist.is_main:
                 self.check_capacity()
-            return self._fit()
+            with torch_threads(self.threads):   # dppo/training/threads.py: the build's choice for the work
+                return self._fit()
         finally:
             if lock:
                 lock.release()
