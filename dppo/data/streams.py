@@ -30,6 +30,57 @@ def _hash(*words: int) -> int:
     return (int(hi) << 32) | int(lo)
 
 
+# numpy's SeedSequence constants (its hashmix / mix, pool of 4 words): ``_hash_many`` replays them on arrays
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R, _POOL = 0xCA01F9DD, 0x4973F715, 4
+
+
+def _hash_many(before: tuple, varying, after: tuple = ()) -> np.ndarray:
+    """``_hash(*before, x, *after)`` for every x of ``varying`` at once (a uint64 array): numpy's SeedSequence
+    mixing replayed on uint32 arrays, word for word (``tests/data/test_streams.py`` checks it against ``_hash``).
+    Every word must be < 2^32 (one uint32 each, as SeedSequence splits it): ``_hashes`` checks and falls back."""
+    u32 = np.uint32
+    x = np.asarray(varying, dtype=np.int64).astype(u32)
+    entropy = [np.full(x.shape, w, dtype=u32) for w in before] + [x] + [np.full(x.shape, w, dtype=u32)
+                                                                      for w in after]
+    with np.errstate(over="ignore"):
+        const = [u32(_INIT_A)]
+
+        def hashmix(v):
+            v = v ^ const[0]
+            const[0] = u32(const[0] * u32(_MULT_A))
+            v = v * const[0]
+            return v ^ (v >> u32(16))
+
+        def mix(a, b):
+            r = u32(_MIX_L) * a - u32(_MIX_R) * b
+            return r ^ (r >> u32(16))
+
+        pool = [hashmix(entropy[i] if i < len(entropy) else np.zeros(x.shape, dtype=u32)) for i in range(_POOL)]
+        for i_src in range(_POOL):
+            for i_dst in range(_POOL):
+                if i_src != i_dst:
+                    pool[i_dst] = mix(pool[i_dst], hashmix(pool[i_src]))
+        for i_src in range(_POOL, len(entropy)):
+            for i_dst in range(_POOL):
+                pool[i_dst] = mix(pool[i_dst], hashmix(entropy[i_src]))
+        out, h = [], u32(_INIT_B)
+        for i in range(2):
+            v = pool[i] ^ h
+            h = u32(h * u32(_MULT_B))
+            v = v * h
+            out.append(v ^ (v >> u32(16)))
+    return (out[1].astype(np.uint64) << np.uint64(32)) | out[0].astype(np.uint64)
+
+
+def _hashes(before: tuple, varying: list, after: tuple = ()) -> list[int]:
+    """``[_hash(*before, x, *after) for x in varying]``, vectorized when every word fits in 32 bits."""
+    before, after, varying = tuple(int(w) for w in before), tuple(int(w) for w in after), [int(x) for x in varying]
+    if all(0 <= w < 2 ** 32 for w in (*before, *after, *varying)):
+        return [int(v) for v in _hash_many(before, varying, after)]
+    return [_hash(*before, x, *after) for x in varying]
+
+
 def _check(run_seed: int, user_id: int) -> None:
     if int(run_seed) < 0 or int(user_id) < 0:
         raise ValueError(f"run seed and user id must be >= 0, got {run_seed}, {user_id}")
@@ -39,6 +90,22 @@ def user_seed(run_seed: int, user_id: int) -> int:
     """The reset seed of user ``user_id`` of run ``run_seed``, in [0, 2^31)."""
     _check(run_seed, user_id)
     return _hash(_USER_RESET, run_seed, user_id) % PUBLIC_SEED_BASE
+
+
+def user_seeds(run_seed: int, users) -> list[int]:
+    """``[user_seed(run_seed, u) for u in users]``, hashed in one vectorized pass."""
+    users = [int(u) for u in users]
+    for u in users:
+        _check(run_seed, u)
+    return [h % PUBLIC_SEED_BASE for h in _hashes((_USER_RESET, run_seed), users)]
+
+
+def user_generators(run_seed: int, users, round_idx: int) -> list[torch.Generator]:
+    """``[user_generator(run_seed, u, round_idx) for u in users]``, their seeds hashed in one vectorized pass."""
+    users = [int(u) for u in users]
+    for u in users:
+        _check(run_seed, u)
+    return [torch.Generator().manual_seed(h >> 1) for h in _hashes((_USER_SAMPLING, run_seed), users, (round_idx,))]
 
 
 def user_reset_seeds(run_seed: int, user_id: int, group_size: int) -> list[int]:

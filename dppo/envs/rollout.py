@@ -534,7 +534,7 @@ class EpisodeCollector:
         """Reset seeds of the users' groups, user-major (the env's own mapping if it has one)."""
         if hasattr(self.env, "reset_seeds"):
             return [s for s in self.env.reset_seeds(self.seed, users) for _ in range(group_size)]
-        return [s for u in users for s in streams.user_reset_seeds(self.seed, u, group_size)]
+        return [s for s in streams.user_seeds(self.seed, users) for _ in range(group_size)]
 
     def public_seeds(self, stream: str, round_idx: int, n: int) -> list[int]:
         seeds = streams.public_reset_seeds(self.seed, stream, round_idx, n)
@@ -558,8 +558,8 @@ class EpisodeCollector:
         """
         H, k, G = self.user_horizon, int(public), int(group_size)
         extra = self.uniform_shape(policy)
-        uniforms = [self.user_uniforms(streams.user_generator(self.seed, u, round_idx), (G, H) + extra)
-                    for u in users]
+        uniforms = [self.user_uniforms(gen, (G, H) + extra)
+                    for gen in streams.user_generators(self.seed, users, round_idx)]
         seeds = self.user_reset_seeds(users, G)
         n = len(users) * G
         if k and self.user_engine is not self.engine:

@@ -214,12 +214,12 @@ def gym_world(world, run_dir):
     """Gym stream: in world b, user 1's episodes start from another state (its reset seed replaced)."""
     from dppo.data import streams
 
-    original = streams.user_reset_seeds
+    original = streams.user_seeds
 
-    def seeds(run_seed, user, group_size):
-        s = original(run_seed, user, group_size)
-        return [x + 7919 for x in s] if world == "b" and user == 1 else s
-    with mock.patch.object(streams, "user_reset_seeds", seeds):
+    def seeds(run_seed, users):
+        s = original(run_seed, users)
+        return [x + 7919 if world == "b" and int(u) == 1 else x for u, x in zip(users, s)]
+    with mock.patch.object(streams, "user_seeds", seeds):
         _cli(GYM, run_dir)
 
 
