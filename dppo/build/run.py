@@ -155,7 +155,7 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
                       capacity_limit=env_population if isinstance(env_population, int) else None,
                       key=key, data_parts=getattr(env, "data_parts", None))
     trainer.dist = dist
-    trainer.threads = choose_threads(cfg.threads, getattr(learner, "policy", None), getattr(learner, "critic", None))
+    trainer.threads = choose_threads(cfg.threads, *learner.released_modules().values())   # the networks size the work
     if dist.is_main:
         trainer.check_capacity()   # the population covers the run, before any user is drawn
     if run_dir is not None:

@@ -21,7 +21,6 @@ import math
 import numpy as np
 import torch
 from scipy.optimize import nnls
-from scipy.signal import fftconvolve
 
 from dppo.errors import ConfigError
 
@@ -35,6 +34,8 @@ def sqrt_coefficients(T: int) -> np.ndarray:
 
 def _power_series_inverse(b: np.ndarray) -> np.ndarray:
     """``g`` with ``(b * g) mod x^T = 1`` (Newton iteration ``g <- g (2 - b g)``, FFT products)."""
+    from scipy.signal import fftconvolve   # here: scipy.signal takes a second to import, and few runs need it
+
     T = b.size
     g = np.array([1.0 / b[0]])
     n = 1

@@ -75,7 +75,7 @@ def test_native_vector_start_states_equal_single_env_resets():
     factory = GymEnvFactory("CartPole-v1", vectorization="native")
     engine = RolloutEngine(factory)
     seeds = [streams.user_seed(0, u) for u in range(6)]
-    start = engine.backend(6).reset(seeds)
+    start = engine.backend(6).start(np.arange(6), seeds)
     single = gym.make("CartPole-v1")
     for i, s in enumerate(seeds):
         obs, _ = single.reset(seed=s)
