@@ -1,7 +1,8 @@
 """The suite: dppo's learners and Stable-Baselines3 side by side on CartPole-v1, Acrobot-v1, Pendulum-v1 and
 MountainCar-v0, in one script.
 
-    python scripts/reproduce_suite.py --jobs 2          # run what is missing (cached per run), then report
+    python scripts/reproduce_suite.py --jobs 2          # the long tests (pytest -m slow), then run what is
+                                                        # missing (cached per run), then report
     python scripts/reproduce_suite.py --report          # table + plots from the runs on disk
     python scripts/reproduce_suite.py --only cartpole   # run one env (or rows: --rows PPO DP-PPO SB3-PPO); the
                                                         # report always shows every run cached on disk
@@ -46,6 +47,7 @@ import json
 import math
 import multiprocessing
 import os
+import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -674,6 +676,15 @@ def plot(rows_by_env: dict, args, carried: dict | None = None) -> None:
     plt.close(fig)
 
 
+def slow_tests() -> None:
+    """The long tests the default ``pytest`` leaves out (``pytest -m slow``: multi-process runs, SIGKILL resumes, the
+    audits' power checks, ...), before any row: a failure stops the suite (its rows would measure broken code)."""
+    print("the long tests first: pytest -m slow", flush=True)
+    code = subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "slow"], cwd=ROOT)
+    if code != 0:
+        raise SystemExit(f"pytest -m slow failed (exit {code}): fix it, or pass --no-slow-tests to run the rows anyway")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
@@ -690,7 +701,11 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true",
                     help="ignore the records and the previous report's lines: the table is the runs on disk")
     ap.add_argument("--report", action="store_true", help="only write the table and plots from runs on disk")
+    ap.add_argument("--no-slow-tests", action="store_true",
+                    help="skip the long tests (pytest -m slow) this script runs before its rows")
     args = ap.parse_args()
+    if not (args.report or args.no_slow_tests):
+        slow_tests()
     wall = None if args.report else run_all(args)
     report(args, wall)
 

@@ -116,6 +116,7 @@ def test_ssp_calibrated_to_the_separate_bounds_halved_is_caught(monkeypatch):
     assert out.claimed_eps == 1.0 and out.eps_lb > 1.0
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 def test_multi_pass_release_bound_is_below_claim_and_has_power():
     out = audit_multi_pass_dp_pg(1.0, trials=1_000_000, seed=4, accountant="prv")
     assert out.claimed_eps == pytest.approx(1.0, abs=0.01) and out.delta == 1e-5

@@ -37,6 +37,7 @@ def test_dp_ppo_round_of_the_learner_is_within_its_claim():
     assert out.claimed_eps == pytest.approx(2.0) and out.trials == 200 and out.passed
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 def test_the_score_is_the_transcripts_privacy_loss_at_most_the_calibrated_mu():
     """Under D the adaptive round's log-likelihood ratio is N(mu^2/2, mu^2) (mean = variance / 2), with mu at
     most the calibrated sqrt(k)/z and close to it (the canary is clipped in all its k = 2 x epochs releases)."""

@@ -14,7 +14,7 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-@pytest.mark.parametrize("accountant", ["rdp", "prv"])
+@pytest.mark.parametrize("accountant", ["rdp", pytest.param("prv", marks=pytest.mark.slow)])
 def test_multi_pass_dp_ppo_bound_is_below_the_accountants_claim(accountant):
     out = audit_multi_pass_dp_ppo(1.0, trials=100_000, seed=1, accountant=accountant)
     assert out.mechanism == f"multi_pass_dp_ppo ({accountant})" and out.trials == 100_000
@@ -22,6 +22,7 @@ def test_multi_pass_dp_ppo_bound_is_below_the_accountants_claim(accountant):
     assert out.passed, (out.eps_lb, out.claimed_eps)
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 def test_multi_pass_dp_ppo_bound_has_power():
     out = audit_multi_pass_dp_ppo(4.0, trials=400_000, seed=4, chunk=100_000, accountant="prv")
     assert 0.5 * out.claimed_eps <= out.eps_lb <= out.claimed_eps, (out.eps_lb, out.claimed_eps)
@@ -35,6 +36,7 @@ def test_two_minibatches_bound_is_below_the_accountants_claim():
     assert out.claimed_eps == pytest.approx(1.0, abs=0.01) and out.passed, (out.eps_lb, out.claimed_eps)
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 def test_two_minibatches_bound_has_power():
     out = audit_multi_pass_dp_ppo(4.0, trials=400_000, seed=4, chunk=100_000, accountant="prv", minibatches=2)
     assert 0.5 * out.claimed_eps <= out.eps_lb <= out.claimed_eps, (out.eps_lb, out.claimed_eps)

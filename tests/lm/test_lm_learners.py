@@ -96,7 +96,7 @@ def test_group_advantage_of_a_user_depends_on_its_own_group_only():
 
 
 @pytest.mark.parametrize("algo,key,values", [("dp_pg", "algo.lr", ("0.01", "0.03")),
-                                             ("dp_npg", "algo.lr", ("0.05", "0.1"))])
+                                             pytest.param("dp_npg", "algo.lr", ("0.05", "0.1"), marks=pytest.mark.slow)])
 def test_an_lm_runs_algo_keys_reach_the_update(small_prompts, tmp_path, algo, key, values):
     """Every key the user sets reaches the code that runs: a different ``algo.lr`` on a language-model run gives
     a different policy (``policy_sha256``), the same one the same policy."""

@@ -83,6 +83,7 @@ def neighbours(small_prompts, tmp_path_factory):
     return neighbours_in_own_processes(base, f"{MODULE}:prompts_file_world", f"{MODULE}:python_rows_world")
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 def test_a_prompts_file_neighbour_writes_the_same_shareable_files(neighbours):
     """One private row of the file replaced; the same path in both runs."""
     a, b = neighbours["prompts_file_world"]

@@ -225,6 +225,7 @@ def test_a_seeded_stream_refuses_to_start_mid_run_and_a_secure_one_starts_a_new_
     assert secure.spent() == (1.0, 1e-5)
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 def test_marginal_std_is_the_row_norm_of_c_inverse_and_optimized_factorizations_are_stable():
     c = list(factorization("banded", 5, 40, 2))
     stream = NoiseStream(c, NoiseSource(0))

@@ -1,4 +1,5 @@
 """scripts/bench_tabular_memory.py runs each learner in a process of its own and reports its peak memory."""
+import pytest
 import os
 import re
 import subprocess
@@ -7,6 +8,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 def test_every_row_reports_a_peak_and_a_rate_on_a_small_env():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_tabular_memory.py"),
                           "--env", "FrozenLake-v1", "--episodes", "300", "--horizons", "6"],

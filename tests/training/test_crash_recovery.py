@@ -63,6 +63,7 @@ def _never():
     raise AssertionError("Hydra's run must not start")
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 def test_a_secure_run_killed_with_sigkill_before_its_first_checkpoint_resumes_without_reusing_a_user(tmp_path, capsys):
     run = tmp_path / "run"
     args = [*SECURE, "rounds=40", "checkpoint_every=1000"]

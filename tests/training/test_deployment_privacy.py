@@ -123,6 +123,7 @@ def test_secure_resume_burns_the_crashed_attempts_users_and_charges_its_release(
     assert done["epsilon_spent"] == pytest.approx(5.0)        # burned users are disjoint: parallel composition
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 def test_secure_multi_pass_resume_charges_the_lost_release_only_with_consent(tmp_path):
     """A lost multi-pass release composes with the rest: the finished run would exceed its target eps, so the
     resume is refused naming the amount, unless privacy.allow_over_target=true."""

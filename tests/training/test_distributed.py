@@ -109,6 +109,7 @@ def _train(args, run_dir, n=None, algo="dp_pg", users=5):
     return json.load(open(os.path.join(run_dir, "summary.json")))
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 def test_two_process_run_equals_the_single_process_run(tmp_path):
     """DP-PG, same seed, seeded noise (2 rounds, 5 users split 3 + 2): each rank clips and sums its users'
     gradients, rank 0 adds the sums and draws the noise once, so the ledger (one entry per round, opened on rank 0
@@ -122,6 +123,7 @@ def test_two_process_run_equals_the_single_process_run(tmp_path):
     assert not os.path.exists(tmp_path / "two" / "rank1")  # only rank 0 writes the run directory
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 @pytest.mark.parametrize("fused", [pytest.param(None, id="rows"), pytest.param(True, id="fused", marks=pytest.mark.slow)])
 def test_two_process_dp_ppo_equals_the_single_process_run(tmp_path, fused):
     """DP-PPO (2 rounds, 5 users split 3 + 2, 2 epochs x 2 minibatches: a minibatch may lie on one rank only):
@@ -144,7 +146,7 @@ def test_two_process_dp_ppo_equals_the_single_process_run(tmp_path, fused):
     assert all(float((a[k] - b[k]).abs().max()) <= 1e-5 * max(1.0, float(a[k].abs().max())) for k in a)
 
 
-@pytest.mark.parametrize("algo", ["dp_npg", "dp_rebel"])
+@pytest.mark.parametrize("algo", ["dp_npg", pytest.param("dp_rebel", marks=pytest.mark.slow)])
 def test_two_process_oracle_learners_equal_the_single_process_run(tmp_path, algo):
     """DP-NPG (ssp oracle) and DP-REBEL (dp_gd oracle): each rank builds its users' regression rows, rank 0's
     oracle clips, sums and noises them once: the same ledger as one process and the same parameters to float32

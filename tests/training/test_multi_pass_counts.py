@@ -26,7 +26,7 @@ def _run(tmp_path, name, algo, seed, diagnostics):
     return summary, rows
 
 
-@pytest.mark.parametrize("algo", ["dp_pg", "dp_ppo"])
+@pytest.mark.parametrize("algo", [pytest.param("dp_pg", marks=pytest.mark.slow), "dp_ppo"])
 def test_shareable_counts_are_the_expected_ones_whatever_the_sample_drew(tmp_path, algo):
     public = ("global_step", "rollout/users", "rollout/episodes")
     runs = [_run(tmp_path, f"s{seed}", algo, seed, diagnostics=False) for seed in (0, 1)]

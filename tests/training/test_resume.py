@@ -1,4 +1,5 @@
 """A run killed with SIGKILL and resumed ends with the same ledger as an uninterrupted run."""
+import pytest
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ ARGS = ["privacy.secure_rng=false", "algo=dp_pg", "rounds=8", "users_per_round=3
         "env.horizon=40", "seed=4"]
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     full, killed = tmp_path / "full", tmp_path / "killed"
     assert run_cli([*ARGS, f"hydra.run.dir={full}"]).returncode == 0

@@ -33,7 +33,7 @@ def _killed_run(run_dir, fault_env):
 
 @pytest.mark.parametrize("point", [pytest.param("mid_round_after_take", marks=pytest.mark.slow),
                                    pytest.param("mid_round_after_release", marks=pytest.mark.slow),
-                                   "after_tensorboard_writes", "mid_checkpoint"])
+                                   pytest.param("after_tensorboard_writes", marks=pytest.mark.slow), "mid_checkpoint"])
 def test_secure_run_killed_and_resumed_never_releases_a_user_twice(tmp_path, point):
     fault_env, lost_rounds = POINTS[point]
     run = tmp_path / "run"
