@@ -33,6 +33,11 @@ def user_ids(ids) -> list[int]:
     """``ids`` as a list of Python ints, refusing anything that is not an integer id (one line)."""
     if ids is None or isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
         raise PrivacyError(f"users must be a list of integer user ids, got {ids!r}")
+    dtype = getattr(ids, "dtype", None)   # an integer tensor / array of ids: one conversion (bool is no id)
+    if dtype is not None and getattr(ids, "ndim", 0) == 1 and str(dtype).split(".")[-1].startswith(("int", "uint")):
+        return [int(u) for u in ids.tolist()]
+    if isinstance(ids, (list, tuple)) and all(type(u) is int for u in ids):   # plain ints (not bool): as they are
+        return list(ids)
     out = []
     for u in ids:
         if hasattr(u, "dtype") and hasattr(u, "item") and getattr(u, "ndim", 0) == 0:   # a 0-d tensor / array
