@@ -17,7 +17,7 @@ def _one_thread():
     torch.set_num_threads(1)
 
 
-@pytest.mark.parametrize("eps", [1.0, 4.0])
+@pytest.mark.parametrize("eps", [pytest.param(1.0, marks=pytest.mark.slow), 4.0])
 def test_dp_ppo_releases_bound_is_below_claim_and_has_power(eps):
     n = 1_000_000 if eps < 2 else 400_000
     out = audit_dp_ppo_releases(eps, trials=n, seed=1, chunk=100_000)

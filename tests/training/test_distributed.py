@@ -146,7 +146,7 @@ def test_two_process_dp_ppo_equals_the_single_process_run(tmp_path, fused):
     assert all(float((a[k] - b[k]).abs().max()) <= 1e-5 * max(1.0, float(a[k].abs().max())) for k in a)
 
 
-@pytest.mark.parametrize("algo", ["dp_npg", pytest.param("dp_rebel", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("algo", [pytest.param("dp_npg", marks=pytest.mark.slow), pytest.param("dp_rebel", marks=pytest.mark.slow)])
 def test_two_process_oracle_learners_equal_the_single_process_run(tmp_path, algo):
     """DP-NPG (ssp oracle) and DP-REBEL (dp_gd oracle): each rank builds its users' regression rows, rank 0's
     oracle clips, sums and noises them once: the same ledger as one process and the same parameters to float32
