@@ -58,6 +58,7 @@ from dppo.algos.dp_adam import AdamBC
 from dppo.data import streams
 from dppo.envs.rollout import EpisodeCollector
 from dppo.errors import ConfigError
+from dppo.policies.base import pad_rows
 from dppo.policies.critic import ValueMLP
 from dppo.policies.per_user_grads import clipped_gradient_sum, per_user_gradients
 from dppo.policies.spaces import finite_or_fail, make_space
@@ -328,11 +329,19 @@ class PPO(GroupPolicyOptimizer):
         width = max(1, getattr(getattr(self.policy, "obs_layout", None), "feature_dim", 1) or 1)
         step = max(4096, INPUT_ELEMENTS // width)   # rows per call: a one-hot input (716 wide) in slices
         flat_obs, flat_act = obs.flatten(0, 1), actions.flatten(0, 1)
+        # the critic's values over the padded rows as they are (a width-1 output layer rounds by batch shape); the
+        # policy's log-probabilities over the steps taken only (its rows are batch-invariant from MIN_ROWS rows),
+        # zero on the padding, which every use leaves out (``actor_rows`` reads the mask's rows)
         values = self.value_scale * torch.cat([self.critic.value(flat_obs[lo:lo + step])
                                                for lo in range(0, flat_obs.shape[0], step)]).reshape(mask.shape).double()
         final_v = self.value_scale * self.critic.value(batch.final_obs).double()
-        logp_old = torch.cat([self.policy.log_prob(flat_obs[lo:lo + step], flat_act[lo:lo + step])
-                              for lo in range(0, flat_obs.shape[0], step)]).reshape(mask.shape).double()
+        keep = mask.reshape(-1)
+        taken_obs, taken_act = pad_rows(flat_obs[keep]), pad_rows(flat_act[keep])
+        n = int(keep.sum())
+        logp_old = torch.zeros(mask.numel(), dtype=torch.float64)
+        logp_old[keep] = torch.cat([self.policy.log_prob(taken_obs[lo:lo + step], taken_act[lo:lo + step])
+                                    for lo in range(0, taken_obs.shape[0], step)])[:n].double()
+        logp_old = logp_old.reshape(mask.shape)
         A = gae(self.step_rewards(batch), values, mask, torch.where(batch.terminated, 0.0, final_v), self.gamma, self.gae_lambda)
         returns = (A + values) * mask
         return {"obs": obs, "actions": actions, "mask": mask, "values": values, "returns": returns,
