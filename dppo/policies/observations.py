@@ -104,19 +104,7 @@ class ObservationLayout:
         ``n``, a tuple / dict of those for Tuple / Dict spaces) -> (n, raw_dim) float32, in one call per leaf."""
         if self.is_box:
             return np.asarray(obs, dtype=np.float32).reshape(n, -1)
-        cols = []
-
-        def walk(space, x):
-            if isinstance(space, gym.spaces.Tuple):
-                for sp, xi in zip(space.spaces, x):
-                    walk(sp, xi)
-            elif isinstance(space, gym.spaces.Dict):
-                for k, sp in space.spaces.items():
-                    walk(sp, x[k])
-            else:
-                cols.append(np.asarray(x).reshape(n, -1))
-
-        walk(self.space, obs)
+        cols = [np.asarray(x).reshape(n, -1) for x in self._leaves(obs)]   # batched leaves nest as one's do
         out = np.empty((n, self.raw_dim), dtype=np.float32)
         lo = 0
         for part, v in zip(self.parts, cols):

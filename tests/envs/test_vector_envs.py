@@ -178,3 +178,20 @@ def test_a_batch_steps_the_vector_env_about_as_often_as_its_episodes_need():
         assert Counting.calls < waves, (Counting.calls, waves)
     finally:
         gym.registry.pop("CorridorCounting-v0", None)
+
+
+def test_a_batched_observation_encodes_as_each_observation_does():
+    """``encode_batch`` (one call per step, gymnasium's batched layout) equals ``encode`` row by row, nested spaces
+    and discrete starts included."""
+    from gymnasium.vector.utils import concatenate, create_empty_array
+
+    from dppo.policies.observations import ObservationLayout
+
+    space = gym.spaces.Dict({"a": gym.spaces.Discrete(3, start=1),
+                             "b": gym.spaces.Tuple((gym.spaces.Box(-1, 1, (2,)), gym.spaces.MultiDiscrete([2, 3]))),
+                             "c": gym.spaces.MultiBinary(3)})
+    layout = ObservationLayout(space)
+    space.seed(0)
+    items = [space.sample() for _ in range(7)]
+    batch = concatenate(space, items, create_empty_array(space, 7))
+    assert np.array_equal(layout.encode_batch(batch, 7), np.stack([layout.encode(o) for o in items]))
