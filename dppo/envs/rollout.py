@@ -37,6 +37,9 @@ from dppo.policies.base import pad_rows
 from dppo.policies.observations import ObservationLayout
 
 VECTORIZATION = ("auto", "native", "sync", "async", "none")
+# the seeds of the engine's own resets (building a backend, checking a vector env's partial reset, parking an idle
+# slot): public ones, never a user's (``streams.PUBLIC_SEED_BASE``: users' reset seeds lie below it)
+PUBLIC = streams.PUBLIC_SEED_BASE
 
 
 @dataclass
@@ -165,7 +168,7 @@ class _VectorBackend:
     Any autoreset mode: a slot is reset by the engine before its next step (next-step autoreset never fires on
     it); with same-step autoreset the episode's last observation is read from ``info["final_obs"]``; a slot left
     idle is stepped with a dummy action and its results ignored (with autoreset disabled it is reset first, on
-    the public seed 0).
+    a public seed).
     """
 
     def __init__(self, factory, size: int, mode: str, layout):
@@ -187,7 +190,7 @@ class _VectorBackend:
         self.same_step = self.autoreset == AutoresetMode.SAME_STEP
         self.disabled = self.autoreset == AutoresetMode.DISABLED
         self.zero_action = None
-        self.vec.reset(seed=0)   # a native env's state arrays exist after its first reset
+        self.vec.reset(seed=PUBLIC)   # a native env's state arrays exist after its first reset
         u = self.vec.unwrapped
         self.protocol = "state" if (mode == "native" and isinstance(getattr(u, "state", None), np.ndarray)
                                     and hasattr(u, "prev_done") and hasattr(u, "steps")) else "mask"
@@ -198,8 +201,8 @@ class _VectorBackend:
             self._check_partial_reset(factory.id)
 
     def _check_state_protocol(self) -> None:
-        self.vec.reset(seed=0)
-        self.probe.reset(seed=0)
+        self.vec.reset(seed=PUBLIC)
+        self.probe.reset(seed=PUBLIC)
         state, single = self.vec.unwrapped.state, getattr(self.probe.unwrapped, "state", None)
         if not (isinstance(single, np.ndarray) and state.shape == (single.shape[0], self.size)):
             raise ConfigError(f"env.vectorization=native: the vector env has no per-sub-env state to start each "
@@ -207,13 +210,13 @@ class _VectorBackend:
 
     def _check_partial_reset(self, env_id) -> None:
         """The vector env resets only the masked sub-envs (gymnasium's ``reset_mask``), each from its own seed."""
-        first = self._rows(self.vec.reset(seed=[1000 + i for i in range(self.size)])[0])
+        first = self._rows(self.vec.reset(seed=[PUBLIC + i for i in range(self.size)])[0])
         if self.size < 2:
             return
         mask = np.zeros(self.size, dtype=bool)
         mask[0] = True
         try:
-            again = self._rows(self.vec.reset(seed=[2000 + i for i in range(self.size)],
+            again = self._rows(self.vec.reset(seed=[PUBLIC + self.size + i for i in range(self.size)],
                                               options={"reset_mask": mask})[0])
         except Exception as err:  # noqa: BLE001 - any failure: the interface is missing
             raise ConfigError(f"{env_id}'s vector env cannot reset one sub-env ({type(err).__name__}: {err}); "
@@ -237,7 +240,7 @@ class _VectorBackend:
                 obs.append(self.layout.encode(o))
             u.prev_done[slots], u.steps[slots] = False, 0
             return np.stack(obs)
-        full = np.zeros(self.size, dtype=np.int64)
+        full = np.full(self.size, PUBLIC, dtype=np.int64)   # the unmasked sub-envs' entries are not read
         full[slots] = [int(s) for s in seeds]
         if len(slots) == self.size:
             return self._rows(self.vec.reset(seed=full.tolist())[0])[slots]
@@ -265,7 +268,7 @@ class _VectorBackend:
         """Slots left without an episode: stepped with dummy actions from now on (reset first, on the public seed
         0, where the env does not reset itself)."""
         if self.disabled and len(slots):
-            self.start(slots, [0] * len(slots))
+            self.start(slots, [PUBLIC] * len(slots))
 
     def close(self):
         self.vec.close()
