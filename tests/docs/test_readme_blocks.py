@@ -13,6 +13,7 @@ import re
 import shutil
 
 import pytest
+import torch
 
 from tests.docs.test_readme import README, code_blocks
 
@@ -70,8 +71,16 @@ def _placeholders(cwd) -> dict:
         pass
 
     env = gym.make("CartPole-v1")
+    model = torch.nn.Linear(4, 2)   # your own loop's module, optimizer and per-user loss (the make_private block)
+
+    def per_user_loss(module, users):
+        x = torch.stack([torch.full((4,), float(u % 7)) for u in users])
+        return module(x).square().sum(1)
+
     return {"my_policy": MLPPolicy(env.observation_space, env.action_space), "MyCallback": MyCallback,
-            "my_reward": digit_reward, "my_dataset": rows, "__name__": "__readme__"}
+            "my_reward": digit_reward, "my_dataset": rows, "model": model,
+            "optimizer": torch.optim.SGD(model.parameters(), lr=0.1), "per_user_loss": per_user_loss,
+            "__name__": "__readme__"}
 
 
 @pytest.mark.slow
