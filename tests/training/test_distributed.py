@@ -54,6 +54,7 @@ def test_two_processes_gather_in_user_order_and_release_the_single_process_vecto
     assert ranks[1]["ledger"] == []  # only rank 0 records
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the thread names from /proc")
 def test_shutdown_joins_the_gloo_threads_before_the_interpreter_exits(tmp_path):
     """After a run's collectives, ``shutdown`` destroys the group on every rank: its gloo worker threads are gone

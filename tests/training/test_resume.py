@@ -38,6 +38,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     assert b["final_return"] == a["final_return"]  # RNG, sampler and noise states resumed exactly
 
 
+@pytest.mark.slow   # long: pytest -m slow (scripts/reproduce_suite.py runs the slow tests first)
 def test_resume_refuses_a_changed_config(tmp_path):
     run = tmp_path / "run"
     assert run_cli([*ARGS, "rounds=2", f"hydra.run.dir={run}"]).returncode == 0
