@@ -133,19 +133,19 @@ def test_a_users_vector_env_gives_every_episode_of_the_single_env_at_any_capacit
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Acrobot-v1"])
-def test_native_cartpole_and_acrobot_refill_slots_and_match_the_single_env(env_id):
+def test_native_cartpole_and_acrobot_refill_slots_without_changing_an_episode(env_id):
+    """Every episode on 3 slots (refilled as episodes end) equals the same episode on 12 (no refill): the same
+    arithmetic on the same rows, so bit for bit on any CPU. (The native envs against the single ones, whose
+    scalar and vectorized sin / cos may round apart on some CPUs: tests/envs/test_acrobot_vector.py, test_core.)"""
     probe = GymEnvFactory(env_id)
     policy = auto_policy(probe.observation_space, probe.action_space, hidden_sizes=[8])
     seeds = list(range(12))
     u = torch.rand(12, 500, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    single = RolloutEngine(GymEnvFactory(env_id, vectorization="sync", num_envs=12)).run(policy, seeds, u,
-                                                                                        reward_bound=None)
-    for cap in (3, 12):
-        got = RolloutEngine(GymEnvFactory(env_id, vectorization="native", num_envs=cap)).run(policy, seeds, u,
-                                                                                             reward_bound=None)
-        for field in ("actions", "rewards", "mask", "terminated"):
-            assert torch.equal(getattr(got, field), getattr(single, field)), (env_id, cap, field)
-        torch.testing.assert_close(got.obs, single.obs, rtol=0, atol=1e-3)   # float32 state over 500 steps
+    run_on = lambda mode, cap: RolloutEngine(GymEnvFactory(env_id, vectorization=mode, num_envs=cap)).run(
+        policy, seeds, u, reward_bound=None)
+    full, refilled = run_on("native", 12), run_on("native", 3)
+    for field in FIELDS:
+        assert torch.equal(getattr(refilled, field), getattr(full, field)), (env_id, field)
 
 
 def test_a_vector_env_that_resets_every_sub_env_is_refused_in_one_line():
