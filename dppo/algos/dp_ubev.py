@@ -293,5 +293,6 @@ class DPUBEV(TabularUCB):
         st = self._plan_state
         if st is None or st.n is not n:
             st = self._plan_state = PlanArrays(l, n, m, self.H)
+            st.penalty = None if self.penalty is None else self.penalty.reshape(-1)
         floor = self.count_floor.numpy() if self.running_lower_count else None
         return st.plan(self._log_term(), self.widths(), self.private, floor)

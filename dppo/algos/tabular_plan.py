@@ -15,6 +15,17 @@ import numpy as np
 import torch
 
 _UNVISITED_BONUS = 1e30   # stands for an infinite bonus (n = 0), finite so that 0 * bonus = 0
+# added to the reward term of an inadmissible (s, a) (the env's public action mask, ``dppo.envs.masks.mask_table``):
+# its Q value lies ~1e60 below every admissible one, so the maxima V_h = max_a Q_h and the greedy policy range over
+# the admissible actions only (every state has one); finite, so that the inductions' arithmetic stays finite
+MASK_PENALTY = -1e60
+
+
+def mask_penalty(table) -> np.ndarray | None:
+    """[S, A] float64: 0 where the action is admissible, ``MASK_PENALTY`` where not; None without a table."""
+    if table is None:
+        return None
+    return np.where(np.asarray(table, dtype=bool), 0.0, MASK_PENALTY)
 
 
 class Widths(NamedTuple):
@@ -58,6 +69,7 @@ class PlanArrays:
         self.va_mv, self.y_mv = memoryview(self.va), memoryview(self.y)
         self.rows = [None] * H
         self.mix, self.s2 = 0.0, 1.0
+        self.penalty = None             # ``mask_penalty`` flattened [S*A], set by the learner
 
     def plan(self, log_term: float, wd: Widths, private: bool, floor: np.ndarray | None = None) -> np.ndarray:
         Hc, S, A = self.Hc, self.S, self.A
@@ -91,6 +103,8 @@ class PlanArrays:
             r += (np.sqrt(wd.r_noise ** 2 + (wd.r_noise_n * rbar) ** 2) + wd.r_round + wd.r_round_n * rbar) * inv
         r += phi
         np.minimum(r, 1.0, out=r)
+        if self.penalty is not None:                    # inadmissible actions out of every max (``MASK_PENALTY``)
+            r += self.penalty
         if self.small:
             return self._induct_scalar()
         return self._induct_arrays()
@@ -205,6 +219,7 @@ class _UBEVPlanner:
         q_a = lambda h: [self.Q[h][:, a] for a in range(A)] if self.by_columns else self.Q[h]
         self.steps = [(mn[h], self.V[h + 1], w[h], r[h], Q[h], self.V[h], q_a(h)) for h in range(H - 1, -1, -1)]
         self.small_s = S <= 64        # max_s V_h via a Python list (cheaper than a reduction)
+        self.penalty = None           # ``mask_penalty`` [S, A], set by the learner
 
     def _grow(self) -> None:
         size = max(2 * self.table.size, int(self.n.max()) + 1, 1024)
@@ -223,6 +238,8 @@ class _UBEVPlanner:
         np.divide(self.l, nn, out=r)
         np.add(r, phi, out=r)
         np.minimum(r, 1.0, out=r)                        # min(1, l/n + phi)
+        if self.penalty is not None:                     # inadmissible actions out of every max
+            r += self.penalty
         np.multiply(self.h_left, phi, out=self.width)    # (H - h) phi
         np.divide(1.0, nn, out=self.inv)
         np.multiply(self.m, self.inv[..., None], out=self.mn)
@@ -247,7 +264,7 @@ class _UBEVPlanner:
         return self.Q
 
 
-def _backward(xp, m, inv_n, bonus, r, *, mode: str, cap: float = 0.0, H: int | None = None):
+def _backward(xp, m, inv_n, bonus, r, *, mode: str, cap: float = 0.0, H: int | None = None, penalty=None):
     """Backward induction over h = H-1..0 with ``V_H = 0``, vectorized over (s, a); the empirical
     next-state value is ``(m(s,a,.,h) . V_{h+1}) / n`` (the normalized transition table is never formed):
 
@@ -259,6 +276,8 @@ def _backward(xp, m, inv_n, bonus, r, *, mode: str, cap: float = 0.0, H: int | N
         m: [Hc, S, A, S] transition counts; inv_n, bonus, r: [Hc, S, A], with ``Hc = H`` (per step) or 1
             (pooled over h: every step reads the same statistics; ``bonus`` may still have H rows).
         H: the horizon (default: the statistics' Hc).
+        penalty: ``mask_penalty`` [S, A] (NumPy) added to every Q_h before its maximum: the maxima and the greedy
+            policy range over the admissible actions only; None: every action.
 
     Returns:
         Q [H, S, A] (float64); ``V_h(s) = max_a Q_h(s, a)``.
@@ -279,6 +298,10 @@ def _backward(xp, m, inv_n, bonus, r, *, mode: str, cap: float = 0.0, H: int | N
     amax = np.maximum.reduce if xp is np else torch.amax
     zero, top = V[0] * 0, V[0] * 0 + cap
     v_max = zero
+    pen = None
+    if penalty is not None:
+        pen = np.asarray(penalty).reshape(S * A)
+        pen = pen if xp is np else torch.as_tensor(pen, dtype=r2.dtype, device=r2.device)
     for h in range(H - 1, -1, -1):
         hc, hb = (h if Hc > 1 else 0), (h if b2.shape[0] > 1 else 0)
         y = (m2[0] @ V) * inv2[0] if pooled else m_over_n[hc] @ V
@@ -286,6 +309,8 @@ def _backward(xp, m, inv_n, bonus, r, *, mode: str, cap: float = 0.0, H: int | N
             y += b2[hb]
             xp.minimum(y, v_max, out=y)
             xp.add(r2[hc], y, out=Q[h])
+            if pen is not None:
+                Q[h] += pen
             V = amax(Q3[h], -1)
             v_max = amax(V, 0)
         else:
@@ -293,5 +318,7 @@ def _backward(xp, m, inv_n, bonus, r, *, mode: str, cap: float = 0.0, H: int | N
             xp.maximum(y, zero, out=y)
             y += b2[hb]
             xp.minimum(y, top, out=Q[h])
+            if pen is not None:
+                Q[h] += pen
             V = amax(Q3[h], -1)
     return Q3

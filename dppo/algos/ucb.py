@@ -29,7 +29,8 @@ import torch
 from dppo.algos.base import Learner
 from dppo.envs.tabular import TabularMDP, make_tabular
 from dppo.errors import ConfigError
-from dppo.algos.tabular_plan import PlanArrays, Widths, _backward, _ubev_phi, _UBEVPlanner
+from dppo.algos.tabular_plan import PlanArrays, Widths, _backward, _ubev_phi, _UBEVPlanner, mask_penalty
+from dppo.envs.masks import mask_table
 from dppo.privacy.tabular_counters import (TabularLayout, build_counter, counter_arrays, record_counter_releases,
                                            reference_error_bound, release_schedule, resolve_counter)
 from dppo.privacy.tree_counter import TreeCounter
@@ -51,6 +52,23 @@ def _one_torch_thread():
     finally:
         if n > 1:
             torch.set_num_threads(n)
+
+
+def admissible_table(env, mdp) -> np.ndarray | None:
+    """The env's public action mask table (``dppo.envs.masks.mask_table``) on the tabular env's S states: states
+    the tabular env adds (absorbing copies, the state after an episode ends) admit every action; None without one."""
+    table = mask_table(env) if not isinstance(env, (TabularMDP,)) or getattr(env, "admissible", None) is not None \
+        else None
+    if table is None:
+        return None
+    S, A = mdp.S, mdp.A
+    if table.shape[1] != A or table.shape[0] > S:
+        raise ConfigError(f"the env's action mask table has shape {table.shape}; expected at most {S} states x {A} "
+                          f"actions")
+    out = np.ones((S, A), dtype=bool)
+    out[:table.shape[0]] = table
+    out[~out.any(1)] = True
+    return out
 
 
 class TabularUCB(torch.nn.Module, Learner):
@@ -115,6 +133,8 @@ class TabularUCB(torch.nn.Module, Learner):
         self.mdp = make_tabular(env, reward_low=-float(reward_bound), reward_high=float(reward_bound), seed=seed)
         self.privacy, self.sampler = privacy, sampler
         self.S, self.A, self.H = self.mdp.S, self.mdp.A, self.mdp.H
+        self.action_ok = admissible_table(env, self.mdp)
+        self.penalty = mask_penalty(self.action_ok)
         self.T = int(episodes if episodes is not None else episodes_default)
         if self.T < 1:
             raise ConfigError(f"episodes must be >= 1, got {self.T}")
@@ -419,15 +439,17 @@ class UBEV(TabularUCB):
         xp = self._xp()
         if xp is np and self.layout.pooled:              # pooled over h: every step reads the same counts
             planner = self._planner = PlanArrays(l, n, m, self.H)
+            planner.penalty = None if self.penalty is None else self.penalty.reshape(-1)
             return planner.plan(self._log_term(), Widths(), False)
         if xp is np:
             planner = self._planner = _UBEVPlanner(l, n, m, self._log_term())
+            planner.penalty = self.penalty
             return planner.plan()
         nn = xp.where(n > 0, n, 1.0)
         phi = _ubev_phi(xp, n, self._log_term())
         r_part = (l / nn + phi).clamp(max=1.0)
         width = self._h_left(xp) * phi                    # (H - h) phi
-        return _backward(xp, m, 1.0 / nn, width, r_part, mode="ubev", H=self.H)
+        return _backward(xp, m, 1.0 / nn, width, r_part, mode="ubev", H=self.H, penalty=self.penalty)
 
 
 class PUCB(TabularUCB):
@@ -540,9 +562,11 @@ class PUCB(TabularUCB):
         if not gate.any():
             # every conf is H and Q~ >= 0, so Q~+ = min(H, Q~ + H) = H everywhere: skip the induction
             full = xp.full_like(n, float(H))
+            if self.penalty is not None:
+                full = full + (self.penalty if xp is np else torch.as_tensor(self.penalty, device=full.device))
             return full if full.shape[0] == H else (full.repeat(H, 0) if xp is np else full.repeat(H, 1, 1))
         safe = xp.where(gate & (n > 0), n, 1.0)
         phi = xp.sqrt(2 * math.log(self.T / self.beta_prime) / (n - E).clip(min=1.0))
         psi = (1 + S * H) * (3 * E / safe + 2 * E * E / (safe * safe))
         conf = xp.where(gate, (H + 1) * phi + psi, float(H))
-        return _backward(xp, m, 1.0 / safe, conf, l, mode="pucb", cap=float(H), H=H)
+        return _backward(xp, m, 1.0 / safe, conf, l, mode="pucb", cap=float(H), H=H, penalty=self.penalty)

@@ -15,6 +15,7 @@ from dppo.build.extension import extension_rules
 from dppo.build.learner import build_learner
 from dppo.build.memory import check_memory
 from dppo.build.policy import build_policy, build_space, check_policy_fits_env, read_init_source
+from dppo.policies.masked import wrap_for_env
 from dppo.build.pretraining import exclude_pretraining_users, inherited_provenance
 from dppo.build.privacy import build_privacy, build_sampler, check_passed_privacy, check_passed_sampler
 from dppo.build.record import fingerprint, public_config, resolved_hparams
@@ -132,6 +133,7 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
             objects["policy"] = policy if policy is not None else build_policy(cfg, env, init_state)
             if objects["policy"] is not None:
                 check_policy(objects["policy"], env)  # before any user is drawn
+                objects["policy"] = wrap_for_env(objects["policy"], env)   # the env's action masks, if it has any
                 if "space" in cls.needs:
                     objects["space"] = build_space(cfg, objects["policy"], cls.space_defaults)
         check_memory(cfg, env, objects.get("policy"))

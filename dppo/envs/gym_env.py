@@ -19,7 +19,7 @@ import gymnasium as gym
 
 import dppo.envs.acrobot_vector  # noqa: F401 - registers Acrobot-v1's native vectorized implementation
 import dppo.envs.cartpole_physics  # noqa: F401 - registers dppo/CartPolePhysics-v1 (CartPole-v1's constants as kwargs)
-from dppo.envs import icu_sepsis_vector
+from dppo.envs import icu_sepsis_vector, masks
 
 from dppo.envs.memory import measured
 from dppo.envs.reward_ranges import check_reward_range, declared_reward_range
@@ -84,11 +84,16 @@ class GymEnvFactory:
             ``MAX_INSTANCES``); episodes beyond it run in waves on the same instances.
         reward_range: [low, high] the env's rewards are clipped to (``None``: the range the env declares,
             ``dppo.envs.reward_ranges``; no clipping where it declares none).
+        action_mask: where a Discrete-action env's action masks come from (``dppo.envs.masks``): ``auto`` (what the
+            env offers: an ``action_masks()`` method, ``info["action_mask"]``, ``info["admissible_actions"]``;
+            none: no masks), ``none``, or one of ``method``, ``info``, ``admissible``. ``mask_source`` holds the
+            source resolved on a probe episode (public seed); the policies then sample and score among the
+            admissible actions only.
     """
 
     def __init__(self, id: str, horizon: int | None = None, kwargs: dict | None = None,
                  vectorization: str = "auto", imports: list | None = None, wrappers: list | None = None,
-                 num_envs: int | str = "auto", reward_range: list | None = None):
+                 num_envs: int | str = "auto", reward_range: list | None = None, action_mask: str = "auto"):
         if vectorization not in VECTORIZATION:
             raise ConfigError(f"env.vectorization must be one of {VECTORIZATION}, got '{vectorization}'")
         import_modules(imports)
@@ -119,6 +124,14 @@ class GymEnvFactory:
         probe, self.instance_bytes = measured(self.make)
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         declared = declared_reward_range(self.id, probe)
+        self.action_mask = action_mask
+        self.mask_source = None
+        if isinstance(self.action_space, gym.spaces.Discrete):
+            _, info = probe.reset(seed=masks.PROBE_SEED)
+            self.mask_source = masks.detect(probe, info, action_mask)
+        elif action_mask not in ("auto", "none"):
+            raise ConfigError(f"env.action_mask={action_mask}: masks apply to Discrete action spaces, and "
+                              f"{self.id}'s is {type(self.action_space).__name__}; use env.action_mask=auto or none")
         probe.close()
         self.declared_reward_range = declared
         self.reward_range = (check_reward_range(reward_range, "env.reward_range") if reward_range is not None

@@ -253,6 +253,11 @@ class ICUSepsisVectorEnv(VectorEnv):
             self._reset_envs(envs, [seeds[i] for i in envs])
         return self.states.copy(), {}
 
+    def action_masks(self) -> np.ndarray:
+        """(num_envs, A) bool: each sub-env's admissible actions in its current state (the package's
+        ``info["admissible_actions"]``; every action in a terminal state), sb3-contrib's vector convention."""
+        return self.admissible[self.states]
+
     def step(self, actions):
         n, A = self.num_envs, self.A
         a = np.asarray(actions).reshape(n)

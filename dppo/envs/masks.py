@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from dppo.data.streams import PUBLIC_SEED_BASE
 from dppo.errors import ConfigError
+
+PROBE_SEED = PUBLIC_SEED_BASE      # the probe episode's reset seed: a public one, never a user's
 
 MASK_SOURCES = ("auto", "none", "method", "info", "admissible")
 
@@ -99,7 +102,15 @@ def mask_table(env) -> np.ndarray | None:
     if table is not None:
         return np.asarray(table, dtype=bool)
     if hasattr(env, "make") and not hasattr(env, "step"):
-        env = env.make()
+        from dppo.envs.icu_sepsis_vector import IDS
+        if getattr(env, "id", None) in IDS:     # the package's published tables, without another 200 MB instance
+            from dppo.envs.icu_sepsis_vector import package_tables
+            return np.asarray(package_tables()["admissible"], dtype=bool).copy()
+        made = env.make()
+        try:
+            return mask_table(made)
+        finally:
+            made.close()
     base = getattr(env, "unwrapped", env)
     table = getattr(base, "admissible", None)
     if table is not None:

@@ -32,6 +32,7 @@ import torch
 
 from dppo.data import streams
 from dppo.errors import ConfigError, DataError
+from dppo.envs.masks import read_mask
 from dppo.envs.memory import MAX_INSTANCES, instance_memory
 from dppo.policies.base import pad_rows
 from dppo.policies.observations import ObservationLayout
@@ -124,6 +125,9 @@ class _PoolBackend:
     def __init__(self, factory, size: int, layout):
         self.envs = [factory.make() for _ in range(size)]
         self.layout = layout
+        self.mask_source = getattr(factory, "mask_source", None)
+        self.n_actions = int(getattr(factory.action_space, "n", 0)) if self.mask_source else 0
+        self.infos: list = [{}] * len(self.envs)
 
     @property
     def size(self) -> int:
@@ -131,7 +135,15 @@ class _PoolBackend:
 
     def start(self, slots: np.ndarray, seeds: list) -> np.ndarray:
         """Reset ``slots[j]`` with ``seeds[j]``: their first observations (k, raw_dim)."""
-        return np.stack([self.layout.encode(self.envs[i].reset(seed=int(s))[0]) for i, s in zip(slots, seeds)])
+        rows = []
+        for i, s in zip(slots, seeds):
+            o, self.infos[i] = self.envs[i].reset(seed=int(s))
+            rows.append(self.layout.encode(o))
+        return np.stack(rows)
+
+    def masks(self, slots: np.ndarray) -> np.ndarray:
+        """The slots' current action masks (k, A) bool (``dppo.envs.masks``)."""
+        return np.stack([read_mask(self.envs[i], self.infos[i], self.mask_source, self.n_actions) for i in slots])
 
     def step(self, slots: np.ndarray, actions: np.ndarray):
         k = len(slots)
@@ -140,7 +152,7 @@ class _PoolBackend:
         for j, i in enumerate(slots):
             a = actions[j]
             a = int(a) if a.ndim == 0 and a.dtype.kind in "iu" else a   # Box / MultiDiscrete actions stay arrays
-            o, r, te, tr, _ = self.envs[i].step(a)
+            o, r, te, tr, self.infos[i] = self.envs[i].step(a)
             obs[j], rew[j], term[j], trunc[j] = self.layout.encode(o), float(r), bool(te), bool(tr)
         return obs, rew, term, trunc
 
@@ -199,6 +211,19 @@ class _VectorBackend:
             self._check_state_protocol()
         else:
             self._check_partial_reset(factory.id)
+        self.mask_fn = None
+        if getattr(factory, "mask_source", None):
+            self.mask_fn = getattr(u, "action_masks", None)
+            if not callable(self.mask_fn):
+                raise ConfigError(f"{factory.id}'s vector env (env.vectorization={mode}) gives no action masks (an "
+                                  f"action_masks() method returning one row per sub-env); use env.vectorization=sync, "
+                                  f"or env.action_mask=none to run without masks")
+
+    def masks(self, slots: np.ndarray) -> np.ndarray:
+        """The slots' current action masks (k, A) bool, from the vector env's ``action_masks()``."""
+        m = np.asarray(self.mask_fn(), dtype=bool)[np.asarray(slots, dtype=np.int64)]
+        m[~m.any(1)] = True
+        return m
 
     def _check_state_protocol(self) -> None:
         self.vec.reset(seed=PUBLIC)
@@ -317,6 +342,9 @@ class RolloutEngine:
         self.capacity = resolve_num_envs(factory)
         space = getattr(factory, "observation_space", None)
         self.layout = ObservationLayout(space) if space is not None else _RawLayout()
+        # action masks (``dppo.envs.masks``): stored as A more columns after each observation row, which a masked
+        # policy (``dppo.policies.masked``) reads
+        self.mask_actions = int(factory.action_space.n) if getattr(factory, "mask_source", None) else 0
         self._backends: dict[int, object] = {}
 
     def backend(self, n: int):
@@ -350,6 +378,8 @@ class RolloutEngine:
         kind = "continuous" if getattr(policy, "continuous", False) else (
             "multi" if getattr(policy, "multi_discrete", False) else "discrete")
         rec = _StepRecord(n)
+        if self.mask_actions and kind != "discrete":
+            raise ConfigError("action masks apply to a Discrete-action policy; set env.action_mask=none")
         try:
             self._run_slots(self.backend(n), policy, seeds, uniforms, kind, horizon, rec)
         except (DataError, ConfigError):
@@ -358,8 +388,8 @@ class RolloutEngine:
             self.close()
             raise DataError(f"the environment raised {type(err).__name__} mid-episode ({err}); "
                             f"the round is not released") from None
-        return rec.episodes(self.layout.raw_dim, getattr(self.factory, "reward_range", None), reward_bound,
-                            group_size)
+        width = None if self.layout.raw_dim is None else self.layout.raw_dim + self.mask_actions
+        return rec.episodes(width, getattr(self.factory, "reward_range", None), reward_bound, group_size)
 
     def _act(self, policy, kind, rows: np.ndarray, u: torch.Tensor | None):
         """(stored actions, env actions) for observation rows, from their uniforms (None: greedy)."""
@@ -385,10 +415,14 @@ class RolloutEngine:
         n, size = len(seeds), backend.size
         episode = np.full(size, -1, dtype=np.int64)   # the slot's episode (-1: idle)
         t = np.zeros(size, dtype=np.int64)
-        cur = np.zeros((size, self.layout.raw_dim), dtype=np.float32)
+        d, A = self.layout.raw_dim, self.mask_actions
+        cur = np.zeros((size, d + A), dtype=np.float32)    # observation rows, then the action mask's A columns
+        obs_cols = cur[:, :d] if A else cur
         first = np.arange(min(size, n))
         episode[first] = first
-        cur[first] = backend.start(first, seeds[:len(first)])
+        obs_cols[first] = backend.start(first, seeds[:len(first)])
+        if A:
+            cur[first, d:] = backend.masks(first)
         nxt_ep = len(first)
         if len(first) < size:
             backend.idle(np.arange(len(first), size))
@@ -405,18 +439,22 @@ class RolloutEngine:
             t[slots] += 1
             done = term | trunc | (t[slots] >= horizon)
             rec.add(eps, ts, rows, stored, rew)
-            cur[slots] = obs
+            obs_cols[slots] = obs
+            if A:
+                cur[slots, d:] = backend.masks(slots)
             ended = np.flatnonzero(done)
             if len(ended) == 0:
                 continue
             for j in ended:
-                rec.finish(eps[j], int(t[slots[j]]), obs[j], bool(term[j]))
+                rec.finish(eps[j], int(t[slots[j]]), cur[slots[j]], bool(term[j]))
             freed = slots[ended]
             k = min(len(freed), n - nxt_ep)
             refill, left = freed[:k], freed[k:]
             if k:
                 episode[refill], t[refill] = np.arange(nxt_ep, nxt_ep + k), 0
-                cur[refill] = backend.start(refill, seeds[nxt_ep:nxt_ep + k])
+                obs_cols[refill] = backend.start(refill, seeds[nxt_ep:nxt_ep + k])
+                if A:
+                    cur[refill, d:] = backend.masks(refill)
                 nxt_ep += k
             if len(left):
                 episode[left] = -1

@@ -12,7 +12,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from dppo.policies.observations import mlp_body
+from dppo.policies.observations import ObservationLayout, mlp_body
 
 
 
@@ -32,6 +32,7 @@ class ValueMLP(nn.Module):
         super().__init__()
         self.body, width, _ = mlp_body(observation_space, hidden_sizes, activation, normalize_obs,
                                        key="algo.critic_activation")
+        self.obs_width = ObservationLayout(observation_space).raw_dim   # stored rows may carry an action mask after
         self.head = nn.Linear(width, 1)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
@@ -39,6 +40,8 @@ class ValueMLP(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         """(N,) scaled values of a batch of observations (N, *obs_shape)."""
         x = obs.flatten(start_dim=1) if obs.dim() > 2 else obs
+        if x.shape[-1] > self.obs_width:       # the action mask's columns (``dppo.policies.masked``): not read
+            x = x[..., :self.obs_width]
         return self.head(self.body(x.float())).squeeze(-1)
 
     def forward(self, obs: torch.Tensor, actions: torch.Tensor | None = None) -> torch.Tensor:

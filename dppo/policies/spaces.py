@@ -229,8 +229,12 @@ class HeadSubspace(ParameterSpace):
         """phi(s, a) for N rows (N, dim), float64."""
         n = obs.shape[0]
         with torch.no_grad():  # padded to MIN_ROWS rows: a row's features never depend on the batch size
-            h = self.policy.body(pad_rows(obs.flatten(start_dim=1) if obs.dim() > 2 else obs)).double()
-            probs = torch.softmax(self.policy.head(h.float()).double(), dim=-1)[:n]
+            rows = pad_rows(obs.flatten(start_dim=1) if obs.dim() > 2 else obs)
+            h = self.policy.body(rows).double()
+            logits = self.policy.head(h.float())
+            if hasattr(self.policy, "mask_logits"):    # the env's action masks (``dppo.policies.masked``)
+                logits = self.policy.mask_logits(rows, logits)
+            probs = torch.softmax(logits.double(), dim=-1)[:n]
             h = h[:n]
             h1 = torch.cat([h, torch.ones(h.shape[0], 1, dtype=torch.float64)], dim=1)
             onehot = torch.nn.functional.one_hot(actions.long(), self.n_actions).double()
