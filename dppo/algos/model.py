@@ -90,6 +90,8 @@ class ModelLearner(Learner):
         gate: a pair is known when its denoised visits are at least ``gate sigma_total`` (and ``min_visits``).
         min_visits: the least visits of a known pair.
         reward_prior: the weight of the pooled reward mean, in units of the reward sums' noise std.
+        reward_model: ``transition`` (rewards released per (s, a, s') entry: any env) or ``next_state`` (per next
+            state: envs whose reward is a function of the next state, e.g. ICU-Sepsis; ``dppo.privacy.count_release``).
         explore, explore_decay, explore_min: the public exploration schedule (module docstring).
         weighting: ``size`` (w_k proportional to round k's size) or ``equal``; the twin's sums are unweighted.
         chunk: users collected at once (memory: a chunk's episodes are held together).
@@ -104,7 +106,7 @@ class ModelLearner(Learner):
                  round_growth: float = 2.0, transition_cap: int = 20, reward_noise: float = 2.0,
                  threshold: float = 3.0, gate: float = 3.0, min_visits: float = 1.0, reward_prior: float = 1.0,
                  explore: float = 0.3, explore_decay: float = 0.5, explore_min: float = 0.05,
-                 weighting: str = "size", chunk: int = 10000):
+                 weighting: str = "size", reward_model: str = "transition", chunk: int = 10000):
         if privacy is not None and privacy.multi_pass:
             raise ConfigError("algo=dp_model releases each round's users once (one-pass); set privacy.multi_pass=false")
         if int(first_round) < 1 or not float(round_growth) >= 1.0:
@@ -131,9 +133,10 @@ class ModelLearner(Learner):
         self.weighting, self.chunk = weighting, int(chunk)
         self._setup_env(env, reward_bound)
         self.index = IndexSet.build(self.S, self.A, mask_table(env), self.terminal, self.sink)
-        self.release = CountRelease(privacy, self.index.entries, cap=int(transition_cap), reward_noise=reward_noise)
+        self.release = CountRelease(privacy, self.index.entries, cap=int(transition_cap), reward_noise=reward_noise,
+                                    cols=self.index.cols, reward_model=reward_model)
         E = self.index.entries
-        self.sum_m, self.sum_y = np.zeros(E), np.zeros(E)      # the weighted sums of the released counts / rewards
+        self.sum_m, self.sum_y = np.zeros(E), np.zeros(self.release.reward_entries)      # the weighted sums of the released counts / rewards
         self.weight_sq = 0.0                                   # sum_k w_k^2
         self.episodes_done, self.releases = 0, 0
         self.policy = TablePolicy(self.S, self.A)
@@ -256,14 +259,15 @@ class ModelLearner(Learner):
         eps = self.explore_rate(round_idx)
         self._set_behaviour(None if self.releases == 0 else eps)
         E = self.index.entries
-        counts, rewards, returns, steps = np.zeros(E), np.zeros(E), [], 0
+        counts, rewards, returns, steps = np.zeros(E), np.zeros(self.release.reward_entries), [], 0
+        per_column = self.release.reward_model == "next_state"
         with torch.no_grad():
             for lo in range(0, size, self.chunk):
                 part = users[lo:lo + self.chunk]
                 u, t, e, r, ret, k = self._steps(round_idx, part, lo)
-                c, y, _ = capped_contributions(u - lo, t, e, r, self.release.cap, E)
+                c, y, col, _ = capped_contributions(u - lo, t, e, r, self.release.cap, E, self.index.cols)
                 counts += c
-                rewards += y
+                rewards += col if per_column else y
                 returns.append(ret)
                 steps += k
         m, y, info = self.release.release(round_idx, users, counts, rewards)

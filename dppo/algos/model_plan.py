@@ -8,12 +8,14 @@ each entry's noise std ``sigma_M`` and ``sigma_Y`` (0 for the twin). Everything 
 * visits ``n_i = sum_c m[i, c]``; a row is known when ``n_i >= max(gate sigma_M, min_visits)``; an unknown
   admissible pair gets the pessimistic value ``lo (H - h)`` (the least return of its remaining steps);
 * transitions ``P^[i, c] = m[i, c] / n_i``;
-* rewards: ``y = clip(Y~, 0, m)`` on kept entries; the pooled mean of each column
-  ``rbar_c = sum_i y[i, c] / sum_i m[i, c]`` (many rows: little noise) is the prior of an empirical-Bayes mean
-  ``r^[i, c] = (y[i, c] + kappa rbar_c) / (m[i, c] + kappa)``, ``kappa = reward_prior sigma_Y`` (0 for the twin:
-  the plain mean); where a transition's reward is a function of its next state (ICU-Sepsis: 1 on entering the
+* rewards: the pooled mean of each column ``rbar_c = clip(sum_i Y~[i, c] / sum_i M~[i, c], 0, 1)`` over every row
+  (zero-mean noise summed over many rows: little of it) is the prior of an empirical-Bayes mean
+  ``r^[i, c] = clip((Y~[i, c] + kappa rbar_c) / (m[i, c] + kappa), 0, 1)`` on kept entries,
+  ``kappa = reward_prior sigma_Y`` (0 for the twin: the plain mean); where a transition's reward is a function of its next state (ICU-Sepsis: 1 on entering the
   survival state) the pooled mean is exact and the noise of ``Y~`` barely matters. Native rewards
   ``lo + (hi - lo) r^``, ``R^_i = sum_c P^[i, c] r^_native[i, c]``;
+* or, with the per-column reward release (``reward_model=next_state``: the reward of a transition is a function
+  of its next state), ``r^[i, c] = clip(V~_c / (Z~_c + kappa), 0, 1)`` for every row, shrunk towards 0 (pessimistic);
 * value iteration over the horizon H (or until ``max |V_h - V_{h+1}| <= tol``): ``V_H = 0``,
   ``Q_h(i) = R^_i + sum_c P^[i, c] V_{h+1}(c)``, ``V_h(s) = max over admissible a of Q_h(s, a)`` (masked maxima:
   an inadmissible action is never taken), ``V(c) = 0`` for terminal columns (terminal states, the sink);
@@ -82,15 +84,26 @@ def denoise_counts(counts: np.ndarray, floor: float) -> np.ndarray:
     return np.where((counts >= floor) & (counts > 0), counts, 0.0)
 
 
-def reward_means(m: np.ndarray, y: np.ndarray, kappa: float) -> np.ndarray:
-    """The empirical-Bayes reward means ``r^`` in [0, 1] of the kept entries (module docstring), 0 elsewhere."""
+def reward_means(m: np.ndarray, counts: np.ndarray, rewards: np.ndarray, kappa: float) -> np.ndarray:
+    """The empirical-Bayes reward means ``r^`` in [0, 1] of the kept entries (``m > 0``; module docstring), 0
+    elsewhere. The pooled column means use the raw released sums of every row (their noise is zero-mean and averages
+    out over the rows: clipping entries first would turn it into a bias)."""
+    col_m, col_y = counts.sum(0), rewards.sum(0)
+    rbar = np.clip(col_y / np.where(col_m > 0, col_m, 1.0), 0.0, 1.0) * (col_m > 0)
     kept = m > 0
-    y = np.where(kept, np.clip(y, 0.0, m), 0.0)
-    col_m, col_y = m.sum(0), y.sum(0)
-    rbar = np.where(col_m > 0, np.clip(col_y / np.where(col_m > 0, col_m, 1.0), 0.0, 1.0), 0.0)
-    den = m + kappa
-    r = np.where(kept, (y + kappa * rbar[None, :]) / np.where(den > 0, den, 1.0), 0.0)
-    return np.clip(r, 0.0, 1.0)
+    den = np.where(kept, m + kappa, 1.0)
+    return np.where(kept, np.clip((rewards + kappa * rbar[None, :]) / den, 0.0, 1.0), 0.0)
+
+
+def next_state_rewards(index: IndexSet, rewards: np.ndarray, kappa: float) -> np.ndarray:
+    """``r^[i, c] = clip(V~_c / (max(Z~_c, 0) + kappa), 0, 1)`` for every row, from the per-column release
+    ``(Z~, V~)`` [2 cols]: the reward of entering c shrunk towards the low end of the range (pessimistic: a column
+    few users entered gets about 0 instead of its noise; kappa = 0: the plain mean, 0 where Z~_c <= 0)."""
+    C = index.cols
+    z, v = rewards[:C], rewards[C:]
+    den = np.maximum(z, 0.0) + kappa
+    rbar = np.where(den > 0, np.clip(v / np.where(den > 0, den, 1.0), 0.0, 1.0), 0.0)
+    return np.broadcast_to(rbar, (len(index.rows_s), C))
 
 
 def plan(index: IndexSet, counts: np.ndarray, rewards: np.ndarray, *, horizon: int, reward_range: tuple,
@@ -106,7 +119,10 @@ def plan(index: IndexSet, counts: np.ndarray, rewards: np.ndarray, *, horizon: i
     n = m.sum(1)
     known = n >= max(gate * sigma_counts, min_visits, 1e-12)
     kappa = reward_prior * sigma_rewards if np.isfinite(sigma_rewards) else 0.0
-    r01 = reward_means(m, rewards.reshape(R, C), kappa)
+    if rewards.size == 2 * C and rewards.size != R * C:      # the per-column release (reward model next_state)
+        r01 = next_state_rewards(index, rewards, kappa)
+    else:
+        r01 = reward_means(m, counts.reshape(R, C), rewards.reshape(R, C), kappa)
     kr = np.flatnonzero(known)
     P = m[kr] / n[kr, None]
     reward = lo + (hi - lo) * (P * r01[kr]).sum(1)       # R^_i = sum_c P^ (lo + (hi - lo) r^), P^ rows sum to 1
