@@ -30,7 +30,9 @@ are recorded: the issue requires every ICU row to stay within 2 GB. Results go t
 (per row and seed: both columns, wall, memory, the survival curve against patients) as each finishes, and the table
 ``icu_sepsis.md`` and the plot ``icu_sepsis.png`` (survival of the policy released so far against patients) are
 rewritten after each. A (row, seed) already stored is skipped; ``--rerun`` runs it again. dppo runs live in
-``runs/icu_sepsis/<row>_s<seed>/`` (a complete run there is evaluated, not rerun; an interrupted one is resumed).
+``runs/icu_sepsis/<row>_s<seed>/`` (a complete run there is evaluated, not retrained, even with ``--rerun``: delete
+the directory to retrain; an interrupted one is resumed). Invocations may run side by side (other rows or seeds):
+each result is merged into the JSON under a lock.
 """
 from __future__ import annotations
 
@@ -242,10 +244,12 @@ def report_text(store: dict) -> str:
              "masked max). SB3 PPO and sb3-contrib MaskablePPO: the libraries' defaults, stopped after 200,000 episodes. "
              "dppo's rows: their `conf/experiment/icu_sepsis_*.yaml` (defaults, e.g. `env.action_mask=auto`), plus a "
              "greedy evaluation on 2000 held-out episodes every 10 rounds (the curve only).",
-             "* Settings chosen on seeds 100-102; the table's seeds (0-9) were not used to choose them. Noise: seeded "
+             "* Settings (Q-learning's and the experiment files') chosen on seeds 100-102; the table's seeds (0-9) were "
+             "not used to choose them (SB3: the libraries' defaults, untuned). Noise: seeded "
              "(`privacy.secure_rng=false`) for dppo's private rows, so they reproduce on the machine that made them.",
              f"* Wall: seconds of the child process that made one seed (one thread, `OMP_NUM_THREADS=1`, on a shared "
-             f"2-core machine); peak memory: its peak resident memory (`ru_maxrss`), max over seeds. The issue's bound "
+             f"2-core machine, so it moves with the machine's load; each run's date is in the JSON); peak memory: its peak "
+             f"resident memory (`ru_maxrss`), max over seeds. The issue's bound "
              f"is 2 GB per row: {memory}.", "",
              *table_lines(store), "",
              "Command: `python scripts/reproduce_icu_sepsis.py` (every row, seeds 0-9; a (row, seed) already in "
@@ -286,6 +290,7 @@ def plot(store: dict, path: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401 - the patients axis' thousands separators
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
     k = 0
@@ -296,8 +301,9 @@ def plot(store: dict, path: str) -> None:
             if rec:
                 ax.axhline(rec["survival"], color="gray", linestyle=":" if row["id"] != "optimal" else "--",
                            linewidth=1)
-                ax.annotate(row["name"], (PATIENTS, rec["survival"]), fontsize=7, ha="right", va="bottom",
-                            color="dimgray")
+                ax.annotate(f"{row['name']} {rec['survival']:.4f}", (0.99, rec["survival"]),
+                            xycoords=("axes fraction", "data"), fontsize=7, ha="right",
+                            va="top" if row["id"] == "random" else "bottom", color="dimgray")
             continue
         curves = [r["curve"] for r in seeds.values() if r.get("curve")]
         if not curves:
@@ -309,12 +315,13 @@ def plot(store: dict, path: str) -> None:
         ax.plot(x, mean, color=color, marker="o", markersize=2.5, label=f"{row['name']}{source}, {len(curves)} seeds")
         if len(curves) > 1:
             ax.fill_between(x, low, high, color=color, alpha=0.15, linewidth=0)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}"))
     ax.set_xlabel("patients (training episodes)")
     ax.set_ylabel("survival of the policy released so far")
     ax.set_title(f"{TITLE}: mean over seeds, band min-max", fontsize=10)
     ax.grid(alpha=0.3)
     if k:
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, 0.93))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -451,6 +458,9 @@ def sb3_child(row: dict, seed: int, patients: int, result: str) -> None:
                 if "episode" in info:
                     self.n += 1
                     self.total += float(info["episode"]["r"])
+                    if self.n % 1000 == 0 and self.n % CHECKPOINT_EVERY:
+                        print(f"{row['id']} seed {seed}: {self.n:,} patients, {self.num_timesteps:,} steps, "
+                              f"{time.perf_counter() - t0:.0f} s", flush=True)
                     if self.n % CHECKPOINT_EVERY == 0 and self.n < patients:
                         self.curve.append([self.n, survival(greedy())])
                         print(f"{row['id']} seed {seed}: {self.n:,} patients, {self.num_timesteps:,} steps, "

@@ -69,7 +69,7 @@ ENVS = {
     # is survival, evaluated on EVAL_EPISODES_OF episodes; target: 40% of the clinicians-to-optimal gap
     "icu_sepsis": {"id": "icu_sepsis:Sepsis/ICU-Sepsis-v2", "target": 0.82, "greedy": False, "random": 0.780,
                    "requires": "icu_sepsis", "eval_episodes": 2000, "curve_episodes": 200,
-                   "reference": os.path.join(ROOT, "runs", "reference", "icu_sepsis_reference.json"),
+                   "reference": os.path.join(ROOT, "runs", "reference", "icu_sepsis.json"),
                    "rows": ("PPO", "DP-PPO", "DP-NPG", "UBEV", "DP-UBEV"),
                    "eps": {"DP-PPO": [5.0, 3.0, 1.0], "DP-UBEV": [3.0]}},
 }
@@ -575,19 +575,26 @@ def report(args, wall: float | None) -> None:
 
 
 def reference_lines(env: str) -> list[str]:
-    """The env's reference rows (``ENVS[env]["reference"]``: a JSON written by ``scripts/icu_sepsis_reference.py
-    --json``): exact policies on the env's own tables, and tabular Q-learning at its checkpoints."""
+    """The env's reference rows (``ENVS[env]["reference"]``: ``runs/reference/icu_sepsis.json``, written by
+    ``scripts/reproduce_icu_sepsis.py``): the exact policies on the env's own tables, and tabular Q-learning (the
+    exact survival of the policy it released after its patients, without and with the admissible sets)."""
     path = ENVS[env].get("reference")
     if not path or not os.path.isfile(path):
-        return [f"| reference rows | (`python scripts/icu_sepsis_reference.py --q-learning --seeds 0 1 2 3 4 5 6 7 8 9 "
-                f"--json {os.path.relpath(path, ROOT)}`) | | | | | | |"] if path else []
+        return [f"| reference rows | (`python scripts/reproduce_icu_sepsis.py --only random clinicians optimal q "
+                f"q_masked`: {os.path.relpath(path, ROOT)}) | | | | | | |"] if path else []
     with open(path) as f:
-        ref = json.load(f)
-    out = [f"| {name} (exact) | - | - | {value:.4f} | {value:.4f} | - | - | - |" for name, value in ref["exact"].items()]
-    for patients, values in (ref.get("q_learning") or {}).items():
-        seeds = ref.get("q_learning_seeds") or list(range(len(values)))
-        out.append(f"| tabular Q-learning, {int(patients):,} patients | {_seed_list(seeds)} | - | "
-                   f"{sum(values) / len(values):.4f} | {min(values):.4f} | - | - | - |")
+        rows = json.load(f).get("rows", {})
+    out = []
+    for rec in rows.values():
+        seeds = rec.get("seeds", {})
+        if rec.get("kind") == "exact" and "exact" in seeds:
+            value = seeds["exact"]["survival"]
+            out.append(f"| {rec['name']} (exact) | - | - | {value:.4f} | {value:.4f} | - | - | - |")
+        elif rec.get("kind") == "q" and seeds:
+            values = [r["survival"] for r in seeds.values()]
+            patients = max(int(r.get("patients", 0)) for r in seeds.values())
+            out.append(f"| {rec['name']}, {patients:,} patients (exact survival) | {_seed_list([int(k) for k in seeds])} "
+                       f"| - | {sum(values) / len(values):.4f} | {min(values):.4f} | - | - | - |")
     return out
 
 

@@ -150,6 +150,7 @@ def test_the_exploration_schedule(ref):
     assert ref.epsilon_at(150, 1000) == pytest.approx(0.525) and ref.epsilon_at(999, 1000) == 0.05
 
 
+@pytest.mark.slow     # the package's tables take 5-20 s to load on this machine
 def test_the_exact_rows_on_the_env_tables():
     pytest.importorskip("icu_sepsis")
     from dppo.envs import icu_sepsis_exact as ex    # what the exact rows are (optimal's value iteration: ~5 s, not here)
