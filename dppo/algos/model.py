@@ -67,6 +67,21 @@ def round_sizes(total: int, first: int, growth: float) -> list[int]:
     return sizes
 
 
+def published_rewards(env, index, reward_range) -> np.ndarray:
+    """The reward of every entry of the index set, in [0, 1], from the env's published reward table (ICU-Sepsis's
+    R[s, a, s'], part of the env's definition like its terminal states); refused in one line for an env without one."""
+    if not ICU.fullmatch(str(getattr(env, "id", ""))):
+        raise ConfigError(f"algo.reward_model=public needs an env that publishes its reward table (ICU-Sepsis); "
+                          f"{getattr(env, 'id', type(env).__name__)} does not: use algo.reward_model=transition")
+    from dppo.envs.icu_sepsis_vector import package_tables
+
+    R = np.asarray(package_tables()["R"], np.float64)[index.rows_s, index.rows_a]       # [rows, S]
+    lo, hi = reward_range
+    out = np.zeros((len(index.rows_s), index.cols))
+    out[:, :R.shape[1]] = (np.clip(R, lo, hi) - lo) / (hi - lo)
+    return out
+
+
 def published_terminal_states(env) -> list | None:
     """Terminal states an env publishes as part of its definition (ICU-Sepsis's tables), else None."""
     if ICU.fullmatch(str(getattr(env, "id", ""))):
@@ -90,8 +105,10 @@ class ModelLearner(Learner):
         gate: a pair is known when its denoised visits are at least ``gate sigma_total`` (and ``min_visits``).
         min_visits: the least visits of a known pair.
         reward_prior: the weight of the pooled reward mean, in units of the reward sums' noise std.
-        reward_model: ``transition`` (rewards released per (s, a, s') entry: any env) or ``next_state`` (per next
-            state: envs whose reward is a function of the next state, e.g. ICU-Sepsis; ``dppo.privacy.count_release``).
+        reward_model: ``transition`` (rewards released per (s, a, s') entry: any env), ``next_state`` (per next
+            state: envs whose reward is a function of the next state; ``dppo.privacy.count_release``) or ``public``
+            (the env publishes its reward as a function of the transition, as ICU-Sepsis publishes "1 on entering the
+            survival state" with its tables: no reward is released, only the transition counts, Delta_2 = sqrt(2K)).
         explore, explore_decay, explore_min: the public exploration schedule (module docstring).
         weighting: ``size`` (w_k proportional to round k's size) or ``equal``; the twin's sums are unweighted.
         chunk: users collected at once (memory: a chunk's episodes are held together).
@@ -116,8 +133,9 @@ class ModelLearner(Learner):
             raise ConfigError("algo.explore and algo.explore_min must lie in [0, 1], algo.explore_decay >= 0")
         if weighting not in WEIGHTINGS:
             raise ConfigError(f"algo.weighting must be one of {WEIGHTINGS}, got '{weighting}'")
-        if reward_noise is None:
-            raise ConfigError("algo.reward_noise must be > 0: the planner needs the released rewards")
+        if reward_noise is None and reward_model != "public":
+            raise ConfigError("algo.reward_noise must be > 0: the planner needs the released rewards (or "
+                              "algo.reward_model=public where the env publishes its reward table)")
         if min(threshold, gate, reward_prior) < 0 or int(chunk) < 1:
             raise ConfigError("algo.threshold, algo.gate and algo.reward_prior must be >= 0, algo.chunk >= 1")
         self.env, self.privacy, self.sampler, self.seed = env, privacy, sampler, int(seed)
@@ -133,6 +151,9 @@ class ModelLearner(Learner):
         self.weighting, self.chunk = weighting, int(chunk)
         self._setup_env(env, reward_bound)
         self.index = IndexSet.build(self.S, self.A, mask_table(env), self.terminal, self.sink)
+        self.public_rewards = None
+        if reward_model == "public":
+            self.public_rewards = published_rewards(env, self.index, self.reward_range)
         self.release = CountRelease(privacy, self.index.entries, cap=int(transition_cap), reward_noise=reward_noise,
                                     cols=self.index.cols, reward_model=reward_model)
         E = self.index.entries
@@ -261,19 +282,22 @@ class ModelLearner(Learner):
         E = self.index.entries
         counts, rewards, returns, steps = np.zeros(E), np.zeros(self.release.reward_entries), [], 0
         per_column = self.release.reward_model == "next_state"
+        public = self.release.reward_model == "public"
         with torch.no_grad():
             for lo in range(0, size, self.chunk):
                 part = users[lo:lo + self.chunk]
                 u, t, e, r, ret, k = self._steps(round_idx, part, lo)
                 c, y, col, _ = capped_contributions(u - lo, t, e, r, self.release.cap, E, self.index.cols)
                 counts += c
-                rewards += col if per_column else y
+                if not public:
+                    rewards += col if per_column else y
                 returns.append(ret)
                 steps += k
         m, y, info = self.release.release(round_idx, users, counts, rewards)
         w = 1.0 if not self.private or self.weighting == "equal" else size / max(self.sizes)
         self.sum_m += w * m
-        self.sum_y += w * y
+        if y is not None and y.size:
+            self.sum_y += w * y
         self.weight_sq += w * w
         self.releases += 1
         self.episodes_done += size
@@ -288,7 +312,8 @@ class ModelLearner(Learner):
 
     def _replan(self) -> None:
         scale = math.sqrt(self.weight_sq)
-        p = plan(self.index, self.sum_m, self.sum_y, horizon=self.H, reward_range=self.reward_range,
+        p = plan(self.index, self.sum_m, self.sum_y if self.public_rewards is None else self.public_rewards,
+                 horizon=self.H, reward_range=self.reward_range,
                  threshold=self.threshold, gate=self.gate, min_visits=self.min_visits, reward_prior=self.reward_prior,
                  sigma_counts=self.release.sigma * scale, sigma_rewards=self.release.reward_sigma * scale)
         self.greedy.actions.copy_(torch.from_numpy(p.policy))

@@ -119,7 +119,9 @@ def plan(index: IndexSet, counts: np.ndarray, rewards: np.ndarray, *, horizon: i
     n = m.sum(1)
     known = n >= max(gate * sigma_counts, min_visits, 1e-12)
     kappa = reward_prior * sigma_rewards if np.isfinite(sigma_rewards) else 0.0
-    if rewards.size == 2 * C and rewards.size != R * C:      # the per-column release (reward model next_state)
+    if rewards.shape == (R, C) and not np.isfinite(sigma_rewards):   # public rewards (reward model public): as given
+        r01 = rewards
+    elif rewards.size == 2 * C and rewards.size != R * C:      # the per-column release (reward model next_state)
         r01 = next_state_rewards(index, rewards, kappa)
     else:
         r01 = reward_means(m, counts.reshape(R, C), rewards.reshape(R, C), kappa)

@@ -38,6 +38,9 @@ and with the ``next_state`` reward part the same count per column (``(z, v) / c`
 where both users have column c, ``(1 + v^2)/c^2 <= 2/c^2`` where one has it, at most K columns each, and the count
 part as before) gives ``||.||^2 <= 2K + 2K (2/c^2)``, ``Delta_2 = sqrt(2K (1 + 2/c^2))``,
 
+and with the ``public`` reward model (the env publishes its reward as a function of the transition, e.g. ICU-Sepsis:
+1 on entering the survival state; no reward part is released) ``Delta_2 = sqrt(2K)``,
+
 and ``sigma = analytic_gaussian_sigma(eps, delta, Delta_2)`` makes each round's release (eps, delta)-DP; rounds
 hold disjoint users (one-pass, checked by the privacy context's user gate before any noise is drawn), so the run
 is (eps, delta)-DP by parallel composition (``tests/privacy/test_count_release.py`` checks Delta_2 by brute force).
@@ -54,12 +57,14 @@ from dppo.privacy.calibration import analytic_gaussian_sigma
 MECHANISM = "count_release"
 
 
-REWARD_MODELS = ("transition", "next_state")
+REWARD_MODELS = ("transition", "next_state", "public")
 
 
 def count_sensitivity(cap: int, reward_noise: float | None, reward_model: str = "transition") -> float:
     """Delta_2 of one user's capped contribution (module docstring): sqrt(2K (1 + 1/c^2)) with the per-entry reward
-    part, sqrt(2K (1 + 2/c^2)) with the per-column one (``next_state``); c None: sqrt(2K)."""
+    part, sqrt(2K (1 + 2/c^2)) with the per-column one (``next_state``); c None or ``public`` rewards: sqrt(2K)."""
+    if reward_model == "public":
+        reward_noise = None
     parts = 1.0 if reward_model == "transition" else 2.0
     extra = 0.0 if reward_noise is None else parts / float(reward_noise) ** 2
     return math.sqrt(2.0 * int(cap) * (1.0 + extra))
@@ -118,8 +123,8 @@ class CountRelease:
             raise ConfigError(f"algo.reward_model must be one of {REWARD_MODELS}, got '{reward_model}'")
         self.privacy, self.entries, self.cap, self.cols = privacy, int(entries), int(cap), int(cols)
         self.reward_model = reward_model
-        self.reward_entries = self.entries if reward_model == "transition" else 2 * self.cols
-        self.reward_noise = None if reward_noise is None else float(reward_noise)
+        self.reward_entries = {"transition": self.entries, "next_state": 2 * self.cols, "public": 0}[reward_model]
+        self.reward_noise = None if reward_noise is None or reward_model == "public" else float(reward_noise)
         self.private = privacy is not None and privacy.private
         self.sensitivity = count_sensitivity(self.cap, self.reward_noise, reward_model)
         self.sigma = analytic_gaussian_sigma(privacy.eps, privacy.delta, self.sensitivity) if self.private else 0.0

@@ -115,3 +115,25 @@ def test_cli_dp_model_riverswim(tmp_path):
     assert s["algo"] == "dp_model" and s["accountant"] == "parallel" and s["epsilon_spent"] == 3.0
     assert [e["mechanism"] for e in s["ledger"]] == ["count_release"] * s["releases"]
     assert (tmp_path / "policy.pt").exists() and s["exact_return"] is not None
+
+
+def test_public_rewards_need_an_env_that_publishes_them():
+    from dppo.errors import ConfigError
+    from dppo.envs.gym_env import GymEnvFactory
+
+    with pytest.raises(ConfigError, match="publishes its reward table"):
+        ModelLearner(GymEnvFactory("FrozenLake-v1"), privacy=None, episodes=10, reward_model="public",
+                     reward_noise=None)
+
+
+def test_public_rewards_release_only_the_counts_at_sqrt_2K():
+    pytest.importorskip("icu_sepsis")
+    from dppo.envs.gym_env import GymEnvFactory
+    from dppo.envs.icu_sepsis_vector import package_tables
+
+    ctx = PrivacyContext(3.0, 1e-5, noise=NoiseSource(0))
+    L = ModelLearner(GymEnvFactory("icu_sepsis:Sepsis/ICU-Sepsis-v2"), privacy=ctx, episodes=1000,
+                     reward_model="public", transition_cap=20)
+    assert L.release.reward_entries == 0 and L.release.sensitivity == pytest.approx(math.sqrt(40))
+    R = np.asarray(package_tables()["R"])
+    np.testing.assert_array_equal(L.public_rewards[:, :716], R[L.index.rows_s, L.index.rows_a])

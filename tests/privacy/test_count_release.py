@@ -15,15 +15,17 @@ from dppo.privacy.count_release import CountRelease, capped_contributions, count
 def _contribution(steps, cap, entries, cols, model, c):
     """One user's released vector (x, reward part / c) from its steps [(entry, r01)], in step order."""
     if not steps:
-        return np.zeros(entries + (entries if model == "transition" else 2 * cols))
+        return np.zeros(entries + {"transition": entries, "next_state": 2 * cols, "public": 0}[model])
     e = np.array([s[0] for s in steps])
     r = np.array([s[1] for s in steps], dtype=float)
     x, y, col, per_user = capped_contributions(np.zeros(len(e), np.int64), np.arange(len(e)), e, r, cap, entries, cols)
     assert per_user.max() <= cap
+    if model == "public":          # the env publishes its rewards: only the counts are released
+        return x
     return np.concatenate([x, (y if model == "transition" else col) / c])
 
 
-@pytest.mark.parametrize("model", ["transition", "next_state"])
+@pytest.mark.parametrize("model", ["transition", "next_state", "public"])
 @pytest.mark.parametrize("cap,c", [(1, 1.0), (2, 2.0), (3, 0.5)])
 def test_brute_force_sensitivity_matches_the_formula(model, cap, c):
     """Enumerate every episode of up to cap + 1 steps over 2 rows x 2 columns (4 entries, one outside the index set)
@@ -36,7 +38,7 @@ def test_brute_force_sensitivity_matches_the_formula(model, cap, c):
     worst = float(np.sqrt((d ** 2).sum(-1).max()))
     # the formula is tight when the index set has 2K disjoint entries (and columns); here it may hold K <= 2 entries
     assert worst <= count_sensitivity(cap, c, model) + 1e-12
-    if 2 * cap <= cols or (model == "transition" and 2 * cap <= entries):
+    if 2 * cap <= cols or (model in ("transition", "public") and 2 * cap <= entries):
         assert worst == pytest.approx(count_sensitivity(cap, c, model))
 
 
