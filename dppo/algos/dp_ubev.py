@@ -120,6 +120,9 @@ class DPUBEV(TabularUCB):
             costs at most that many episodes before the next release.
         running_lower_count: the lower count is the running maximum of ``n^ - E`` over the releases so far
             (module docstring); false: the current release's only.
+        release_threshold: the released policy (``TabularUCB.released_policy``) plans on the released transition
+            counts above this many noise stds (the rest set to 0); the optimistic plan that serves the users reads
+            them all.
         counter_focus: ``gaussian_opt`` (the default ``gaussian`` with block releases): its factorization is
             optimized for the mean release std over the releases after ``counter_focus x E_j`` episodes
             (``E_j`` the gate of release j under the square-root factorization; a pooled count after t
@@ -134,11 +137,14 @@ class DPUBEV(TabularUCB):
                  reward_bound: float = 1.0, counter: str = "gaussian", pool_steps: bool = True,
                  pool_cap: int | None = 1, block_growth: float | None = 1.05, max_block: int | None = None,
                  set_noise: tuple | None = (2.0, 2.0, 1.0), counter_focus: float | None = 5.0,
-                 running_lower_count: bool = True, max_memory_gb: float = 4.0):
+                 running_lower_count: bool = True, max_memory_gb: float = 1.25, release_threshold: float = 3.0):
         eps = privacy.eps if privacy is not None and privacy.private else None
         if counter_focus is not None and not counter_focus >= 0:
             raise ConfigError(f"counter_focus must be >= 0 (or null), got {counter_focus}")
         self.counter_focus = None if counter_focus is None else float(counter_focus)
+        if not release_threshold >= 0:
+            raise ConfigError(f"release_threshold must be >= 0, got {release_threshold}")
+        self.release_threshold = float(release_threshold)
         super().__init__(env, privacy=privacy, sampler=sampler, seed=seed, episodes=episodes,
                          episodes_default=episodes_default, episodes_per_round=episodes_per_round,
                          failure_prob=failure_prob, reward_bound=reward_bound, max_memory_gb=max_memory_gb,
@@ -214,6 +220,15 @@ class DPUBEV(TabularUCB):
 
     def _log_term(self) -> float:
         return math.log(18 * self.S * self.A * self.H / self.delta_ubev)
+
+    def _denoising(self) -> tuple[float, float]:
+        """The released policy's model (``TabularUCB.released_policy``): transition entries below
+        ``release_threshold`` times their noise std are dropped (the noise of the many entries a pair never reaches
+        would otherwise spread its mass over every state), pairs with ``n^ <= E`` are unknown."""
+        if not self.private:
+            return 0.0, 0.0
+        std = self._laplace_E if self.laplace else self.stats.release_std() * self.c_m
+        return self.release_threshold * std, self.count_error_bound()
 
     def on_first_round(self) -> None:
         if self.private:

@@ -322,3 +322,61 @@ def _backward(xp, m, inv_n, bonus, r, *, mode: str, cap: float = 0.0, H: int | N
                 Q[h] += pen
             V = amax(Q3[h], -1)
     return Q3
+
+
+def certainty_equivalent(l, n, m, *, horizon: int, penalty=None, floor: float = 0.0, gate: float = 0.0,
+                         tol: float = 1e-10) -> tuple[np.ndarray, np.ndarray]:
+    """The greedy policy of the certainty-equivalent model of (released) statistics, without optimism: what the
+    optimistic learners release as their final policy (``TabularUCB.released_policy``). A post-processing of the
+    statistics it is given.
+
+    Model, per (s, a) (and per step h for per-step statistics), in the [0, 1] reward scale of the statistics:
+    transitions ``m'(s, a, s') = m~`` where ``m~ >= max(floor, tiny)``, else 0 (denoising: ``floor`` a public multiple
+    of the entries' noise std, 0 for exact counts); the pair is known when ``sum_s' m' > 0`` and its visits
+    ``n~ > gate``; then ``P^ = m' / sum_s' m'`` and ``r^ = clip(l~ / n~, 0, 1)``. An unknown pair is worth 0 (the
+    least reward of every remaining step: pessimism), an inadmissible one ``penalty`` (``mask_penalty``).
+
+    Planning: statistics pooled over h ([1, S, A]): value iteration ``V_{k+1}(s) = max_a r^ + P^ V_k`` for
+    ``horizon`` steps (the env's own episode limit) or until ``max |V_{k+1} - V_k| <= tol``, the policy the greedy
+    one of the last step, one action per state (stationary, [S]); per-step statistics ([H, S, A]): backward
+    induction over their H steps, a policy [H, S].
+
+    Returns:
+        (policy, values of the initial step [S]).
+    """
+    from scipy import sparse
+
+    l, n, m = np.asarray(l, np.float64), np.asarray(n, np.float64), np.asarray(m, np.float64)
+    Hc, S, A = n.shape
+    pen = np.zeros(S * A) if penalty is None else np.asarray(penalty, np.float64).reshape(S * A)
+    models = []
+    for hc in range(Hc):
+        mk = m[hc].reshape(S * A, S)
+        i, j = np.nonzero(mk >= max(floor, 1e-12))         # the kept entries only: no dense copy of the counts
+        v = mk[i, j]
+        tot = np.bincount(i, weights=v, minlength=S * A)
+        known = (tot > 0) & (n[hc].reshape(-1) > gate)
+        scale = np.where(known, 1.0 / np.where(tot > 0, tot, 1.0), 0.0)
+        P = sparse.csr_matrix((v * scale[i], (i, j)), shape=(S * A, S))
+        r = np.where(known, np.clip(l[hc].reshape(-1) / np.where(n[hc].reshape(-1) > 0, n[hc].reshape(-1), 1.0),
+                                    0.0, 1.0), 0.0)
+        models.append((P, r + pen))
+    V = np.zeros(S)
+    if Hc == 1:
+        P, r = models[0]
+        q = r + P @ V
+        for _ in range(int(horizon)):
+            q = r + P @ V
+            V_new = q.reshape(S, A).max(1)
+            done = float(np.abs(V_new - V).max()) <= tol
+            V = V_new
+            if done:
+                break
+        return q.reshape(S, A).argmax(1).astype(np.int64), V
+    policy = np.zeros((Hc, S), dtype=np.int64)
+    for h in range(Hc - 1, -1, -1):
+        P, r = models[h]
+        q = (r + P @ V).reshape(S, A)
+        policy[h] = q.argmax(1)
+        V = q.max(1)
+    return policy, V

@@ -27,9 +27,10 @@ import numpy as np
 import torch
 
 from dppo.algos.base import Learner
-from dppo.envs.tabular import TabularMDP, make_tabular
+from dppo.envs.tabular import GymTabularEnv, TabularMDP, make_tabular
 from dppo.errors import ConfigError
-from dppo.algos.tabular_plan import PlanArrays, Widths, _backward, _ubev_phi, _UBEVPlanner, mask_penalty
+from dppo.algos.tabular_plan import (PlanArrays, Widths, _backward, _ubev_phi, _UBEVPlanner, certainty_equivalent,
+                                     mask_penalty)
 from dppo.envs.masks import mask_table
 from dppo.privacy.tabular_counters import (TabularLayout, build_counter, counter_arrays, record_counter_releases,
                                            reference_error_bound, release_schedule, resolve_counter)
@@ -57,8 +58,12 @@ def _one_torch_thread():
 def admissible_table(env, mdp) -> np.ndarray | None:
     """The env's public action mask table (``dppo.envs.masks.mask_table``) on the tabular env's S states: states
     the tabular env adds (absorbing copies, the state after an episode ends) admit every action; None without one."""
-    table = mask_table(env) if not isinstance(env, (TabularMDP,)) or getattr(env, "admissible", None) is not None \
-        else None
+    if isinstance(env, TabularMDP) and getattr(env, "admissible", None) is None:
+        return None
+    source = getattr(mdp, "env", None) if isinstance(mdp, GymTabularEnv) else None   # the instance already made
+    if source is None or getattr(env, "action_mask", "auto") == "none":
+        source = env
+    table = mask_table(source)
     if table is None:
         return None
     S, A = mdp.S, mdp.A
@@ -82,7 +87,8 @@ class TabularUCB(torch.nn.Module, Learner):
         episodes_per_round: episodes per trainer round (one log line per round).
         failure_prob: the confidence parameter (delta of UBEV, beta of PUCB).
         reward_bound: native reward range ``[-reward_bound, reward_bound]`` of a model-free env.
-        max_memory_gb: refuse (ConfigError) statistics tables larger than this.
+        max_memory_gb: refuse (ConfigError) statistics tables larger than this (1.25: a pooled DP-UBEV run on
+            ICU-Sepsis at H = 20, the env's tables and the imports included, peaks below 2 GB).
         counter, pool_steps, pool_cap: the counter and stream layout (``dppo.privacy.tabular_counters``).
         block_growth: ``None`` releases the counters (and re-plans) after every episode; a growth factor
             g > 1 releases after geometrically growing blocks of episodes
@@ -122,7 +128,7 @@ class TabularUCB(torch.nn.Module, Learner):
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
-                 reward_bound: float = 1.0, max_memory_gb: float = 4.0, counter: str = "laplace_tree",
+                 reward_bound: float = 1.0, max_memory_gb: float = 1.25, counter: str = "laplace_tree",
                  pool_steps: bool = False, pool_cap: int | None = None, block_growth: float | None = None,
                  max_block: int | None = None, set_noise: tuple | None = None):
         torch.nn.Module.__init__(self)
@@ -353,19 +359,62 @@ class TabularUCB(torch.nn.Module, Learner):
         """The bound on |released - true| count the planner assumes (0 for exact counts)."""
         return 0.0
 
-    def evaluate(self, episodes: int, greedy: bool = False) -> float:
-        """Mean native return of the current greedy policy over ``episodes`` held-out episodes: the same ones at
-        every call (a copy of ``eval_gen``, which never advances; a model-free env: public reset seeds, never a
-        user's), so an evaluation changes neither the users' episodes nor a later evaluation's."""
-        pi = torch.as_tensor(self.greedy_policy()).to("cpu", torch.long)
+    # ---- the released policy --------------------------------------------------------------
+    def _denoising(self) -> tuple[float, float]:
+        """(floor, gate) of the certainty-equivalent model (``certainty_equivalent``): transition entries below
+        ``floor`` are dropped and pairs with visits <= ``gate`` are unknown; exact counts: (0, 0); noisy ones: the
+        learner's count error bound as the gate."""
+        return 0.0, float(self.count_error_bound())
+
+    def released_policy(self) -> np.ndarray:
+        """The policy the learner releases (evaluation, ``summary.json``'s ``final_return``): greedy on the
+        certainty-equivalent model of the released statistics, without the exploration bonus (optimism serves
+        the users' episodes; a released policy should be the best one the statistics support), with masked maxima;
+        pooled statistics are planned over the env's own horizon (``eval_horizon``) into one action per state,
+        per-step ones over their H steps. A post-processing of the released statistics: no privacy cost."""
+        l, n, m = (np.asarray(x.cpu() if isinstance(x, torch.Tensor) else x) for x in self.released_stats())
+        floor, gate = self._denoising()
+        pi, _ = certainty_equivalent(l, n, m, horizon=self.eval_horizon, penalty=self.penalty, floor=floor,
+                                     gate=gate)
+        return pi
+
+    @property
+    def eval_horizon(self) -> int:
+        """The env's own episode limit (a cut ``env.horizon`` plans and learns over fewer steps): where the released
+        policy is planned and evaluated."""
+        return int(getattr(self.mdp, "own_horizon", None) or self.H)
+
+    def exact_return(self) -> float | None:
+        """The released policy's exact expected native return where the env's model is public: a tabular MDP
+        (over H) or ICU-Sepsis's tables (survival, at the env's horizon of 500); None otherwise."""
+        pi = self.released_policy()
         if isinstance(self.mdp, TabularMDP):
+            table = torch.as_tensor(pi if pi.ndim == 2 else np.tile(pi, (self.H, 1)))
+            return float(self.mdp.to_native_return(torch.tensor(self.mdp.policy_value(table))))
+        from dppo.envs.icu_sepsis_vector import IDS
+        if getattr(self.mdp, "name", None) in IDS and pi.ndim == 1:
+            from dppo.envs.icu_sepsis_exact import survival
+
+            return survival(pi[:716])
+        return None
+
+    def evaluate(self, episodes: int, greedy: bool = False) -> float:
+        """Mean native return of the released policy (``released_policy``) over ``episodes`` held-out episodes at
+        the env's own horizon: the same ones at every call (a copy of ``eval_gen``, which never advances; a
+        model-free env: public reset seeds, never a user's), so an evaluation changes neither the users' episodes
+        nor a later evaluation's."""
+        pi = self.released_policy()
+        if isinstance(self.mdp, TabularMDP):
+            table = torch.as_tensor(pi if pi.ndim == 2 else np.tile(pi, (self.H, 1))).to(torch.long)
             gen = torch.Generator()
             gen.set_state(self.eval_gen.get_state())
-            _, _, r = self.mdp.sample_episodes(pi, int(episodes), gen)
+            _, _, r = self.mdp.sample_episodes(table, int(episodes), gen)
             return float(self.mdp.to_native_return(r.sum(1)).mean())
-        pl = pi.tolist()
-        total = [sum(self.mdp.run_episode(pl, seed=s)[2]) for s in self.mdp.eval_seeds(int(episodes))]
-        return float(self.mdp.to_native_return(sum(total) / max(1, len(total))))
+        H = pi.shape[0] if pi.ndim == 2 else self.eval_horizon     # a per-step policy: its own H steps
+        pl = (pi if pi.ndim == 2 else np.tile(pi, (H, 1))).tolist()
+        total = [self.mdp.native_return(self.mdp.run_episode(pl, seed=s, horizon=H)[2])
+                 for s in self.mdp.eval_seeds(int(episodes))]
+        return float(sum(total) / max(1, len(total)))
 
     def summary(self) -> dict:
         done = self.episodes_done
@@ -373,7 +422,7 @@ class TabularUCB(torch.nn.Module, Learner):
         out = {"cumulative_regret": regret, "regret_available": self.optimal is not None,
                "episodes": done, "env_name": getattr(self.mdp, "name", None),
                "counter": self.counter_kind if self.stats.private else "exact",
-               "count_error_bound": float(self.count_error_bound())}
+               "count_error_bound": float(self.count_error_bound()), "exact_return": self.exact_return()}
         if self.optimal is not None:
             out["optimal_value"] = float(self.mdp.to_native_return(self.optimal))
             out["regret_at"] = {str(t): float(self.episode_regret[:t].sum())
@@ -414,7 +463,7 @@ class UBEV(TabularUCB):
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
-                 reward_bound: float = 1.0, max_memory_gb: float = 4.0, pool_steps: bool = False,
+                 reward_bound: float = 1.0, max_memory_gb: float = 1.25, pool_steps: bool = False,
                  pool_cap: int | None = None, block_growth: float | None = None, max_block: int | None = None):
         if privacy is not None and privacy.private:
             raise ConfigError("ubev is not private; use algo=pucb for eps-JDP, or set eps=null")
@@ -484,7 +533,7 @@ class PUCB(TabularUCB):
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  episodes_default: int = 10000, episodes_per_round: int = 1000, failure_prob: float = 0.05,
-                 reward_bound: float = 1.0, count_error_bound: str = "reference", max_memory_gb: float = 4.0,
+                 reward_bound: float = 1.0, count_error_bound: str = "reference", max_memory_gb: float = 1.25,
                  counter: str = "laplace_tree", pool_steps: bool = False, pool_cap: int | None = None,
                  block_growth: float | None = None, max_block: int | None = None):
         if count_error_bound not in ("reference", "tree"):

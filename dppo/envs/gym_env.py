@@ -121,6 +121,7 @@ class GymEnvFactory:
         if horizon is not None and int(horizon) < 1:
             raise ConfigError(f"env.horizon must be >= 1 (or null for the env's own limit), got {horizon}")
         self.horizon = int(horizon) if horizon is not None else (spec.max_episode_steps or 1000)
+        self.own_horizon = int(spec.max_episode_steps or self.horizon)   # the env's own limit (env.horizon may cut it)
         probe, self.instance_bytes = measured(self.make)
         self.observation_space, self.action_space = probe.observation_space, probe.action_space
         declared = declared_reward_range(self.id, probe)

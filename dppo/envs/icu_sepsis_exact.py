@@ -20,7 +20,7 @@ def tables() -> dict:
     t = package_tables()
     if "r" not in t:
         P = np.asarray(t["P"], np.float64)
-        t["r"] = (P * np.asarray(t["R"], np.float64)).sum(-1)
+        t["r"] = np.einsum("sat,sat->sa", P, np.asarray(t["R"], np.float64))     # no [S, A, S] temporary
         live = np.ones(P.shape[0])
         live[list(t["terminal"])] = 0.0
         t["live"] = live

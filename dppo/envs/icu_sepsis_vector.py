@@ -45,14 +45,15 @@ _S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(
 _TWO_M53 = 2.0 ** -53
 
 
-def package_tables() -> dict:
+def package_tables(env=None) -> dict:
     """The package's tables (loaded once per process): P, R [S, A, S], d0 [S], admissible [S, A] bool,
-    terminal states and the death state."""
+    terminal states and the death state. ``env``: an instance of the package's env already made, whose arrays are
+    taken (shared, not copied) on the first call instead of loading another 200 MB instance."""
     if not _TABLES:
         from icu_sepsis import ICUSepsisEnv
         from icu_sepsis.utils import constants
 
-        env = ICUSepsisEnv()
+        env = env if env is not None and hasattr(env, "_tx_mat") else ICUSepsisEnv()
         admissible = np.zeros(env._tx_mat.shape[:2], dtype=bool)
         for s, acts in enumerate(env._admissible_actions):
             admissible[s, list(acts)] = True

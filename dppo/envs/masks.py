@@ -115,9 +115,9 @@ def mask_table(env) -> np.ndarray | None:
     table = getattr(base, "admissible", None)
     if table is not None:
         return np.asarray(table, dtype=bool)
-    if type(base).__module__.split(".")[0] == "icu_sepsis":
+    if type(base).__module__.split(".")[0] == "icu_sepsis":   # its arrays become the package's tables (no copy)
         from dppo.envs.icu_sepsis_vector import package_tables
-        return np.asarray(package_tables()["admissible"], dtype=bool).copy()
+        return np.asarray(package_tables(base)["admissible"], dtype=bool).copy()
     fn = getattr(base, "action_mask", None)
     space, actions = getattr(env, "observation_space", None), getattr(env, "action_space", None)
     if callable(fn) and hasattr(space, "n") and hasattr(actions, "n"):

@@ -408,10 +408,14 @@ class GymTabularEnv:
 
     has_model = False
 
-    def __init__(self, env, horizon: int, reward_low: float = 0.0, reward_high: float = 1.0, seed: int = 0):
+    def __init__(self, env, horizon: int, reward_low: float = 0.0, reward_high: float = 1.0, seed: int = 0,
+                 own_horizon: int | None = None):
         if not reward_high > reward_low:
             raise ConfigError(f"need reward_high > reward_low, got [{reward_low}, {reward_high}]")
         self.env = env
+        # the env's own episode limit (``env.horizon`` may cut the learning episodes below it): the released policy is
+        # evaluated there, on this instance with its time limit lifted (no second instance: ICU-Sepsis's is 200 MB)
+        self.own_horizon = int(own_horizon or horizon)
         s_env, self.A = _discrete_sizes(env)
         self.S = s_env + 1
         self.H = int(horizon)
@@ -420,22 +424,37 @@ class GymTabularEnv:
         self._seed = int(seed)
         self._episodes = 0
 
-    def run_episode(self, policy: list, seed: int | None = None) -> tuple[list, list, list]:
+    def run_episode(self, policy: list, seed: int | None = None, horizon: int | None = None) -> tuple[list, list, list]:
         """One H-step episode of ``policy[h][s]`` on the real env, states with H+1 entries: the next user's
         (seeded by episode index), or, given a ``seed`` (``eval_seeds``), an episode from that seed that moves
-        no user's."""
+        no user's. ``horizon``: another length (beyond H on an instance that runs to the env's own limit; the
+        evaluation of a stationary released policy); the episode stops once the env's episode is over."""
         if seed is None:
             seed = self._seed * 1_000_003 + self._episodes
             self._episodes += 1
-        obs, _ = self.env.reset(seed=int(seed))
+        H = self.H if horizon is None else int(horizon)
+        env = self.env
+        limit = _time_limit(env) if H > self.H else None
+        if limit is not None:      # the same instance, its episode limit lifted to H for this episode
+            saved, limit._max_episode_steps = limit._max_episode_steps, H
+        try:
+            return self._episode(env, policy, int(seed), H, horizon is not None)
+        finally:
+            if limit is not None:
+                limit._max_episode_steps = saved
+
+    def _episode(self, env, policy, seed: int, H: int, stop: bool) -> tuple[list, list, list]:
+        obs, _ = env.reset(seed=int(seed))
         s, over = int(obs), False
         states, actions, rewards = [], [], []
         span = self.reward_high - self.reward_low
-        for h in range(self.H):
+        for h in range(H):
+            if over and stop:
+                break
             a = policy[h][s]
             r = 0.0
             if not over:
-                obs, r, term, trunc, _ = self.env.step(a)
+                obs, r, term, trunc, _ = env.step(a)
                 over = bool(term or trunc)
             r = (min(max(float(r), self.reward_low), self.reward_high) - self.reward_low) / span
             states.append(s)
@@ -453,6 +472,10 @@ class GymTabularEnv:
     def to_native_return(self, ret):
         return ret * (self.reward_high - self.reward_low) + self.H * self.reward_low
 
+    def native_return(self, rewards: list) -> float:
+        """The native return of one episode's [0, 1] rewards (any length)."""
+        return float(sum(rewards)) * (self.reward_high - self.reward_low) + len(rewards) * self.reward_low
+
     def to_native_regret(self, regret):
         return regret * (self.reward_high - self.reward_low)
 
@@ -467,8 +490,10 @@ def make_tabular(env, horizon: int | None = None, reward_low: float = 0.0, rewar
     """
     if isinstance(env, (TabularMDP, GymTabularEnv)):
         return env
+    own = None
     if hasattr(env, "make") and not hasattr(env, "step"):
         horizon = horizon if horizon is not None else getattr(env, "horizon", None)
+        own = getattr(env, "own_horizon", None)
         env = env.make()
     if horizon is None:
         spec = getattr(env, "spec", None)
@@ -477,10 +502,21 @@ def make_tabular(env, horizon: int | None = None, reward_low: float = 0.0, rewar
         raise ConfigError(f"{_env_name(env)} has no episode limit; set env.horizon")
     if isinstance(getattr(getattr(env, "unwrapped", env), "P", None), dict):
         return from_gym(env, int(horizon))
-    return GymTabularEnv(env, int(horizon), reward_low, reward_high, seed)
+    return GymTabularEnv(env, int(horizon), reward_low, reward_high, seed, own_horizon=own)
 
 
 # ---- helpers -------------------------------------------------------------------------------
+def _time_limit(env):
+    """The ``TimeLimit`` wrapper in ``env``'s wrapper chain, or None."""
+    from gymnasium.wrappers import TimeLimit
+
+    while env is not None:
+        if isinstance(env, TimeLimit):
+            return env
+        env = getattr(env, "env", None)
+    return None
+
+
 def _safe_cdf(p: torch.Tensor) -> torch.Tensor:
     """Cumulative sums along the last axis, with every entry from the last positive-probability
     index on set to 2 so that ``searchsorted(cdf, u, right=True)`` with u in [0, 1) never returns an

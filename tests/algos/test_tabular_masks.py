@@ -54,3 +54,51 @@ def test_without_a_table_every_action_may_be_planned():
     learner = UBEV(mdp, privacy=_ctx(None), seed=1, episodes=100, episodes_per_round=100)
     learner.train_round(0)
     assert learner.action_ok is None and np.isfinite(np.asarray(learner.q_values())).all()
+
+
+def _walk_env():
+    """A walk on 6 cells from cell 0 (Discrete spaces, no published model): action 1 moves right with probability
+    0.8, action 0 stays; reward 1 on reaching cell 5, which ends the episode (its own limit: 40 steps)."""
+    import gymnasium as gym
+
+    class WalkEnv(gym.Env):
+        observation_space = gym.spaces.Discrete(6)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.s = 0
+            return 0, {}
+
+        def step(self, a):
+            if int(a) == 1 and self.np_random.random() < 0.8:
+                self.s += 1
+            done = self.s == 5
+            return self.s, float(done), done, False, {}
+
+    if "MaskTestWalk-v0" not in gym.registry:
+        gym.register("MaskTestWalk-v0", entry_point=WalkEnv, max_episode_steps=40)
+
+
+def test_the_released_policy_is_certainty_equivalent_and_evaluated_at_the_envs_own_horizon():
+    """UBEV learns a 6-cell walk over a cut horizon of 6 steps (the goal takes 6.25 on average); its released policy is
+    greedy on the model of its statistics (no bonus), one action per state (pooled statistics), and evaluated over
+    the env's own 40 steps, where it almost always reaches the goal."""
+    from dppo.envs.gym_env import GymEnvFactory
+    from dppo.algos.tabular_plan import certainty_equivalent
+
+    _walk_env()
+    factory = GymEnvFactory("MaskTestWalk-v0", horizon=6)
+    learner = UBEV(factory, privacy=_ctx(None), seed=0, episodes=300, episodes_per_round=100, pool_steps=True)
+    for r in range(learner.num_rounds):
+        learner.train_round(r)
+    assert (learner.H, learner.eval_horizon) == (6, 40)
+    pi = learner.released_policy()
+    l, n, m = learner.released_stats()
+    expect, _ = certainty_equivalent(l, n, m, horizon=40)
+    np.testing.assert_array_equal(pi, expect)
+    assert pi.shape == (learner.S,)
+    lengths = [len(learner.mdp.run_episode(np.tile(pi, (40, 1)).tolist(), seed=s, horizon=40)[1])
+               for s in learner.mdp.eval_seeds(20)]
+    assert max(lengths) > 6                      # episodes ran past the learning horizon
+    assert learner.evaluate(50) > 0.9            # within 6 steps only about half would
