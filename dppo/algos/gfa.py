@@ -386,7 +386,7 @@ class GFALearner(_GFABase):
                  budget_decay: float = 0.0):
         from dppo.envs.tabular import make_tabular
         from dppo.function_classes.linear_grid import LinearGridClass
-        from dppo.function_classes.losses import BellmanErrorLoss
+        from dppo.function_classes.losses import BellmanErrorLoss, masked_max
 
         torch.nn.Module.__init__(self)
         if hasattr(env, "trajectory_sa"):
@@ -394,16 +394,20 @@ class GFALearner(_GFABase):
                               "gymnasium env); for env=context_bits use algo=gfa_outcome")
         self.env = make_tabular(env, seed=seed)
         H, S, A = self.env.H, self.env.S, self.env.A
+        from dppo.algos.ucb import admissible_table
+
+        table = admissible_table(env, self.env)     # the env's public action masks: masked maxima and policy
+        self.action_ok = None if table is None else torch.as_tensor(table)
         self.fclass = LinearGridClass(tabular_features(H, S, A), torch.linspace(grid_low, grid_high, grid_points),
                                       value_max=1.0)
         super().__init__(privacy=privacy, sampler=sampler, seed=seed, episodes=episodes, batch_size=batch_size,
                          batch_const=batch_const, eta=eta,
                          size=self.fclass.size, budget_decay=budget_decay)
-        self.stats = BellmanErrorLoss(H, S, A)
+        self.stats = BellmanErrorLoss(H, S, A, self.action_ok)
         self._register_class()
         self.r_max = 1.0 / H
         p0 = getattr(self.env, "p0", None)
-        first = self.fclass.table.view(-1, H, S, A)[:, 0].double().amax(-1)           # [|F|, S]
+        first = masked_max(self.fclass.table.view(-1, H, S, A)[:, 0].double(), self.action_ok)   # [|F|, S]
         self.register_buffer("optimism", first @ p0 if p0 is not None else first.mean(1))
         self.has_model = bool(getattr(self.env, "has_model", False))
         self.v_star = self.env.optimal_value() if self.has_model else None
@@ -426,7 +430,10 @@ class GFALearner(_GFABase):
 
     def _set_policy(self, i: int) -> None:
         H, S, A = self.env.H, self.env.S, self.env.A
-        self.policy = self.fclass.member_table(i).view(H, S, A).argmax(-1)
+        q = self.fclass.member_table(i).view(H, S, A)
+        if self.action_ok is not None:                  # greedy among the admissible actions only
+            q = q.masked_fill(~self.action_ok.to(q.device), -math.inf)
+        self.policy = q.argmax(-1)
 
     def _episodes(self, n: int, generator, seeds=None):
         """``n`` episodes of the current policy: from ``generator`` on a model, else on the real env, the next

@@ -17,6 +17,8 @@ Both are updated incrementally as data arrives: a batch adds its statistics, nev
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from dppo.function_classes.base import FiniteClass
@@ -78,6 +80,13 @@ class BellmanResidualLoss(torch.nn.Module):
         self.episodes = int(state["episodes"])
 
 
+def masked_max(q: torch.Tensor, action_ok: torch.Tensor | None) -> torch.Tensor:
+    """``max_a q[..., s, a]`` over the admissible actions ``action_ok[s, a]`` (every action where None)."""
+    if action_ok is None:
+        return q.amax(-1)
+    return q.masked_fill(~action_ok.to(q.device), -math.inf).amax(-1)
+
+
 class BellmanErrorLoss(torch.nn.Module):
     """Sufficient statistics of a tabular dataset and ``L_BE(f)`` for all f (Algorithm 1).
 
@@ -85,9 +94,11 @@ class BellmanErrorLoss(torch.nn.Module):
     statistics are buffers and the episode count extra state.
     """
 
-    def __init__(self, H: int, S: int, A: int):
+    def __init__(self, H: int, S: int, A: int, action_ok: torch.Tensor | None = None):
         super().__init__()
         self.H, self.S, self.A = H, S, A
+        # the env's public admissible actions [S, A] (``dppo.envs.masks.mask_table``): V^f(s) = max over them only
+        self.action_ok = None if action_ok is None else torch.as_tensor(action_ok, dtype=torch.bool)
         self.register_buffer("count", torch.zeros(H * S * A, dtype=torch.float64))
         self.register_buffer("reward_sum", torch.zeros(H * S * A, dtype=torch.float64))
         self.register_buffer("transitions", torch.zeros(H * S * A, S, dtype=torch.float64))
@@ -109,7 +120,7 @@ class BellmanErrorLoss(torch.nn.Module):
     def targets(self, table: torch.Tensor) -> torch.Tensor:
         """``T^f(sa) = R(sa) + sum_s' N(sa, s') V^f_{h+1}(s')`` for every member: ``[|F|, num_sa]``."""
         H, S, A = self.H, self.S, self.A
-        V = table.view(-1, H, S, A).amax(-1)                                           # [|F|, H, S]
+        V = masked_max(table.view(-1, H, S, A), self.action_ok)                        # [|F|, H, S]
         v_next = torch.cat([V[:, 1:], torch.zeros_like(V[:, :1])], 1)                  # V_{h+1}, 0 after H
         N = self.transitions.view(H, S, A, S)
         return self.reward_sum + torch.einsum("hsat,fht->fhsa", N, v_next).reshape(table.shape[0], -1)

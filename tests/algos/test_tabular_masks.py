@@ -102,3 +102,27 @@ def test_the_released_policy_is_certainty_equivalent_and_evaluated_at_the_envs_o
                for s in learner.mdp.eval_seeds(20)]
     assert max(lengths) > 6                      # episodes ran past the learning horizon
     assert learner.evaluate(50) > 0.9            # within 6 steps only about half would
+
+
+def test_dp_gfa_acts_and_backs_up_over_the_admissible_actions_only():
+    """DP-GFA (Bellman error, tabular) with a public mask table: every released member's greedy policy is admissible,
+    and its targets' V^f_{h+1} is the maximum over the admissible entries (an independent computation)."""
+    import torch
+
+    from dppo.algos.gfa import GFALearner
+
+    mdp, table = masked_mdp()
+    mdp = random_mdp(S=S, A=A, H=3, seed=4)
+    mdp.admissible = table
+    learner = GFALearner(mdp, _ctx(1.0), seed=0, episodes=60, batch_size=20, grid_points=3)
+    for r in range(learner.num_rounds):
+        learner.train_round(r)
+        assert table[np.arange(S)[None, :], learner.policy.numpy()].all()
+    f = learner.fclass.table[:5].double()
+    q = f.view(5, 3, S, A)
+    expect_v = torch.stack([torch.stack([torch.stack([q[i, h, s][torch.as_tensor(table[s])].max() for s in range(S)])
+                                         for h in range(3)]) for i in range(5)])
+    N = learner.stats.transitions.view(3, S, A, S)
+    v_next = torch.cat([expect_v[:, 1:], torch.zeros_like(expect_v[:, :1])], 1)
+    expect = learner.stats.reward_sum + torch.einsum("hsat,fht->fhsa", N, v_next).reshape(5, -1)
+    torch.testing.assert_close(learner.stats.targets(f), expect)
