@@ -257,8 +257,10 @@ def report_text(store: dict) -> str:
              "`--seeds ...`). One seed of each row:", ""]
     lines += [f"* {row['name']}: `{command(row)}`" for row in ROWS]
     lines += ["", "Plot: `runs/reference/icu_sepsis.png`, survival of the policy released so far against patients (Q-learning "
-              "and SB3: exact, every 10,000 patients; dppo's rows: their greedy evaluation on 2000 held-out episodes, a "
-              "sampled estimate).", ""]
+              "and SB3: exact, every 10,000 patients; dppo's rows: their greedy evaluation, `eval/return`, on 2000 held-out "
+              "episodes, a sampled estimate whose error is shared by every point of a run's curve, as each evaluation "
+              "replays the same public patients: on 2026-12-06 PPO seed 0 ended at 0.7765 there, 0.7953 on 10,000 episodes, 0.7963 "
+              "exact).", ""]
     return "\n".join(lines)
 
 
