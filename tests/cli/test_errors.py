@@ -84,7 +84,7 @@ CASES = [
                                   "a group's key takes the group's prefix: algo.epochs=3"),
     (["algo=dp_ppo", "env.epochs=3"], "unknown key 'env.epochs' (did you mean 'algo.epochs'?)"),
     (["algo.rounds=3"], "unknown key 'algo.rounds' (did you mean 'rounds'?)"),   # was silently replaced by rounds
-    (["algo=dp_pgg"], "unknown algo 'dp_pgg' (did you mean 'dp_pg'?): choose one of dp_npg, dp_pg, dp_ppo"),
+    (["algo=dp_pgg"], "unknown algo 'dp_pgg' (did you mean 'dp_pg'?): choose one of dp_model, dp_npg, dp_pg, dp_ppo"),
 ]
 
 
@@ -170,7 +170,7 @@ def test_an_unknown_group_option_from_python_is_the_same_line():
 
     with pytest.raises(ConfigError) as err:
         dppo.make_config({"algo": "dp_pgg"})
-    assert str(err.value).startswith("unknown algo 'dp_pgg' (did you mean 'dp_pg'?): choose one of dp_npg, dp_pg")
+    assert str(err.value).startswith("unknown algo 'dp_pgg' (did you mean 'dp_pg'?): choose one of dp_model, dp_npg, dp_pg")
     assert "search path" not in str(err.value)
 
 
