@@ -1,5 +1,6 @@
 """The suite: dppo's learners and Stable-Baselines3 side by side on CartPole-v1, Acrobot-v1, Pendulum-v1 and
-MountainCar-v0, in one script.
+MountainCar-v0, in one script; its ICU-Sepsis section (``--only icu_sepsis``, part of a full invocation) runs
+``scripts/reproduce_icu_sepsis.py``, whose table is ``runs/reference/icu_sepsis.md``.
 
     python scripts/reproduce_suite.py --jobs 2          # the long tests (pytest -m slow), then run what is
                                                         # missing (cached per run), then report
@@ -65,30 +66,25 @@ ENVS = {
     "acrobot": {"id": "Acrobot-v1", "target": None, "greedy": False, "random": -500.0},
     "pendulum": {"id": "Pendulum-v1", "target": -200.0, "greedy": True, "random": -1200.0},
     "mountaincar": {"id": "MountainCar-v0", "target": None, "greedy": False, "random": -200.0},
-    # ICU-Sepsis (pip install -e ".[icu]"): a patient is one user living one episode (group_size=1); the return
-    # is survival, evaluated on EVAL_EPISODES_OF episodes; target: 40% of the clinicians-to-optimal gap
-    "icu_sepsis": {"id": "icu_sepsis:Sepsis/ICU-Sepsis-v2", "target": 0.82, "greedy": False, "random": 0.780,
-                   "requires": "icu_sepsis", "eval_episodes": 2000, "curve_episodes": 200,
-                   "reference": os.path.join(ROOT, "runs", "reference", "icu_sepsis.json"),
-                   "rows": ("PPO", "DP-PPO", "DP-NPG", "UBEV", "DP-UBEV"),
-                   "eps": {"DP-PPO": [5.0, 3.0, 1.0], "DP-UBEV": [3.0]}},
 }
+# sections with their own script and table: ``--only icu_sepsis`` runs ``scripts/reproduce_icu_sepsis.py`` (ICU-Sepsis,
+# pip install -e ".[icu]": exact survival of the released policy and of the patients treated while learning,
+# runs/reference/icu_sepsis.md), with this invocation's seeds and jobs
+SECTIONS = {"icu_sepsis": ("reproduce_icu_sepsis.py", "icu_sepsis")}
 # (label, algo, eps values, experiment files that exist, eval_every): every private learner at eps 5 and 1
 DPPO_ROWS = [
-    ("PPO", "ppo", [None], ("cartpole", "acrobot", "pendulum", "mountaincar", "icu_sepsis"), 1),
-    ("DP-PPO", "dp_ppo", [5.0, 1.0], ("cartpole", "acrobot", "pendulum", "mountaincar", "icu_sepsis"), 1),
+    ("PPO", "ppo", [None], ("cartpole", "acrobot", "pendulum", "mountaincar"), 1),
+    ("DP-PPO", "dp_ppo", [5.0, 1.0], ("cartpole", "acrobot", "pendulum", "mountaincar"), 1),
     ("NPG", "npg", [None], ("cartpole", "acrobot", "pendulum", "mountaincar"), 10),
-    ("DP-NPG", "dp_npg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum", "mountaincar", "icu_sepsis"), 10),
+    ("DP-NPG", "dp_npg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum", "mountaincar"), 10),
     ("PG", "pg", [None], ("cartpole", "acrobot", "pendulum"), 10),
     ("DP-PG", "dp_pg", [5.0, 1.0], ("cartpole", "acrobot", "pendulum"), 10),
     # DP-PPO from an actor pretrained on a public simulator (conf/experiment/cartpole_dp_ppo_public_init.yaml)
     ("DP-PPO public-init", "dp_ppo_public_init", [5.0, 1.0], ("cartpole",), 1),
-    # the tabular learners, on the tabular env (pooled statistics, H = 20: conf/experiment/icu_sepsis_*ubev.yaml)
-    ("UBEV", "ubev", [None], ("icu_sepsis",), 10),
-    ("DP-UBEV", "dp_ubev", [3.0], ("icu_sepsis",), 10),
+
 ]
 # rows that run only where their experiment file exists (no algorithm defaults to fall back to)
-FILE_ONLY = {"DP-PPO public-init", "UBEV", "DP-UBEV"}
+FILE_ONLY = {"DP-PPO public-init"}
 # rl-baselines3-zoo (hyperparams/ppo.yml, sac.yml; the norm_obs-only VecNormalize of the zoo's published
 # Acrobot / MountainCar agents); "lin_x" = linear decay from x to 0, as the zoo's schedules
 SB3 = {
@@ -103,11 +99,8 @@ SB3 = {
     ("pendulum", "SAC"): {"n_timesteps": 20_000, "n_envs": 1, "kwargs": dict(learning_rate=1e-3)},
     ("mountaincar", "PPO"): {"n_timesteps": 1_000_000, "n_envs": 16, "normalize": True, "kwargs": dict(
         n_steps=16, gae_lambda=0.98, gamma=0.99, n_epochs=4, ent_coef=0.0)},
-    # ICU-Sepsis: SB3's defaults (no zoo entry), one env instance (200 MB of tables each), about 110k patients
-    ("icu_sepsis", "PPO"): {"n_timesteps": 1_000_000, "n_envs": 1, "kwargs": dict()},
-    ("icu_sepsis", "DQN"): {"n_timesteps": 1_000_000, "n_envs": 1, "kwargs": dict()},
 }
-SB3_SEEDS = {("acrobot", "PPO"): 3, ("mountaincar", "PPO"): 3, ("icu_sepsis", "PPO"): 3, ("icu_sepsis", "DQN"): 3}   # the 1e6-step rows (cost, see docstring)
+SB3_SEEDS = {("acrobot", "PPO"): 3, ("mountaincar", "PPO"): 3}   # the 1e6-step rows (cost, see docstring)
 SB3_EVAL_POINTS = 50       # evaluation points along an SB3 run's curve
 RECORD_POINTS = 60         # curve points kept per run in the records file
 COST = {"sb3_1e6": 60.0, "npg": 4.0, "dp_npg": 4.0, "pg": 3.0, "dp_pg": 3.0}   # rough, for ordering only
@@ -546,7 +539,6 @@ def report(args, wall: float | None) -> None:
         if not_run == len(names):
             del lines[env_start:]   # nothing measured on this env (never run here): no section of empty rows
             continue
-        lines += reference_lines(env)
         lines.append("")
         notes = sorted({n for name in rows_by_env.get(env, {}) if (n := public_init_note(env, name))})
         lines += [*notes, ""] if notes else []
@@ -574,36 +566,6 @@ def report(args, wall: float | None) -> None:
     plot(rows_by_env, args, carried_points)
 
 
-def reference_lines(env: str) -> list[str]:
-    """The env's reference rows (``ENVS[env]["reference"]``: ``runs/reference/icu_sepsis.json``, written by
-    ``scripts/reproduce_icu_sepsis.py``): the exact policies on the env's own tables, and tabular Q-learning (the
-    exact survival of the policy it released after its patients, without and with the admissible sets)."""
-    path = ENVS[env].get("reference")
-    if not path or not os.path.isfile(path):
-        return [f"| reference rows | (`python scripts/reproduce_icu_sepsis.py --only random clinicians optimal q "
-                f"q_masked`: {os.path.relpath(path, ROOT)}) | | | | | | |"] if path else []
-    with open(path) as f:
-        rows = json.load(f).get("rows", {})
-    out = []
-    for rec in rows.values():
-        seeds = rec.get("seeds", {})
-        if rec.get("kind") == "exact" and "exact" in seeds:
-            value = seeds["exact"]["survival"]
-            out.append(f"| {rec['name']} (exact) | - | - | {value:.4f} | {value:.4f} | - | - | - |")
-        elif rec.get("kind") == "q" and seeds:
-            values = [r["survival"] for r in seeds.values()]
-            patients = max(int(r.get("patients", 0)) for r in seeds.values())
-            out.append(f"| {rec['name']}, {patients:,} patients (exact survival) | {_seed_list([int(k) for k in seeds])} "
-                       f"| - | {sum(values) / len(values):.4f} | {min(values):.4f} | - | - | - |")
-    return out
-
-
-COLORS = {"SB3-PPO": "black", "SB3-SAC": "dimgray", "PPO": "tab:blue", "DP-PPO eps=5": "tab:cyan",
-          "DP-PPO eps=1": "lightblue", "NPG": "tab:green", "DP-NPG eps=5": "limegreen", "DP-NPG eps=1": "yellowgreen",
-          "PG": "tab:red", "DP-PG eps=5": "salmon", "DP-PG eps=1": "pink", "DP-PPO public-init eps=5": "tab:purple",
-          "DP-PPO public-init eps=1": "plum"}
-
-
 def _carried_point(line: str):
     """(users' env steps, final mean, final min) of a carried table line, or None if it has no steps."""
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -620,6 +582,12 @@ def _legend(fig, axes) -> None:
         for h, label in zip(*ax.get_legend_handles_labels()):
             seen.setdefault(label, h)
     fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=6, fontsize=8)
+
+
+COLORS = {"SB3-PPO": "black", "SB3-SAC": "dimgray", "PPO": "tab:blue", "DP-PPO eps=5": "tab:cyan",
+          "DP-PPO eps=1": "lightblue", "NPG": "tab:green", "DP-NPG eps=5": "limegreen", "DP-NPG eps=1": "yellowgreen",
+          "PG": "tab:red", "DP-PG eps=5": "salmon", "DP-PG eps=1": "pink", "DP-PPO public-init eps=5": "tab:purple",
+          "DP-PPO public-init eps=1": "plum"}
 
 
 def plot(rows_by_env: dict, args, carried: dict | None = None) -> None:
@@ -692,11 +660,26 @@ def slow_tests() -> None:
         raise SystemExit(f"pytest -m slow failed (exit {code}): fix it, or pass --no-slow-tests to run the rows anyway")
 
 
+def run_section(name: str, args) -> None:
+    """A section with its own script (``SECTIONS``): run it with this invocation's seeds and jobs (``--report``: its
+    table only); skipped in one line where its optional package is missing."""
+    import importlib.util
+
+    script, requires = SECTIONS[name]
+    if importlib.util.find_spec(requires) is None:
+        print(f"{name}: skipped ({requires} is not installed: pip install -e \".[icu]\")")
+        return
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", script)]
+    cmd += ["--report"] if args.report else ["--seeds", *map(str, args.seeds), "--jobs", str(args.jobs)]
+    subprocess.run(cmd, check=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time, one torch thread each")
-    ap.add_argument("--only", dest="envs", nargs="+", default=list(ENVS), choices=list(ENVS))
+    ap.add_argument("--only", dest="envs", nargs="+", default=list(ENVS) + list(SECTIONS),
+                    choices=list(ENVS) + list(SECTIONS))
     ap.add_argument("--rows", nargs="+", help="only these rows (e.g. PPO 'DP-PPO eps=5' SB3-PPO)")
     ap.add_argument("--all-sb3-seeds", action="store_true", help="every seed for SB3's 1e6-step rows too")
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "suite"))
@@ -713,6 +696,12 @@ def main() -> None:
     args = ap.parse_args()
     if not (args.report or args.no_slow_tests):
         slow_tests()
+    sections = [e for e in args.envs if e in SECTIONS]
+    args.envs = [e for e in args.envs if e not in SECTIONS]
+    for name in sections:
+        run_section(name, args)
+    if not args.envs:
+        return
     wall = None if args.report else run_all(args)
     report(args, wall)
 
