@@ -192,3 +192,26 @@ class Learner:
 
     def load_state_dict(self, state: dict) -> None:
         raise NotImplementedError
+
+
+class EpisodeLearner(Learner):
+    """A learner run by episodes, one user each (the tabular, model-based and GFA learners): ``run_length`` is
+    ``episodes``, a whole run draws ``planned_episodes`` users (``T`` unless a subclass says otherwise) whatever the
+    sampler's round size, and its episodes have ``H`` steps."""
+
+    run_length = "episodes"
+
+    @property
+    def planned_episodes(self) -> int:
+        return int(self.T)
+
+    @property
+    def planned_length(self) -> int:
+        return self.planned_episodes
+
+    def planned_users(self, users_per_round: int) -> int:
+        return self.planned_episodes
+
+    @property
+    def horizon(self) -> int:
+        return int(self.H)

@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from dppo.algos.base import Learner
+from dppo.algos.base import EpisodeLearner
 from dppo.errors import ConfigError, DataError
 from dppo.privacy.calibration import ExponentialSchedule
 from dppo.privacy.mechanisms import exponential_mechanism
@@ -48,7 +48,7 @@ def gumbel_max(logits: torch.Tensor, gumbel: torch.Tensor) -> int:
     return int(torch.argmax(logits + gumbel))
 
 
-class _GFABase(torch.nn.Module, Learner):
+class _GFABase(torch.nn.Module, EpisodeLearner):
     """Batching, the exponential mechanism, accounting and logging shared by both algorithms.
 
     A ``torch.nn.Module`` like the tabular learners: the class tables (``class_*`` buffers, shared
@@ -90,7 +90,7 @@ class _GFABase(torch.nn.Module, Learner):
         self.size = size
 
     needs = ("env", "privacy", "sampler", "seed", "episodes", "batch_size")
-    run_length = "episodes"        # one user per episode, in batches of B (the rounds)
+    # one user per episode (``EpisodeLearner``), in batches of B (the rounds)
 
     @property
     def horizon(self) -> int:
@@ -99,11 +99,8 @@ class _GFABase(torch.nn.Module, Learner):
         return int(self.env.H)
 
     @property
-    def planned_length(self) -> int:
-        return self.K
-
-    def planned_users(self, users_per_round: int) -> int:
-        return self.K
+    def planned_episodes(self) -> int:
+        return int(self.K)
 
     @classmethod
     def extension_refusal(cls, algo: str) -> str:

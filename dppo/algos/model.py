@@ -31,7 +31,7 @@ import re
 import numpy as np
 import torch
 
-from dppo.algos.base import Learner
+from dppo.algos.base import EpisodeLearner
 from dppo.algos.model_plan import IndexSet, plan
 from dppo.envs.masks import mask_table
 from dppo.envs.tabular import TabularMDP
@@ -91,7 +91,7 @@ def published_terminal_states(env) -> list | None:
     return None
 
 
-class ModelLearner(Learner):
+class ModelLearner(EpisodeLearner):
     """Certainty-equivalence planning on released counts (module docstring); private iff ``eps`` is set.
 
     Args:
@@ -116,7 +116,6 @@ class ModelLearner(Learner):
 
     names = ("model", "dp_model")
     needs = ("env", "privacy", "sampler", "seed", "episodes", "reward_bound")
-    run_length = "episodes"
 
     def __init__(self, env, *, privacy, sampler=None, seed: int = 0, episodes: int | None = None,
                  reward_bound: float | None = 1.0, episodes_default: int = 10000, first_round: int = 1000,
@@ -195,17 +194,6 @@ class ModelLearner(Learner):
             raise ConfigError("algo=model|dp_model needs a reward range: set env.reward_range=[low, high] or reward_bound")
         self.reward_range, self.reward_bound = (float(lo), float(hi)), reward_bound
         self.collector = EpisodeCollector(env, self.seed)
-
-    @property
-    def planned_length(self) -> int:
-        return self.T
-
-    def planned_users(self, users_per_round: int) -> int:
-        return self.T
-
-    @property
-    def horizon(self) -> int:
-        return self.H
 
     @classmethod
     def extension_refusal(cls, algo: str) -> str:

@@ -26,7 +26,7 @@ import math
 import numpy as np
 import torch
 
-from dppo.algos.base import Learner
+from dppo.algos.base import EpisodeLearner
 from dppo.envs.tabular import GymTabularEnv, TabularMDP, make_tabular
 from dppo.errors import ConfigError
 from dppo.algos.tabular_plan import (PlanArrays, Widths, _backward, _ubev_phi, _UBEVPlanner, certainty_equivalent,
@@ -76,7 +76,7 @@ def admissible_table(env, mdp) -> np.ndarray | None:
     return out
 
 
-class TabularUCB(torch.nn.Module, Learner):
+class TabularUCB(torch.nn.Module, EpisodeLearner):
     """Shared episode loop, statistics, regret bookkeeping and checkpointing of UBEV and PUCB.
 
     Args:
@@ -101,18 +101,7 @@ class TabularUCB(torch.nn.Module, Learner):
 
     name = "tabular_ucb"
     needs = ("env", "privacy", "sampler", "seed", "episodes", "reward_bound")
-    run_length = "episodes"     # one user per episode; rounds are blocks of episodes_per_round
-
-    @property
-    def planned_length(self) -> int:
-        return self.T
-
-    def planned_users(self, users_per_round: int) -> int:
-        return self.T
-
-    @property
-    def horizon(self) -> int:
-        return self.H
+    # one user per episode (``EpisodeLearner``); rounds are blocks of episodes_per_round
 
     @classmethod
     def extension_refusal(cls, algo: str) -> str:
