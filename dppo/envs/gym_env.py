@@ -31,7 +31,10 @@ def import_modules(names, key: str = "env.imports") -> None:
     """Import every module of ``names`` (what registers a user's envs); one line naming the module on failure."""
     for name in names or ():
         try:
-            importlib.import_module(str(name))
+            if str(name).split(".")[0] == "icu_sepsis":
+                icu_sepsis_vector.import_package(str(name))   # without the legacy gym's stderr banner
+            else:
+                importlib.import_module(str(name))
         except Exception as err:  # noqa: BLE001 - any import failure is the user's module or install
             raise ConfigError(f"{key}: cannot import '{name}' ({type(err).__name__}: {err}); install it or put "
                               f"its folder on PYTHONPATH") from None

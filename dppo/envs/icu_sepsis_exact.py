@@ -66,7 +66,10 @@ def optimal(horizon: int = HORIZON, masked: bool = False) -> tuple[float, np.nda
 def clinicians() -> np.ndarray:
     """The clinicians' policy shipped with the env, [S, A] probabilities."""
     import gymnasium as gym
-    import icu_sepsis  # noqa: F401 - registers the env
+
+    from dppo.envs.icu_sepsis_vector import import_package
+
+    import_package()   # registers the env (without the legacy gym's banner)
 
     return np.asarray(gym.make("Sepsis/ICU-Sepsis-v2").unwrapped._expert_policy, np.float64)
 

@@ -24,6 +24,11 @@ that have none (``register``), so ``env.vectorization=auto`` picks it as it pick
 """
 from __future__ import annotations
 
+import contextlib
+import importlib
+import io
+import sys
+import warnings
 import weakref
 from typing import Any
 
@@ -50,6 +55,7 @@ def package_tables(env=None) -> dict:
     terminal states and the death state. ``env``: an instance of the package's env already made, whose arrays are
     taken (shared, not copied) on the first call instead of loading another 200 MB instance."""
     if not _TABLES:
+        import_package()                                     # without the legacy gym's banner
         from icu_sepsis import ICUSepsisEnv
         from icu_sepsis.utils import constants
 
@@ -289,6 +295,30 @@ class ICUSepsisVectorEnv(VectorEnv):
             reward[done], terminated[done], truncated[done] = 0.0, False, False
         self.prev_done = terminated | truncated
         return self.states.copy(), reward, terminated, truncated, {}
+
+
+def import_package(name: str = "icu_sepsis"):
+    """``importlib.import_module(name)`` for the icu_sepsis package (or one of its modules), without the banner the
+    legacy ``gym`` it imports prints on stderr ("Gym has been unmaintained since 2022 ...") nor ``gym``'s warnings:
+    dppo runs the package's gymnasium env, never ``gym``. Anything else written to stderr during the import is
+    passed on; once ``gym`` is imported this is a plain import."""
+    if "gym" in sys.modules:
+        return importlib.import_module(name)
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module=r"gym(\..*)?$")
+            return importlib.import_module(name)
+    finally:
+        rest = captured.getvalue()
+        try:
+            from gym_notices.notices import notices
+        except Exception:  # noqa: BLE001 - no notices package: nothing known to drop
+            notices = {}
+        for notice in sorted(set(notices.values()), key=len, reverse=True):
+            rest = rest.replace(notice + "\n", "")
+        if rest:
+            sys.stderr.write(rest)
 
 
 def register() -> None:
