@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from dppo.policies.base import Policy
+from dppo.errors import DataError
+from dppo.policies.base import Policy, observation_rows
 
 MASKED_LOGIT = -1e8
 
@@ -72,21 +73,34 @@ class MaskedPolicy(Policy):
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         return self.policy.load_state_dict(state_dict, strict=strict, assign=assign)
 
+    def observation_rows(self, obs) -> tuple[torch.Tensor, bool]:
+        """The wrapped policy's reading of ``obs`` (``dppo.policies.base.observation_rows``)."""
+        inner = getattr(self.policy, "observation_rows", None)
+        if callable(inner):
+            return inner(obs)
+        return observation_rows(obs, getattr(self.policy, "obs_layout", None), self.observation_shape)
+
     @torch.no_grad()
     def predict(self, obs, deterministic: bool = False, generator: torch.Generator | None = None,
                 action_masks=None) -> np.ndarray:
-        """The wrapped policy's ``predict``; with ``action_masks`` (A,) or (N, A) (1 / True: admissible), actions
-        among the admissible ones only (sb3-contrib's ``MaskablePPO.predict(obs, action_masks=...)``)."""
+        """``predict`` of one observation or a batch (``PredictMixin.predict``); with ``action_masks`` (A,) for one
+        observation, (N, A) for a batch (1 / True: admissible), actions among the admissible ones only
+        (sb3-contrib's ``MaskablePPO.predict(obs, action_masks=...)``); without, unmasked."""
         if action_masks is None:
-            return self.policy.predict(obs, deterministic=deterministic, generator=generator)
-        m = torch.as_tensor(np.asarray(action_masks, dtype=np.float32))
-        single = m.dim() == 1
-        x = torch.as_tensor(np.asarray(obs, dtype=np.float32)).reshape(m.shape[0] if not single else 1, -1)
+            return super().predict(obs, deterministic=deterministic, generator=generator)
+        x, single = self.observation_rows(obs)
         if x.shape[1] != self.obs_width:
-            from dppo.errors import DataError
             raise DataError(f"predict got observations of {x.shape[1]} values each; expected {self.obs_width}")
-        rows = torch.cat([x, m.reshape(x.shape[0], -1)], dim=1)
-        actions, _ = self.sample(rows, greedy=deterministic, generator=generator)
+        m = np.asarray(action_masks)
+        if m.size != x.shape[0] * self.n_actions:
+            want = f"({self.n_actions},)" if single else f"({x.shape[0]}, {self.n_actions})"
+            what = "one observation" if single else f"{x.shape[0]} observations"
+            raise DataError(f"predict got action_masks of shape {m.shape} for {what}; expected {want}")
+        m = torch.as_tensor(m.reshape(x.shape[0], self.n_actions).astype(np.float32) > 0.5)
+        if not bool(m.any(1).all()):
+            row = int((~m.any(1)).nonzero()[0])
+            raise DataError(f"predict got an action mask with no admissible action (row {row})")
+        actions, _ = self.sample(torch.cat([x, m.to(x.dtype)], dim=1), greedy=deterministic, generator=generator)
         out = actions.cpu().numpy()
         return out[0] if single else out
 
