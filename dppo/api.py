@@ -26,8 +26,14 @@ _KEYWORDS = ("true", "false", "null", "none", "inf", "nan", "yes", "no", "on", "
 
 
 def config_error(err: BaseException) -> ConfigError:
-    """The one-line error the CLI prints for a Hydra/OmegaConf composition failure."""
-    return ConfigError(hydra_message(err))
+    """The one-line error the CLI prints for a Hydra/OmegaConf composition failure (``env=CartPole-v1``, a
+    gymnasium id where an env option goes: the line names ``env.id=CartPole-v1``)."""
+    from dppo.envs.gym_env import env_option_hint
+
+    line = hydra_message(err)
+    match = re.match(r"unknown env '([^']+)'", line)
+    hint = env_option_hint(match.group(1)) if match else None
+    return ConfigError(hint or line)
 
 
 def _compose(overrides: list[str]) -> DictConfig:
@@ -171,7 +177,10 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
 
     Any of ``policy``, ``env``, ``privacy``, ``logger``, ``sampler``, ``learner`` may be passed in to
     replace the object the config would build (e.g. your own ``nn.Module`` policy); they are checked against
-    the env's spaces and the policy protocol before any user is drawn. A new run refuses a ``run_dir`` that
+    the env's spaces and the policy protocol before any user is drawn. ``env=`` also takes what Stable-Baselines3
+    users pass: a registered gymnasium id (``'CartPole-v1'``, ``'pkg:EnvId'``), a ``gymnasium.Env``, a callable or
+    class returning a fresh env, a gymnasium vector env (``with_env_argument``, docs/api.md "Your environment");
+    the config records which env ran (``env.id``). A new run refuses a ``run_dir`` that
     already holds a run (``resume=True`` continues it, whatever point it stopped at).
 
     Without ``run_dir`` nothing is written anywhere: no checkpoints, journal, logs, ``policy.pt`` or
@@ -206,12 +215,31 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
               "eval_dataset": eval_dataset}
     ovr = as_overrides(cfg)
     composed, overrides = _config_and_overrides(cfg if ovr is None else prompts_overrides(ovr, inputs))
+    if objects.get("env") is not None:
+        composed, objects["env"], overrides = with_env_argument(composed, objects["env"], overrides)
     trainer, dist = start(composed, run_dir, resume=resume, callbacks=callbacks, overrides=overrides,
                           env_inputs=inputs, **objects)
     return finish(trainer, dist)
 
 
 OBJECTS = ("policy", "env", "privacy", "logger", "sampler", "learner")  # the objects dppo.train takes by keyword
+
+
+def with_env_argument(cfg: DictConfig, env, overrides: list[str] | None):
+    """``dppo.train(env=...)`` in any of its forms (a registered id, a ``gymnasium.Env``, a callable or class, a
+    vector env, a ``GymEnvFactory``: ``dppo.envs.gym_env.env_argument``), recorded in a copy of the config (and as
+    ``env.*`` overrides), so the run's ``.hydra/config.yaml``, ``summary.json`` and checkpoints say which env ran
+    and a resume with another env is refused. Returns (config, the env object to build with or None, overrides)."""
+    import copy
+
+    from dppo.build.env import apply_env_argument, env_overrides
+
+    cfg = copy.deepcopy(cfg)
+    before = OmegaConf.to_container(cfg.env, resolve=True)
+    env = apply_env_argument(cfg, env, overrides)
+    if overrides is not None:
+        overrides = list(overrides) + env_overrides(cfg, before)
+    return cfg, env, overrides
 
 
 def check_train_keywords(cfg, objects: dict, callbacks=()) -> None:
@@ -222,8 +250,11 @@ def check_train_keywords(cfg, objects: dict, callbacks=()) -> None:
     import inspect
 
     for name, value in [*objects.items(), ("callbacks", callbacks)]:
+        if name == "env" and isinstance(value, str) and not _env_option_only(value):
+            continue   # a gymnasium id, as env.id= takes it
         if name in GROUPS and isinstance(value, str):
-            raise ArgumentError(f"dppo.train({name}={value!r}): the {name}= keyword takes an object, not an option's "
+            what = "an object or a gymnasium id" if name == "env" else "an object"
+            raise ArgumentError(f"dppo.train({name}={value!r}): the {name}= keyword takes {what}, not an option's "
                                 f"name; pick the config's {name} option in the config, as '{name}={value}' in the "
                                 f"overrides list or {{'{name}': {value!r}}} in the dict")
     unknown = [k for k in objects if k not in OBJECTS]
@@ -248,6 +279,14 @@ def check_train_keywords(cfg, objects: dict, callbacks=()) -> None:
         "a config key goes in the config, as 'key=value' in the overrides list or {'key': value} in the dict"
     hint = f" (did you mean {close[0]}=?)" if close else f" (did you mean the config key '{key}'?)" if key else ""
     raise ArgumentError(f"{head}{hint}; dppo.train's keywords are {', '.join(keywords)}; {how}")
+
+
+def _env_option_only(name: str) -> bool:
+    """Whether ``dppo.train(env=name)`` names an option of conf/env/ (``'riverswim'``) that no gymnasium id is."""
+    from dppo.config import group_options
+    from dppo.envs.gym_env import env_option_hint
+
+    return name in group_options("env") and env_option_hint(name) is None
 
 
 def _config_key(cfg, name: str) -> tuple[str | None, bool]:

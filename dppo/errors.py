@@ -23,3 +23,7 @@ class DataError(DPPOError):
 
 class BudgetExhausted(PrivacyError):
     """The next release would exceed ``privacy.max_epsilon``; the run stops cleanly."""
+
+
+class MissingDependency(ConfigError):
+    """An env needs an optional package that is not installed; the message names what to install."""

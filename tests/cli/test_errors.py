@@ -207,7 +207,7 @@ def test_a_mistyped_train_keyword_gets_a_close_keyword_and_how_to_pass_a_config_
     assert "a config key goes in the config" in msg and "\n" not in msg
 
 
-@pytest.mark.parametrize("name", ["env", "policy", "logger", "callbacks"])
+@pytest.mark.parametrize("name", ["policy", "logger", "callbacks"])   # env= takes ids: tests/test_api_env.py
 def test_an_option_name_where_train_takes_an_object_says_how_to_pick_the_option(name):
     import dppo
     from dppo.errors import ConfigError
