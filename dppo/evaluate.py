@@ -2,7 +2,8 @@
 
 RUN is a run directory (its newest checkpoint, or, with only the shareable files, its ``policy.pt``) or a
 ``policy.pt`` on its own. Runs the trained policy on held-out public episodes (the reset seeds of the
-trainer's final evaluation, disjoint from every training user's) and prints the mean return; nothing is
+trainer's final evaluation, disjoint from every training user's) and prints the mean return +/- its std
+(the mean alone for a learner without per-episode returns: tabular, GFA, UCB, prompts); nothing is
 written into the run directory. ``--video DIR`` also records episodes through gymnasium's ``RecordVideo``
 (needs the ``video`` extra, ``pip install -e ".[video]"``: moviepy and pygame; the directory must lie
 outside the run's logs or be named by you). Errors: one line, exit 2.
@@ -95,11 +96,15 @@ def main(argv: list[str] | None = None) -> int:
         run = load(args.run_dir)
         n = int(run.config.eval_episodes if args.episodes is None else args.episodes) or 1
         greedy = bool(args.greedy or run.config.eval.greedy)
-        mean = run.evaluate(n, greedy)
+        try:
+            mean, std = run.evaluate(n, greedy, return_std=True)
+            spread = f" +/- {std:.6g} (std)"
+        except ConfigError:            # a learner that evaluates to a mean only (tabular, GFA, UCB, prompts)
+            mean, spread = run.evaluate(n, greedy), ""
         final = run.summary.get("final_return")
         ref = f" (summary final_return {final:.6g})" if isinstance(final, (int, float)) else ""
         print(f"{run.summary.get('algo', run.config.algo.get('name'))} on {getattr(run.env, 'id', '?')}: "
-              f"mean return {mean:.6g} over {n} held-out episodes ({'greedy' if greedy else 'stochastic'}), "
+              f"mean return {mean:.6g}{spread} over {n} held-out episodes ({'greedy' if greedy else 'stochastic'}), "
               f"from {os.path.basename(run.checkpoint)}{ref}")
         if args.video is not None:
             rets = record_video(run, args.video, max(1, args.video_episodes), greedy)

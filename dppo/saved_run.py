@@ -5,6 +5,8 @@
     action, _ = run.predict(obs, deterministic=True)          # Stable-Baselines3's contract: (actions, state)
     run.policy.generate(["123+456="])                          # policy=lm: completions of text prompts
     run.evaluate(episodes=20)                                  # held-out public episodes, as final_return
+    mean, std = run.evaluate(episodes=20, return_std=True)     # SB3's evaluate_policy: (mean, std) of the returns
+    print(run)                                                 # a few lines: run, algo, env, eps spent, final_return
 
 From a run directory with checkpoints, the learner is rebuilt from ``.hydra/config.yaml`` exactly as training
 built it (no run directory, no logger outputs: nothing is written into the run) and its state is loaded from
@@ -22,6 +24,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
+import numpy as np
 from omegaconf import DictConfig
 
 from dppo.errors import ConfigError
@@ -29,7 +32,7 @@ from dppo.errors import ConfigError
 POLICY_FILE = "policy.pt"
 
 
-@dataclass
+@dataclass(repr=False)
 class SavedRun:
     """What ``dppo.load`` returns.
 
@@ -57,32 +60,119 @@ class SavedRun:
     rounds_done: int = field(default=0)
     provenance: dict | None = field(default=None)
 
-    def evaluate(self, episodes: int | None = None, greedy: bool | None = None) -> float:
+    def evaluate(self, episodes: int | None = None, greedy: bool | None = None, *, return_std: bool = False,
+                 return_episode_rewards: bool = False):
         """Mean return over ``episodes`` held-out episodes (default: the run's ``eval_episodes``; the same
-        public reset seeds as the trainer's final evaluation, so the full set reproduces ``final_return``)."""
+        public reset seeds as the trainer's final evaluation, so the full set reproduces ``final_return``).
+
+        As SB3's ``evaluate_policy``: ``return_std=True`` returns ``(mean, std)`` of the episodes' returns (numpy's
+        population std, as SB3's), ``return_episode_rewards=True`` the lists ``(returns, lengths)`` of the
+        episodes (it takes precedence). Both need per-episode returns, which the learners evaluating through the
+        env's episode collector give (pg / npg / ppo / rebel and their dp_ versions); one that evaluates otherwise
+        (tabular, GFA, UCB, prompts) may give the mean only: then a ConfigError names the learner.
+        """
         n = int(self.config.eval_episodes if episodes is None else episodes)
         g = bool(self.config.eval.greedy if greedy is None else greedy)
-        return float(self.learner.evaluate(n, g))
+        if not (return_std or return_episode_rewards):
+            return float(self.learner.evaluate(n, g))
+        mean, returns, lengths = self._episodes(n, g)
+        if returns is None:
+            raise ConfigError(f"the {type(self.learner).__name__} learner evaluates to a mean only (no per-episode "
+                              f"returns): call evaluate() without return_std / return_episode_rewards")
+        if return_episode_rewards:
+            return [float(r) for r in returns], [int(t) for t in lengths]
+        return mean, float(np.std(returns))
 
-    def predict(self, observation, state=None, episode_start=None, deterministic: bool = False):
+    def _episodes(self, n: int, greedy: bool):
+        """(mean, per-episode returns, lengths) of the learner's own ``evaluate``: the held-out episodes its
+        collector plays (``EpisodeCollector.public`` on the ``eval`` stream), recorded as they are played, so the
+        mean is ``evaluate()``'s by construction; (mean, None, None) for a learner that plays none."""
+        from dppo.envs.rollout import EpisodeCollector
+
+        collector = getattr(self.learner, "collector", None)
+        if not isinstance(collector, EpisodeCollector):
+            return float(self.learner.evaluate(n, greedy)), None, None
+        played, public = [], collector.public
+
+        def recording(policy, stream, round_idx, count, *args, **kwargs):
+            episodes = public(policy, stream, round_idx, count, *args, **kwargs)
+            if stream == "eval":
+                played.append(episodes)
+            return episodes
+
+        collector.public = recording      # on this instance only, removed below
+        try:
+            mean = float(self.learner.evaluate(n, greedy))
+        finally:
+            del collector.public
+        if len(played) != 1 or played[0].returns.shape[0] != n:
+            return mean, None, None
+        returns = played[0].returns.double().numpy()
+        if not np.isclose(returns.mean(), mean, rtol=1e-9, atol=1e-9):    # a learner scoring them otherwise
+            return mean, None, None
+        return mean, returns, played[0].lengths.numpy()
+
+    def predict(self, observation, state=None, episode_start=None, deterministic: bool = False, action_masks=None):
         """Stable-Baselines3's ``model.predict``: ``(actions, state)``, so ``a, _ = run.predict(obs)`` works.
 
-        dppo's policies keep no recurrent state: the returned state is always ``None`` (``state`` and
-        ``episode_start`` are accepted and ignored, as SB3's feed-forward policies do). ``run.policy.predict``
-        returns the actions alone.
+        ``observation``: one observation or a batch, in the env's own form (``PredictMixin.predict``: an int for
+        a Discrete space, an array of ints for a batch of them; an array of the Box's shape, or (N, *shape)). The
+        actions: an integer (one Discrete observation) or an array (a batch; a Box or MultiDiscrete action).
+        ``action_masks`` (A,) or (N, A): sb3-contrib's ``MaskablePPO.predict``, for a run whose env gave masks
+        (its policy is a ``MaskedPolicy``). dppo's policies keep no recurrent state: the returned state is always
+        ``None`` (``state`` and ``episode_start`` are accepted and ignored, as SB3's feed-forward policies do).
+        ``run.policy.predict`` returns the actions alone.
         """
         if self.policy is None:
             raise ConfigError("this run's learner has no neural policy (tabular / GFA): nothing to predict with")
-        return self.policy.predict(observation, deterministic=deterministic), None
+        if action_masks is None:
+            return self.policy.predict(observation, deterministic=deterministic), None
+        if not getattr(self.policy, "masked", False):
+            raise ConfigError("this run's policy takes no action masks (its env gave none in training): "
+                              "call predict without action_masks")
+        return self.policy.predict(observation, deterministic=deterministic, action_masks=action_masks), None
+
+    def __repr__(self) -> str:
+        """A few lines: where the run is, what it trained, what it spent and how it did (the ledger and the rest of
+        the summary are in ``run.summary``)."""
+        s, cfg = self.summary or {}, self.config
+        algo = s.get("algo") or str(cfg.algo.get("_target_", "?")).rsplit(".", 1)[-1]
+        env = s.get("env_id") or getattr(self.env, "id", None) or cfg.env.get("id", "?")
+        policy = type(self.policy).__name__ if self.policy is not None else None
+        loaded = os.path.relpath(self.checkpoint, self.run_dir) if self.checkpoint.startswith(
+            os.path.join(self.run_dir, "")) else self.checkpoint
+        eps, delta = s.get("eps", cfg.get("eps")), s.get("delta", cfg.get("delta"))
+        if "epsilon_spent" in s:
+            spent = (f"eps spent {_num(s['epsilon_spent'])} of {_num(eps)}, "
+                     f"delta spent {_num(s.get('delta_spent'))} of {_num(delta)}")
+        else:
+            spent = f"eps {_num(eps)}, delta {_num(delta)} (budget; no summary.json)"
+        if eps is None:
+            spent = "none (non-private: eps null)"
+        rounds = f"{self.rounds_done} of {cfg.get('rounds', '?')}"
+        final = s.get("final_return")
+        lines = [f"SavedRun({algo} on {env}" + (f", policy {policy})" if policy else ")"),
+                 f"  run_dir: {self.run_dir}", f"  loaded: {loaded}", f"  privacy: {spent}",
+                 f"  rounds: {rounds}" + (" (complete)" if s.get("complete") else ""),
+                 f"  final_return: {_num(final)}" + (f" over {cfg.get('eval_episodes')} held-out episodes"
+                                                   if final is not None else "")]
+        return "\n".join(lines)
+
+
+def _num(x) -> str:
+    return "-" if x is None else (f"{x:.6g}" if isinstance(x, (int, float)) else str(x))
 
 
 def load(path: str, overrides: list[str] | None = None, *, reward_funcs=None, reward_weights=None,
          train_dataset=None, eval_dataset=None) -> SavedRun:
     """Load a run directory written by ``python train.py`` or ``dppo.train``, or a ``policy.pt`` file.
 
-    A prompts run trained on rewards or rows passed from Python (``dppo.train(cfg, reward_funcs=...,
-    train_dataset=...)``) needs the same objects again; from a run directory the rows are checked against the
-    run's keyed fingerprint (in its checkpoint, never in a shareable file).
+    A prompts run (``policy=lm``) loads to generate without its private prompts: rows passed from Python and
+    not given again, or an ``env.path`` file no longer there, build it on ``WithheldPromptsEnv``
+    (``dppo/envs/prompts_withheld.py``), and ``evaluate`` then takes public prompts (``eval_dataset=``, and
+    ``reward_funcs=`` for a reward defined in the training session). Rows given (``train_dataset=``) must be the
+    run's own: from a run directory they are checked against its keyed fingerprint (in its checkpoint, never in
+    a shareable file).
     """
     from dppo.training.checkpoint import load_latest_checkpoint
 

@@ -64,12 +64,13 @@ def test_load_leaves_the_callers_rng_alone(saved):
     assert torch.equal(torch.rand(1), expected_t) and np.random.rand() == expected_n
 
 
-def test_evaluate_cli_prints_the_mean_and_writes_nothing(saved, capsys):
+def test_evaluate_cli_prints_the_mean_and_std_and_writes_nothing(saved, capsys):
     run_dir, summary, _ = saved
     before = _snapshot(run_dir)
     assert evaluate_cli.main([run_dir, "--episodes", "3"]) == 0
     out = capsys.readouterr().out
-    assert f"mean return {summary['final_return']:.6g} over 3 held-out episodes" in out
+    std = dppo.load(run_dir).evaluate(3, return_std=True)[1]
+    assert f"mean return {summary['final_return']:.6g} +/- {std:.6g} (std) over 3 held-out episodes" in out
     assert _snapshot(run_dir) == before
 
 

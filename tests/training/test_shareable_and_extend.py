@@ -54,7 +54,8 @@ def test_the_shareable_files_alone_load_act_and_evaluate(finished, tmp_path, fil
     assert shared.evaluate() == pytest.approx(summary["final_return"])   # the trainer's held-out episodes
     assert shared.rounds_done == 2 and shared.provenance["consumed"][0]["users"] == [[0, 6]]
     assert evaluate_cli.main([target, "--episodes", "3"]) == 0
-    assert f"mean return {summary['final_return']:.6g} over 3 held-out episodes" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"mean return {summary['final_return']:.6g} +/- " in out and " (std) over 3 held-out episodes" in out
 
 
 def test_a_lone_policy_pt_carries_the_public_part_of_the_summary(finished, tmp_path):
