@@ -174,6 +174,16 @@ class Learner:
         """Mean return of the current policy over ``episodes`` fresh evaluation episodes."""
         raise NotImplementedError
 
+    # whether ``evaluate_candidate`` scores the released policy on its own public episodes (``eval.select=best``:
+    # ``dppo/training/selection.py``); a learner whose policy is no network it can put back says no
+    selects_final = False
+
+    def evaluate_candidate(self, episodes: int, greedy: bool = False) -> float:
+        """Mean return of the current policy on ``episodes`` public *selection* episodes, disjoint from the ones
+        ``evaluate`` reports on (``eval.select=best`` scores the run's releases on them)."""
+        raise ConfigError(f"eval.select=best is for the learners whose policy is a network (the PG, NPG, REBEL and "
+                          f"PPO families); {type(self).__name__} releases its own policy: use eval.select=last")
+
     def summary(self) -> dict:
         """Extra fields for ``summary.json`` (e.g. ``cumulative_regret``)."""
         return {}

@@ -243,6 +243,13 @@ class GroupPolicyOptimizer(Learner):
         """Mean return over ``episodes`` held-out public episodes (never a user's)."""
         return self.collector.evaluate(self.policy, episodes, greedy)
 
+    selects_final = True
+
+    def evaluate_candidate(self, episodes: int, greedy: bool = False) -> float:
+        """Mean return over ``episodes`` public selection episodes (the collector's ``select`` stream: public seeds
+        and sampling, disjoint from ``evaluate``'s)."""
+        return self.collector.evaluate(self.policy, episodes, greedy, stream="select")
+
     def summary(self) -> dict:
         return {"group_size": self.group_size, **self.collector.summary(self.policy)}
 

@@ -147,9 +147,11 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     env_population = getattr(env, "population", None)
     # an env with no held-out public data (prompts that are all private) is not evaluated: final_return null
     evaluates = dist.is_main and getattr(env, "evaluates", True)
+    if cfg.eval.select == "best":
+        check_selection(cfg, env, learner)
     trainer = Trainer(learner, privacy, logger, sampler=sampler, callbacks=cb, run_dir=run_dir,
                       checkpoint_every=cfg.checkpoint_every, eval_episodes=cfg.eval_episodes if evaluates else 0,
-                      eval_greedy=cfg.eval.greedy, progress=cfg.progress and dist.is_main, meta=meta,
+                      eval_greedy=cfg.eval.greedy, eval_select=cfg.eval.select, progress=cfg.progress and dist.is_main, meta=meta,
                       fingerprint=fingerprint(cfg), eval_every=cfg.eval_every if dist.is_main else None,
                       hparams=hparams, population=population, inherited=inherited, config=public_config(cfg),
                       extend_refusal=extension_rules(cfg, type(learner), privacy),
@@ -165,3 +167,18 @@ def build(cfg, run_dir: str | None = None, *, callbacks=(), policy=None, env=Non
     warn_renamed_keys(cfg)     # after every check: a refused config is its one error line
     logger.log_hparams(hparams)  # remembered only; written with the final metrics at the end of the session
     return trainer
+
+
+def check_selection(cfg, env, learner) -> None:
+    """``eval.select=best`` needs a learner that can score and put back its released network, and public episodes to
+    score on beside the reported ones; one line otherwise, before any user is drawn."""
+    if not learner.selects_final:
+        learner.evaluate_candidate(0)   # its one line
+    if cfg.eval_episodes < 1 or not getattr(env, "evaluates", True):
+        raise ConfigError("eval.select=best chooses among the run's releases on held-out public episodes: it needs "
+                          "eval_episodes >= 1 and an env with public episodes (a simulator, or public prompts)")
+    public = getattr(env, "public", None)
+    if isinstance(public, list) and len(public) < 2 * cfg.eval_episodes:
+        raise ConfigError(f"eval.select=best scores the releases on held-out public prompts other than the "
+                          f"{cfg.eval_episodes} it reports on: give at least {2 * cfg.eval_episodes} public prompts "
+                          f"(or lower eval_episodes), or eval.select=last")

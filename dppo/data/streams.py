@@ -21,7 +21,7 @@ import torch
 
 _USER_RESET, _USER_SAMPLING, _PUBLIC_RESET, _PUBLIC_SAMPLING = 0x5EED, 0x5A3B, 0x9B1C, 0x9A3B
 PUBLIC_SEED_BASE = 2**31  # public reset seeds are >= this, user reset seeds < this
-_STREAMS = {"eval": 1, "fisher": 2, "bench": 3, "minibatch": 4, "reward_probe": 5}
+_STREAMS = {"eval": 1, "fisher": 2, "bench": 3, "minibatch": 4, "reward_probe": 5, "select": 6}
 
 
 def _hash(*words: int) -> int:

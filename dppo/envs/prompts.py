@@ -539,23 +539,31 @@ class PromptCollector:
                                            dtype=torch.float64)
         return self._batch(policy, rows, u, 1, None)
 
-    def completions(self, policy, rows: list[dict], greedy: bool, group: int = 1):
-        """Completions of held-out public prompts from the fixed evaluation stream (or greedy)."""
+    def completions(self, policy, rows: list[dict], greedy: bool, group: int = 1, stream: str = "eval"):
+        """Completions of held-out public prompts from the fixed public ``stream`` (or greedy)."""
         pid, pmask = policy.encode(self.env.prompts(rows))
         u = None
         if not greedy:
-            u = torch.rand(len(rows) * group, policy.max_new_tokens, generator=public_generator(0, "eval", 0),
+            u = torch.rand(len(rows) * group, policy.max_new_tokens, generator=public_generator(0, stream, 0),
                            dtype=torch.float64)
         return policy.sample(pid, pmask, u, group=group)
 
-    def evaluate(self, policy, episodes: int, greedy: bool = False) -> float:
+    def evaluate(self, policy, episodes: int, greedy: bool = False, stream: str = "eval") -> float:
         """Mean reward (unclipped) on the first ``episodes`` held-out public prompts: ``env.eval_samples``
-        completions each from a fixed public stream (the same for every run and round), or one greedy one."""
+        completions each from a fixed public stream (the same for every run and round), or one greedy one.
+        ``stream="select"`` (``eval.select=best``): the next ``episodes`` held-out prompts, their own stream."""
         rows = self.env.eval_rows(episodes)
+        if stream != "eval":
+            n = len(rows)
+            rows = self.env.public[n: 2 * n]
+            if len(rows) < n:
+                raise ConfigError(f"eval.select=best scores the releases on held-out public prompts other than the "
+                                  f"{n} it reports on: give at least {2 * n} public prompts, or eval.select=last")
         if not rows:
             return float("nan")
         k = 1 if greedy else self.env.eval_samples
-        rewards, _ = self.env.rewards(rows, self.completions(policy, rows, greedy, group=k).texts, k, None)
+        rewards, _ = self.env.rewards(rows, self.completions(policy, rows, greedy, group=k, stream=stream).texts, k,
+                                      None)
         return float(rewards.mean())
 
     def log_examples(self, policy, logger, round_idx: int) -> None:

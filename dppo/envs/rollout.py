@@ -647,9 +647,10 @@ class EpisodeCollector:
         self.public_env_steps += episodes.env_steps
         return episodes
 
-    def evaluate(self, policy, episodes: int, greedy: bool = False) -> float:
-        """Mean return over ``episodes`` held-out episodes (public seeds, never a user's)."""
-        return float(self.public(policy, "eval", 0, episodes, greedy=greedy).returns.mean())
+    def evaluate(self, policy, episodes: int, greedy: bool = False, stream: str = "eval") -> float:
+        """Mean return over ``episodes`` held-out episodes (public seeds, never a user's) of public ``stream``:
+        ``eval`` (what a run reports) or ``select`` (what ``eval.select=best`` chooses on: other public seeds)."""
+        return float(self.public(policy, stream, 0, episodes, greedy=greedy).returns.mean())
 
     def log_examples(self, policy, logger, round_idx: int) -> None:
         """Nothing beyond the metrics for episodes."""

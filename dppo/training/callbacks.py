@@ -181,7 +181,8 @@ def released_only(metrics: dict) -> dict:
 
 class ProgressBarCallback(Callback):
     """A tqdm bar with the eps spent so far and the latest public ``eval/return`` (held-out episodes of the
-    released policy; ``eval_every``), never a statistic of the users' own (clipped) episodes. Without
+    released policy; ``eval_every``), never a statistic of the users' own (clipped) episodes; at the end, the
+    final policy's ``final_return`` (the number ``summary.json`` reports), labelled as such. Without
     diagnostics the bar shows no timing either (no elapsed time, no s/round: round times depend on the
     users' episode lengths). Returns are shown to 4 significant digits (``RETURN_FORMAT``)."""
 
@@ -219,6 +220,14 @@ class ProgressBarCallback(Callback):
 
     def on_train_end(self, trainer):
         if self.bar is not None:
+            # the bar ends on the number the run reports: the final policy's return (after the last round, tail-
+            # averaged or selected: ``eval.select``), which the last periodic evaluation preceded
+            final = (trainer.summary or {}).get("final_return")
+            if final is not None and trainer.round > trainer.start_round:
+                post = {"final_return": self.RETURN_FORMAT.format(final)}
+                if trainer.privacy.private:
+                    post["eps"] = f"{trainer.privacy.spent()[0]:.3g}"
+                self.bar.set_postfix(post, refresh=True)
             self.bar.close()
 
 

@@ -17,6 +17,7 @@ from dppo.training.checkpoint import (atomic_write_bytes, atomic_write_json, che
 from dppo.training import distributed, provenance, secret
 from dppo.training.journal import JOURNAL_NAME, UserJournal
 from dppo.training.runlock import RunLock
+from dppo.training.selection import SelectBest
 from dppo.training.steps import StepCounter
 from dppo.training.threads import torch_threads
 
@@ -28,7 +29,7 @@ POLICY_FORMAT = "dppo-policy-1"   # policy.pt: {"format", "policy": state_dict, 
 # the part of summary.json that policy.pt carries: the run's guarantee as the accountant states it and the public
 # evaluation (released or public quantities only), so that a policy.pt shared alone still says what it cost
 POLICY_SUMMARY_KEYS = ("algo", "env_id", "eps", "delta", "epsilon_spent", "delta_spent", "accountant", "adjacency",
-                       "noise_source", "noise_note", "rounds_done", "complete", "final_return")
+                       "noise_source", "noise_note", "rounds_done", "complete", "final_return", "final_policy")
 
 
 class CheckpointCallback(Callback):
@@ -51,7 +52,7 @@ class Trainer:
 
     def __init__(self, learner, privacy, logger, *, sampler=None, callbacks=(), run_dir: str | None = None,
                  checkpoint_every: int = 10, eval_episodes: int = 20, eval_greedy: bool = False,
-                 progress: bool = True, meta: dict | None = None, fingerprint="", eval_every: int | None = None,
+                 eval_select: str = "last", progress: bool = True, meta: dict | None = None, fingerprint="", eval_every: int | None = None,
                  hparams: dict | None = None, population=None, inherited: list | None = None,
                  config: dict | None = None, extend_refusal: dict | None = None, allow_over_target: bool = False,
                  capacity_limit: int | None = None, key: str | None = None, data_parts=None):
@@ -78,7 +79,11 @@ class Trainer:
         self.secret["data"] = self.data_fingerprint(self.secret["key"])
         self.hparams = dict(hparams or {})  # resolved hyper-parameters (TensorBoard HParams, W&B config)
         self.steps = StepCounter()  # the logging axis global_step (env steps, or episodes without diagnostics)
-        builtin = [EvalCallback(eval_every, eval_episodes, eval_greedy), LoggingCallback(), ProgressBarCallback(progress)]
+        # eval.select=best: the run ends with its best release on public selection episodes (dppo/training/selection.py)
+        self.selection = SelectBest(eval_episodes, eval_greedy) if eval_select == "best" and eval_episodes > 0 else None
+        self.final_policy: dict = {"rule": "last"}   # what the run ended with (summary.json's ``final_policy``)
+        builtin = [EvalCallback(eval_every, eval_episodes, eval_greedy), *([self.selection] if self.selection else []),
+                   LoggingCallback(), ProgressBarCallback(progress)]
         if run_dir is not None:
             builtin.append(CheckpointCallback(checkpoint_every))
         # user callbacks of a private run see only released quantities (the Callback docstring's rule)
@@ -89,6 +94,8 @@ class Trainer:
         self.best_round_return = -math.inf
         self.wall_time_prev = 0.0
         self.stop_reason = None
+        self.announce = False       # the CLI's: print where the run goes (and what a resume cost) as it starts
+        self.recovered = None       # a resume's cost: {"burned": users, "charged": releases, "replayed": rounds}
         self._t_start = time.perf_counter()
 
     # ---- state -----------------------------------------------------------------------------
@@ -105,6 +112,7 @@ class Trainer:
                 "rng": rng_state(), "best_round_return": self.best_round_return, "steps": self.steps.state_dict(),
                 "wall_time_s": self.wall_time(), "provenance": self.provenance(), "secret": dict(self.secret),
                 "public_env_steps": self.learner.public_env_steps,
+                "selection": None if self.selection is None else self.selection.state_dict(),
                 "journal_offset": None if self.journal is None else self.journal.offset}
 
     def provenance(self) -> dict | None:
@@ -148,6 +156,8 @@ class Trainer:
         self.steps.load_state_dict(state.get("steps"))
         if state.get("public_env_steps") is not None:
             self.learner.public_env_steps = int(state["public_env_steps"])
+        if self.selection is not None:
+            self.selection.load_state_dict(state.get("selection"))
         # what an interrupted session logged after this checkpoint is redone: drop it from the logs
         self.logger.purge_after(self.steps.global_step(self.logger.diagnostics))
         self.recover_journal(state.get("journal_offset") or 0)
@@ -191,6 +201,7 @@ class Trainer:
             return
         if not (self.privacy.private and self.privacy.noise.secure):
             self.journal.expect = {int(e["round"]): list(e["users"]) for e in takes}
+            self.recovered = {"burned": 0, "charged": 0, "replayed": len({int(e["round"]) for e in takes})}
             return
         if self.sampler is not None:
             self.sampler.burn(sorted({int(u) for e in takes for u in e["users"]}))
@@ -199,6 +210,8 @@ class Trainer:
         if takes:
             charged += [self.privacy.charge(entry, replay=True) for entry in
                         self.learner.lost_attempt_charges(sorted({int(e["round"]) for e in takes}))]
+        self.recovered = {"burned": len({int(u) for e in takes for u in e["users"]}), "charged": len(charged),
+                          "replayed": 0}
         if charged:
             self.check_resume_budget(before, charged)
 
@@ -369,8 +382,41 @@ class Trainer:
             self.learner.load_state_dict(state["learner"])
             self.round = self.start_round = int(state["round"])
 
+    def start_line(self) -> str:
+        """One line as a CLI run starts: where it writes, and for a resume where it continues and what the lost
+        attempt cost (its users burned, its releases charged: ``recover_journal``)."""
+        total = self.learner.num_rounds
+        if not self._resumed:
+            eps = f"eps={self.privacy.eps:g}" if self.privacy.private else "non-private"
+            return (f"dppo: {self.meta.get('algo')} on {self.meta.get('env_id')}, {eps}, {total} rounds -> "
+                    f"{self.run_dir} (Ctrl-C is safe: resume={self.run_dir} continues)")
+        line = f"dppo: resuming {self.run_dir} at round {self.round} of {total}"
+        rec = self.recovered
+        if rec and rec["replayed"]:
+            line += (f"; {rec['replayed']} lost round(s) replayed on the same users (seeded noise or no privacy: "
+                     f"the replay is bit-identical)")
+        elif rec and (rec["burned"] or rec["charged"]):
+            line += (f"; the lost attempt's {rec['burned']} user(s) burned (never drawn again) and "
+                     f"{rec['charged']} release(s) charged")
+        elif self.round < total:
+            line += "; nothing was lost since the checkpoint"
+        if self.privacy.private:
+            line += f"; eps spent {self.privacy.spent()[0]:.4g} of {self.privacy.eps:g}"
+        return line
+
+    def interrupted_line(self) -> str:
+        """One line for Ctrl-C: how far the run got and how to continue it (and what continuing costs)."""
+        if self.run_dir is None:
+            return f"dppo: interrupted in round {self.round + 1} of {self.learner.num_rounds}; nothing was saved"
+        cost = (" (the interrupted round's users are burned and any release it made is charged)"
+                if self.privacy.private and self.privacy.noise.secure else "")
+        return (f"dppo: interrupted in round {self.round + 1} of {self.learner.num_rounds} ({self.round} done); "
+                f"continue with: python train.py resume={self.run_dir}{cost}")
+
     def _fit(self) -> dict:
         self._t_start = time.perf_counter()
+        if self.announce and self.dist.is_main:
+            print(self.start_line(), file=sys.stderr, flush=True)
         self.callbacks.on_train_start(self)
         while self.round < self.learner.num_rounds:
             r = self.round
@@ -401,11 +447,25 @@ class Trainer:
             if not self.callbacks.on_round_end(self, r, metrics):
                 self.stop_reason = f"stopped by a callback after round {r}"
                 break
-        self.save_checkpoint()
+        selecting = self.selection is not None and self.dist.is_main and self.round > 0
+        chosen = self.selection.finish(self) if selecting else None
+        self.save_checkpoint()   # the last iterate: what an extension of the run continues from
+        if chosen is not None:
+            self.use_selected(chosen)
         summary = self.write_summary(final=True)
         self.export_policy()
         self.callbacks.on_train_end(self)
         return summary
+
+    def use_selected(self, chosen: dict) -> None:
+        """``eval.select=best``: put the run's best release (public selection episodes) in the learner's released
+        modules, for ``final_return``, ``policy.pt`` and the exported artifacts (the checkpoint keeps the last
+        iterate, which an extension continues from)."""
+        self.final_policy = chosen
+        if chosen["round"] != chosen["last_round"]:
+            self.selection.install(self)
+            if self.run_dir is not None:
+                self.learner.export_artifacts(self.run_dir, self.round)
 
     def expected_counts(self, metrics: dict) -> dict:
         """A multi-pass round draws a Poisson sample, whose size depends on who is in the population (add/remove
@@ -440,6 +500,7 @@ class Trainer:
                    "final_return": None, "stop_reason": self.stop_reason,
                    "complete": final, **self.learner.summary(),
                    "policy_sha256": parameters_sha256(self.learner.released_modules().get("policy")),
+                   "final_policy": dict(self.final_policy),
                    "world_size": self.dist.world_size,
                    "ledger": entries}
         if private and not self.privacy.noise.secure:
