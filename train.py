@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import sys
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
+try:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
 
-from dppo.cli import entry, run_from_hydra
-from dppo.config import register_schema
+    from dppo.cli import entry, run_from_hydra
+    from dppo.config import register_schema
+except KeyboardInterrupt:   # Ctrl-C while importing: nothing started, nothing to say beyond that
+    print("\ndppo: interrupted before round 0: no user was drawn", file=sys.stderr)
+    sys.exit(130)
 
 register_schema()
 

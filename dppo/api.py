@@ -15,14 +15,12 @@ import re
 from omegaconf import DictConfig, OmegaConf
 
 from dppo.build import build
-from dppo.config import TrainConfig, compose, hydra_message
+from dppo.config import TrainConfig, compose, hydra_message, render
 from dppo.errors import ArgumentError, ConfigError, DPPOError
 from dppo.training import distributed
 from dppo.training.rundir import check_fresh, record_extension, write_layout
 
 GROUPS = ("algo", "env", "policy", "oracle", "logger", "callbacks")  # group choices (a string picks an option)
-_PLAIN = re.compile(r"[A-Za-z_/][\w\-./:]*")  # a string Hydra reads as the same string when unquoted
-_KEYWORDS = ("true", "false", "null", "none", "inf", "nan", "yes", "no", "on", "off")
 
 
 def config_error(err: BaseException) -> ConfigError:
@@ -43,25 +41,6 @@ def _compose(overrides: list[str]) -> DictConfig:
         raise
     except Exception as err:  # noqa: BLE001 - Hydra's errors, reported as the CLI reports them
         raise config_error(err) from None
-
-
-def render(value) -> str:
-    """A Python value in Hydra's override grammar (strings quoted, so they stay strings)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        if _PLAIN.fullmatch(value) and value.lower() not in _KEYWORDS:
-            return value  # as typed on the command line (so errors read the same)
-        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(render(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{render(v)}" for k, v in value.items()) + "}"
-    raise ConfigError(f"config value {value!r} of type {type(value).__name__} cannot be used in a config")
 
 
 def dict_to_overrides(d: dict) -> list[str]:

@@ -22,6 +22,14 @@ def fail(err: BaseException) -> None:
     sys.exit(2)
 
 
+def interrupted(line: str) -> None:
+    """Ctrl-C: one line (how far the run got, how to continue it), no traceback, exit 130 (the shell's code for
+    SIGINT)."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"\n{line}", file=sys.stderr, flush=True)
+    sys.exit(130)
+
+
 def overrides_of(args: list[str]) -> list[str] | None:
     """The key=value overrides, or None when Hydra flags (multirun, --help, ...) make us defer to Hydra."""
     if any(a.startswith("-") for a in args):
@@ -51,10 +59,15 @@ def _start_and_finish(prepare) -> None:
     try:
         cfg, run_dir, kwargs = prepare()
         trainer, dist = start(cfg, run_dir, **kwargs)
+    except KeyboardInterrupt:
+        interrupted("dppo: interrupted before round 0: no user was drawn")
     except Exception as err:  # noqa: BLE001 - every user-facing failure before the run is one line
         fail(err)
+    trainer.announce = True
     try:
         summary = finish(trainer, dist)
+    except KeyboardInterrupt:
+        interrupted(trainer.interrupted_line())
     except DPPOError as err:
         fail(err)
     if trainer.nothing_to_do is None:    # a resume of a finished run said so in its one line
@@ -68,7 +81,10 @@ def run_from_hydra(cfg, run_dir: str, multirun: bool = False) -> None:
     try:
         trainer, dist = start(cfg, run_dir, write_config=False)
         _record_run_shape(run_dir, cfg)
+        trainer.announce = not multirun
         summary = finish(trainer, dist)
+    except KeyboardInterrupt:
+        interrupted(f"dppo: interrupted; continue a job with: python train.py resume={run_dir}")
     except DPPOError as err:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"dppo: error: {str(err).splitlines()[0]}", file=sys.stderr, flush=True)

@@ -6,6 +6,7 @@ import difflib
 import inspect
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,7 @@ class LoggerConfig:
 @dataclass
 class EvalConfig:
     greedy: bool = False  # evaluate the stochastic policy unless true
+    select: str = "last"  # the policy a run ends with: last | best (its best release on public selection episodes)
 
 
 @dataclass
@@ -385,7 +387,14 @@ def group_options(group: str) -> list[str]:
 
 
 def unknown_option(group: str, name: str, options=()) -> str:
-    """The line for a group choice with no file (``algo=dp_pgg``): the group's options and a close one."""
+    """The line for a group choice with no file (``algo=dp_pgg``): the group's options and a close one; for
+    ``env=<a gymnasium id>`` (``env=CartPole-v1``), the ``env.id=`` override that runs it."""
+    if group == "env":
+        from dppo.envs.gym_env import env_option_hint
+
+        hint = env_option_hint(name)
+        if hint:
+            return hint
     options = group_options(group) or sorted(options or ())
     close = difflib.get_close_matches(name, options, n=1) or [o for o in options if name and o.startswith(name)][:1]
     return f"unknown {group} '{name}'{hint_line(close)}: choose one of {', '.join(options)}"
@@ -449,6 +458,9 @@ def validate(cfg) -> None:
     if every is not None and (every != "auto" if isinstance(every, str) else every < 1):
         raise ConfigError(f"eval_every must be an int >= 1, auto (about 10 evaluations per run) or null (at the end "
                           f"only), got {every}")
+    if cfg.eval.select not in ("last", "best"):
+        raise ConfigError(f"eval.select must be last (the final release) or best (the best release on held-out "
+                          f"public episodes), got {cfg.eval.select}")
     p = cfg.privacy
     check_threads(cfg.threads)
     if cfg.device not in ("cpu", "cuda", "auto") and not str(cfg.device).startswith("cuda:"):
@@ -474,3 +486,26 @@ def validate(cfg) -> None:
 
 def to_container(cfg) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
+
+
+_PLAIN = re.compile(r"[A-Za-z_/][\w\-./:]*")  # a string Hydra reads as the same string when unquoted
+_KEYWORDS = ("true", "false", "null", "none", "inf", "nan", "yes", "no", "on", "off")
+
+
+def render(value) -> str:
+    """A Python value in Hydra's override grammar (strings quoted, so they stay strings)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        if _PLAIN.fullmatch(value) and value.lower() not in _KEYWORDS:
+            return value  # as typed on the command line (so errors read the same)
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(render(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{render(v)}" for k, v in value.items()) + "}"
+    raise ConfigError(f"config value {value!r} of type {type(value).__name__} cannot be used in a config")

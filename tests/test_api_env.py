@@ -160,8 +160,6 @@ def test_env_option_given_a_gymnasium_id_names_env_id_in_the_api():
                               "and Acrobot-v1 is a gymnasium id: pass it as env.id=Acrobot-v1")
 
 
-@pytest.mark.xfail(reason="the CLI's line comes from dppo.config.unknown_option, which is to call "
-                          "dppo.envs.gym_env.env_option_hint for the env group", strict=False)
 def test_env_option_given_a_gymnasium_id_names_env_id_at_the_cli(capsys):
     assert "pass it as env.id=CartPole-v1" in one_error_line(capsys, ["env=CartPole-v1"])
 

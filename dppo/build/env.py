@@ -124,7 +124,7 @@ def apply_env_argument(cfg, env, overrides: list[str] | None = None):
 
 def env_overrides(cfg, before) -> list[str]:
     """The ``env.*`` overrides that take ``before`` (the env config as composed) to ``cfg.env``, ``env.id`` always."""
-    from dppo.api import render
+    from dppo.config import render
 
     now = OmegaConf.to_container(cfg.env, resolve=True)
     return [f"env.{k}={render(v)}" for k, v in now.items()
