@@ -200,7 +200,8 @@ def _load_checkpoint(run_dir: str, state: dict, path: str, overrides, inputs=Non
     cfg = load_run_config(run_dir, overrides)
     check_fingerprint(state["fingerprint"], fingerprint(cfg))
     trainer = _build(_without_init_source(copy.deepcopy(cfg)), inputs)   # the checkpoint holds the weights
-    trainer.adopt_secret(state.get("secret"))   # rows passed again must be the run's own (keyed fingerprint)
+    if not getattr(trainer.population.env, "withheld", False):   # no rows at hand (generation only): none to check
+        trainer.adopt_secret(state.get("secret"))   # rows passed again must be the run's own (keyed fingerprint)
     trainer.learner.load_state_dict(state["learner"])
     return _saved(trainer, cfg, run_dir, path, int(state["round"]), state.get("provenance"))
 
@@ -257,13 +258,20 @@ def _build(cfg, inputs=None):
     """The learner of ``cfg``, built exactly as training builds it, writing nothing; global RNGs untouched
     (``inputs``: a prompts env's Python objects, ``dppo.build.build_env``)."""
     from dppo.build import build
+    from omegaconf import OmegaConf
+
+    from dppo.build.env import load_env
     from dppo.training.checkpoint import rng_state, set_rng_state
     from dppo.training.logger import Logger
 
     saved_rng = rng_state()
     try:
         cfg.progress = False
-        return build(cfg, None, logger=Logger([]), env_inputs=inputs)
+        env, inputs = load_env(cfg, inputs)   # an LM run without its private prompts: built to generate
+        if env is not None and OmegaConf.select(cfg, "eval.select", default=None) == "best":
+            cfg = copy.deepcopy(cfg)   # training made that choice; a load selects nothing and may have no public
+            cfg.eval.select = "last"   # prompts (the run's config, as returned, keeps its value)
+        return build(cfg, None, logger=Logger([]), env=env, env_inputs=inputs)
     finally:
         set_rng_state(saved_rng)
 

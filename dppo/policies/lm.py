@@ -33,6 +33,7 @@ from torch import nn
 from dppo.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+MODEL_DIR = "model"   # <run_dir>/model/: the released LM in the save_pretrained layout (``save_adapter``)
 
 
 def resolve_path(path: str) -> str:
@@ -41,8 +42,8 @@ def resolve_path(path: str) -> str:
     if not path:
         raise ConfigError("policy.path must name a local directory with a Hugging Face causal LM")
     for cand in (Path(path), REPO_ROOT / path):
-        if cand.is_dir():
-            return str(cand)
+        if cand.is_dir():   # absolute: the saved adapter's base_model_name_or_path loads from any directory
+            return os.path.abspath(cand)
     raise ConfigError(f"policy.path={path} is not a directory; give a local directory saved with "
                       f"save_pretrained (nothing is downloaded)")
 
@@ -254,7 +255,11 @@ class LMPolicy(nn.Module):
                 params[n].copy_(v.to(device=params[n].device, dtype=params[n].dtype))
 
     def save_adapter(self, directory: str) -> None:
-        """The adapter (or, without LoRA, the whole model) in the ``save_pretrained`` layout."""
+        """The adapter (or, without LoRA, the whole model) and the tokenizer in the ``save_pretrained`` layout, as
+        TRL's trainers save ``output_dir``: a LoRA adapter's ``adapter_config.json`` names the base model by its
+        absolute local path (``base_model_name_or_path``), so ``AutoPeftModelForCausalLM.from_pretrained`` (or
+        ``AutoModelForCausalLM``, with peft installed) loads base and adapter in one call; without LoRA the folder
+        is a whole model for ``AutoModelForCausalLM.from_pretrained``. Only released weights and public config."""
         os.makedirs(directory, exist_ok=True)
         self.model.save_pretrained(directory)
         self.tokenizer.save_pretrained(directory)

@@ -418,9 +418,13 @@ class AdapterSpace(ParameterSpace):
         self.policy.load_adapter_state(state)
 
     def export(self, run_dir: str, round_idx: int) -> None:
-        """The adapter in peft's layout: ``checkpoints/adapter_<round>/`` and ``adapter/`` (the latest)."""
+        """The released LM in the ``save_pretrained`` layout (``LMPolicy.save_adapter``: a LoRA adapter, or the
+        whole model, and the tokenizer): ``checkpoints/adapter_<round>/`` and ``model/`` (the latest release;
+        shareable, for ``from_pretrained``)."""
+        from dppo.policies.lm import MODEL_DIR
+
         self.policy.save_adapter(os.path.join(run_dir, "checkpoints", f"adapter_{round_idx}"))
-        self.policy.save_adapter(os.path.join(run_dir, "adapter"))
+        self.policy.save_adapter(os.path.join(run_dir, MODEL_DIR))
 
 
 def _no_kl(kl_coef: float, space) -> None:

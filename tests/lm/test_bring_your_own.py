@@ -118,7 +118,7 @@ def test_the_readme_line_trains_a_model_without_a_split_column(models, workdir, 
     assert summary["complete"] and summary["rounds_done"] == 2 and len(summary["ledger"]) == 2
     assert summary["users_seen"] == 8 and summary["final_return"] is None and summary["final_greedy_return"] is None
     assert "eval/return" not in (run / "progress.csv").read_text().splitlines()[0].split(",")
-    adapter = json.loads((run / "adapter" / "adapter_config.json").read_text())
+    adapter = json.loads((run / "model" / "adapter_config.json").read_text())
     assert sorted(adapter["target_modules"]) == targets
 
 

@@ -46,7 +46,7 @@ def test_two_round_smoke_run_changes_only_the_adapter(small_prompts, tmp_path, a
     header = open(tmp_path / "run" / "progress.csv").readline().strip().split(",")
     for key in ("diag/return", "eval/return", "rollout/users", "rollout/episodes", "perf/tokens_per_s"):
         assert key in header
-    assert os.path.isfile(tmp_path / "run" / "adapter" / "adapter_config.json")
+    assert os.path.isfile(tmp_path / "run" / "model" / "adapter_config.json")
     assert os.path.isdir(tmp_path / "run" / "checkpoints" / "adapter_2")
 
 
@@ -58,7 +58,7 @@ def test_saved_adapter_loads_with_peft_and_reproduces_the_policy(small_prompts, 
     trainer = build(cfg, str(tmp_path / "run"))
     trainer.fit()
     policy = trainer.learner.policy
-    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(MODEL), str(tmp_path / "run" / "adapter"))
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(MODEL), str(tmp_path / "run" / "model"))
     ids, mask = policy.encode(["123+456=", "001+002="])
     with torch.no_grad():
         a = policy.model(input_ids=ids, attention_mask=mask).logits

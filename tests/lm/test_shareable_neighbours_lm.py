@@ -1,6 +1,6 @@
 """The neighbouring-data test of tests/training/test_shareable_neighbours.py for ``env=prompts``: one private
 row replaced (by a prompt of another length) in a prompts file, and in rows passed from Python; every
-shareable file (summary.json, policy.pt and its config, .hydra/, the adapter folder, events, progress.csv)
+shareable file (summary.json, policy.pt and its config, .hydra/, the model/ folder, events, progress.csv)
 is identical once the released tensors and metrics are masked, each neighbour run in a process of its own
 with its own hash seed. The test fails when a hash of the rows is put back into the config (the leak of issue
 35, repro 1)."""
@@ -17,7 +17,8 @@ from dppo.api import make_config, train
 from dppo.envs.prompts import PromptsEnv, canonical, load_rows
 from tests.lm.conftest import REWARD, lm_overrides
 from tests.training.test_shareable_neighbours import (QUIET, _cli, assert_neighbours_indistinguishable,
-                                                      differences, neighbouring_runs, neighbours_in_own_processes)
+                                                      differences, neighbouring_runs, neighbours_in_own_processes,
+                                                      shareable_view)
 
 MODULE = "tests.lm.test_shareable_neighbours_lm"
 
@@ -88,12 +89,17 @@ def test_a_prompts_file_neighbour_writes_the_same_shareable_files(neighbours):
     """One private row of the file replaced; the same path in both runs."""
     a, b = neighbours["prompts_file_world"]
     assert_neighbours_indistinguishable(a, b)
-    assert os.path.isdir(os.path.join(a, "adapter")) and os.path.isfile(os.path.join(a, ".hydra", "config.yaml"))
+    assert os.path.isfile(os.path.join(a, "model", "adapter_config.json"))
+    assert os.path.isfile(os.path.join(a, ".hydra", "config.yaml"))
 
 
 def test_python_rows_neighbours_write_the_same_shareable_files(neighbours):
-    """``dppo.train(..., train_dataset=rows)`` with one private row replaced."""
-    assert_neighbours_indistinguishable(*neighbours["python_rows_world"])
+    """``dppo.train(..., train_dataset=rows)`` with one private row replaced; the model/ folder (what
+    from_pretrained loads) is among the compared files."""
+    a, b = neighbours["python_rows_world"]
+    assert_neighbours_indistinguishable(a, b)
+    assert {"model/adapter_config.json", "model/adapter_model.safetensors", "model/tokenizer.json"} <= set(
+        shareable_view(a))
 
 
 def test_the_neighbour_test_catches_a_hash_of_the_rows_put_back_in_the_config(small_prompts, tmp_path,

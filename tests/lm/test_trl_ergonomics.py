@@ -48,8 +48,8 @@ def test_a_python_reward_and_dataset_run_through_the_api_with_the_split_rules(sm
     """reward_funcs=[callable], train_dataset (a datasets.Dataset) and eval_dataset (a list of dicts): the users
     are training rows only, each once; evaluation calls the reward on the eval rows only; the reward gets the
     columns; the config records the reward's name and nothing about the rows (no hash: it is shareable); a resume
-    or a load from the run directory needs the same rows (checked against the keyed fingerprint in the
-    checkpoint, under the run's secret key)."""
+    needs the same rows, and rows given to a load must be the run's own (checked against the keyed fingerprint in
+    the checkpoint, under the run's secret key); a load without rows generates."""
     try:
         from datasets import Dataset
         as_dataset = Dataset.from_list
@@ -87,8 +87,8 @@ def test_a_python_reward_and_dataset_run_through_the_api_with_the_split_rules(sm
         dppo.load(str(run), reward_funcs=[my_reward], train_dataset=private[::-1], eval_dataset=public)
     loaded = dppo.load(str(run), reward_funcs=[my_reward], train_dataset=private, eval_dataset=public)
     assert isinstance(loaded.policy.generate(public[0]["prompt"]), str)
-    with pytest.raises(ConfigError, match="passed from Python"):
-        dppo.load(str(run))
+    # without the rows it loads to generate (tests/lm/test_load_without_prompts.py), the same completions
+    assert dppo.load(str(run)).policy.generate(public[0]["prompt"]) == loaded.policy.generate(public[0]["prompt"])
 
 
 def test_a_dataset_without_split_or_eval_dataset_is_all_private(small_prompts):

@@ -129,9 +129,9 @@ def shareable_view(run_dir: str) -> dict[str, str]:
                 view[rel] = _progress(path)
             elif rel_dir == "." and "tfevents" in name:
                 view[rel] = _events(path)
-            elif top == "adapter" and name.endswith(".safetensors"):
+            elif top in ("adapter", "model") and name.endswith(".safetensors"):   # an LM run's HF folder
                 view[rel] = _safetensors(path)
-            elif top in (".hydra", "adapter"):
+            elif top in (".hydra", "adapter", "model"):
                 view[rel] = open(path, "rb").read().hex()
     return view
 
