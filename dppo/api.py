@@ -198,7 +198,30 @@ def train(cfg=None, run_dir: str | None = None, *, resume: bool = False, callbac
         composed, objects["env"], overrides = with_env_argument(composed, objects["env"], overrides)
     trainer, dist = start(composed, run_dir, resume=resume, callbacks=callbacks, overrides=overrides,
                           env_inputs=inputs, **objects)
-    return finish(trainer, dist)
+    return RunSummary(finish(trainer, dist))
+
+
+class RunSummary(dict):
+    """What ``train`` returns: ``summary.json``'s content as a plain dict, printed in a few lines (the ledger, one
+    entry per release, is in ``summary["ledger"]``)."""
+
+    def __repr__(self) -> str:
+        def num(x):
+            return "-" if x is None else (f"{x:.6g}" if isinstance(x, (int, float)) else str(x))
+
+        if self.get("eps") is None:
+            privacy = "none (non-private: eps null)"
+        else:
+            privacy = (f"eps spent {num(self.get('epsilon_spent'))} of {num(self.get('eps'))}, delta spent "
+                       f"{num(self.get('delta_spent'))} of {num(self.get('delta'))}")
+        chosen = self.get("final_policy") or {}
+        kept = f" (the release of round {chosen['round']}: eval.select=best)" if chosen.get("rule") == "best" else ""
+        return "\n".join([f"RunSummary({self.get('algo')} on {self.get('env_id')})", f"  privacy: {privacy}",
+                          f"  rounds: {self.get('rounds_done')}" + (" (complete)" if self.get("complete") else ""),
+                          f"  final_return: {num(self.get('final_return'))}{kept}",
+                          f"  ledger: {len(self.get('ledger') or [])} releases; all fields: summary.keys()"])
+
+    __str__ = __repr__
 
 
 OBJECTS = ("policy", "env", "privacy", "logger", "sampler", "learner")  # the objects dppo.train takes by keyword
