@@ -384,8 +384,25 @@ def fingerprint(env: str, name: str) -> str:
     algo, files, every = next((a, f, e) for lab, a, _, f, e in DPPO_ROWS if lab == label)
     cfg = OmegaConf.to_container(dppo.make_config(dppo_overrides(env, algo, None if eps is None else float(eps),
                                                                  files, every, 0)), resolve=True)
+    return config_hash(cfg)
+
+
+def config_hash(cfg: dict) -> str:
+    """The hash of a composed config that defines a row: without its seed, nor a key added later at the value under
+    which runs are what they were before it existed (``NEUTRAL_KEYS``)."""
+    cfg = dict(cfg)
     cfg.pop("seed", None)
+    for key, neutral in NEUTRAL_KEYS.items():
+        group, _, leaf = key.rpartition(".")
+        section = cfg.get(group, {}) if group else cfg
+        if isinstance(section, dict) and section.get(leaf, object()) == neutral:
+            section.pop(leaf)
     return _hash(cfg)
+
+
+# config keys added after runs were recorded, with the value under which a run is what it was before the key existed:
+# dropped from the fingerprint at that value, so the records stay current (any other value is a new config)
+NEUTRAL_KEYS = {"eval.select": "last", "threads": "auto"}
 
 
 def public_init_note(env: str, name: str) -> str | None:
@@ -425,9 +442,7 @@ def run_fingerprint(path: str, name: str) -> str | None:
         return None
     from omegaconf import OmegaConf
 
-    cfg = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
-    cfg.pop("seed", None)
-    return _hash(cfg)
+    return config_hash(OmegaConf.to_container(OmegaConf.load(saved), resolve=True))
 
 
 def record_of(run: dict, fp: str) -> dict:
