@@ -19,6 +19,7 @@ from multiprocessing import Pool
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import ROOT, QUIET, default_jobs, mean_std, train_in_process, worker_init  # noqa: E402
+from seed_sweep import seed_list  # noqa: E402
 
 ROWS = {   # name -> train.py overrides
     "DP-PPO eps 5 (README)": ["+experiment=frozenlake_dp_ppo"],
@@ -26,15 +27,6 @@ ROWS = {   # name -> train.py overrides
     "PPO, its own defaults": ["env.id=FrozenLake-v1", "algo=ppo"],
 }
 PRIVATE = "DP-PPO eps 5 (README)"
-
-
-def seed_list(text: str) -> list[int]:
-    """``0-9`` or ``100,101,102`` (or a mix: ``0-2,5``)."""
-    out = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    return out
 
 
 def _job(item: tuple[str, list[str], int, str]) -> tuple[str, int, dict | None]:
