@@ -84,33 +84,14 @@ class SavedRun:
         return mean, float(np.std(returns))
 
     def _episodes(self, n: int, greedy: bool):
-        """(mean, per-episode returns, lengths) of the learner's own ``evaluate``: the held-out episodes its
-        collector plays (``EpisodeCollector.public`` on the ``eval`` stream), recorded as they are played, so the
-        mean is ``evaluate()``'s by construction; (mean, None, None) for a learner that plays none."""
-        from dppo.envs.rollout import EpisodeCollector
-
-        collector = getattr(self.learner, "collector", None)
-        if not isinstance(collector, EpisodeCollector):
+        """(mean, per-episode returns, lengths) of the learner's own ``evaluate`` (``Learner.evaluate_episodes``: the
+        held-out episodes it averages, so the mean is ``evaluate()``'s); (mean, None, None) for a learner that scores
+        otherwise."""
+        played = self.learner.evaluate_episodes(n, greedy)
+        if played is None:
             return float(self.learner.evaluate(n, greedy)), None, None
-        played, public = [], collector.public
-
-        def recording(policy, stream, round_idx, count, *args, **kwargs):
-            episodes = public(policy, stream, round_idx, count, *args, **kwargs)
-            if stream == "eval":
-                played.append(episodes)
-            return episodes
-
-        collector.public = recording      # on this instance only, removed below
-        try:
-            mean = float(self.learner.evaluate(n, greedy))
-        finally:
-            del collector.public
-        if len(played) != 1 or played[0].returns.shape[0] != n:
-            return mean, None, None
-        returns = played[0].returns.double().numpy()
-        if not np.isclose(returns.mean(), mean, rtol=1e-9, atol=1e-9):    # a learner scoring them otherwise
-            return mean, None, None
-        return mean, returns, played[0].lengths.numpy()
+        returns, lengths = played
+        return float(returns.mean()), returns.double().numpy(), lengths.numpy()
 
     def predict(self, observation, state=None, episode_start=None, deterministic: bool = False, action_masks=None):
         """Stable-Baselines3's ``model.predict``: ``(actions, state)``, so ``a, _ = run.predict(obs)`` works.

@@ -38,6 +38,15 @@ QUIET = ("progress=false", "logger.tensorboard=false")
 SEEDED = ("privacy.secure_rng=false",)
 
 
+def seed_list(text: str) -> list[int]:
+    """``0-9`` or ``100,101,102`` (or a mix: ``0-2,5``)."""
+    out = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    return out
+
+
 def mean_std(xs, single: float = 0.0) -> tuple[float, float]:
     """(mean, sample std) of ``xs``; the std of a single value is ``single`` (0.0, or nan where a table shows it)."""
     m = sum(xs) / len(xs)

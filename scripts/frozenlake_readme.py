@@ -18,8 +18,7 @@ import sys
 from multiprocessing import Pool
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import ROOT, QUIET, default_jobs, mean_std, train_in_process, worker_init  # noqa: E402
-from seed_sweep import seed_list  # noqa: E402
+from common import ROOT, QUIET, default_jobs, mean_std, seed_list, train_in_process, worker_init  # noqa: E402
 
 ROWS = {   # name -> train.py overrides
     "DP-PPO eps 5 (README)": ["+experiment=frozenlake_dp_ppo"],

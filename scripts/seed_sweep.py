@@ -10,20 +10,15 @@ seconds of the whole run and of its training loop), then the mean, min and max. 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
 
 import dppo
 
-
-def seed_list(text: str) -> list[int]:
-    """``0-9`` or ``100,101,102`` (or a mix: ``0-2,5``)."""
-    out = []
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    return out
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import seed_list  # noqa: E402
 
 
 def main(argv=None) -> None:

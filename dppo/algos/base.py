@@ -174,6 +174,11 @@ class Learner:
         """Mean return of the current policy over ``episodes`` fresh evaluation episodes."""
         raise NotImplementedError
 
+    def evaluate_episodes(self, episodes: int, greedy: bool = False):
+        """``(returns, lengths)`` tensors of the held-out episodes ``evaluate`` averages (``evaluate`` is their mean), for
+        a spread (``SavedRun.evaluate(return_std=True)``); None for a learner that scores otherwise."""
+        return None
+
     # whether ``evaluate_candidate`` scores the released policy on its own public episodes (``eval.select=best``:
     # ``dppo/training/selection.py``); a learner whose policy is no network it can put back says no
     selects_final = False

@@ -243,6 +243,10 @@ class GroupPolicyOptimizer(Learner):
         """Mean return over ``episodes`` held-out public episodes (never a user's)."""
         return self.collector.evaluate(self.policy, episodes, greedy)
 
+    def evaluate_episodes(self, episodes: int, greedy: bool = False):
+        """The held-out public episodes ``evaluate`` averages, one by one (None where the collector plays none)."""
+        return self.collector.evaluate_episodes(self.policy, episodes, greedy)
+
     selects_final = True
 
     def evaluate_candidate(self, episodes: int, greedy: bool = False) -> float:

@@ -566,6 +566,10 @@ class PromptCollector:
                                       None)
         return float(rewards.mean())
 
+    def evaluate_episodes(self, policy, episodes: int, greedy: bool = False, stream: str = "eval"):
+        """None: a prompt's score is a mean over its completions, not one episode's return."""
+        return None
+
     def log_examples(self, policy, logger, round_idx: int) -> None:
         """Greedy completions of a few held-out public prompts as TensorBoard text (never private ones)."""
         env = self.env

@@ -650,7 +650,12 @@ class EpisodeCollector:
     def evaluate(self, policy, episodes: int, greedy: bool = False, stream: str = "eval") -> float:
         """Mean return over ``episodes`` held-out episodes (public seeds, never a user's) of public ``stream``:
         ``eval`` (what a run reports) or ``select`` (what ``eval.select=best`` chooses on: other public seeds)."""
-        return float(self.public(policy, stream, 0, episodes, greedy=greedy).returns.mean())
+        return float(self.evaluate_episodes(policy, episodes, greedy, stream)[0].mean())
+
+    def evaluate_episodes(self, policy, episodes: int, greedy: bool = False, stream: str = "eval"):
+        """``(returns, lengths)`` of the ``episodes`` held-out episodes ``evaluate`` averages."""
+        played = self.public(policy, stream, 0, episodes, greedy=greedy)
+        return played.returns, played.lengths
 
     def log_examples(self, policy, logger, round_idx: int) -> None:
         """Nothing beyond the metrics for episodes."""
