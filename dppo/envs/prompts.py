@@ -553,12 +553,8 @@ class PromptCollector:
         completions each from a fixed public stream (the same for every run and round), or one greedy one.
         ``stream="select"`` (``eval.select=best``): the next ``episodes`` held-out prompts, their own stream."""
         rows = self.env.eval_rows(episodes)
-        if stream != "eval":
-            n = len(rows)
-            rows = self.env.public[n: 2 * n]
-            if len(rows) < n:
-                raise ConfigError(f"eval.select=best scores the releases on held-out public prompts other than the "
-                                  f"{n} it reports on: give at least {2 * n} public prompts, or eval.select=last")
+        if stream != "eval":   # enough of them: checked at build (``dppo.build.run.check_selection``)
+            rows = self.env.public[len(rows): 2 * len(rows)]
         if not rows:
             return float("nan")
         k = 1 if greedy else self.env.eval_samples

@@ -395,6 +395,9 @@ class Trainer:
         if rec and rec["replayed"]:
             line += (f"; {rec['replayed']} lost round(s) replayed on the same users (seeded noise or no privacy: "
                      f"the replay is bit-identical)")
+        elif rec and self.sampler is not None and self.sampler.multi_pass and rec["charged"]:
+            # a multi-pass round's Poisson sample size depends on who is in the population: no user count here
+            line += f"; the lost attempt's {rec['charged']} release(s) charged (multi-pass: its users stay drawable)"
         elif rec and (rec["burned"] or rec["charged"]):
             line += (f"; the lost attempt's {rec['burned']} user(s) burned (never drawn again) and "
                      f"{rec['charged']} release(s) charged")
@@ -408,8 +411,10 @@ class Trainer:
         """One line for Ctrl-C: how far the run got and how to continue it (and what continuing costs)."""
         if self.run_dir is None:
             return f"dppo: interrupted in round {self.round + 1} of {self.learner.num_rounds}; nothing was saved"
-        cost = (" (the interrupted round's users are burned and any release it made is charged)"
-                if self.privacy.private and self.privacy.noise.secure else "")
+        multi_pass = self.sampler is not None and self.sampler.multi_pass
+        cost = ("" if not (self.privacy.private and self.privacy.noise.secure) else
+                " (any release the interrupted round made is charged)" if multi_pass else
+                " (the interrupted round's users are burned and any release it made is charged)")
         return (f"dppo: interrupted in round {self.round + 1} of {self.learner.num_rounds} ({self.round} done); "
                 f"continue with: python train.py resume={self.run_dir}{cost}")
 
