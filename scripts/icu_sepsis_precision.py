@@ -4,7 +4,8 @@ the package; ``pip install -e ".[icu]"``).
 A tabular learner, private or not, ends by choosing in each state the treatment with the highest estimated value.
 This script measures what the estimates' errors cost the patients, on the env's own tables, with every other error
 removed: the targets are the optimal values themselves (value iteration on the tables, masked to the admissible
-treatments), so the numbers are upper bounds for any learner of this kind.
+treatments) and the visit counts are known exactly: an oracle no learner has, so its numbers are a generous
+reference for any learner of this kind (not a proof for every algorithm).
 
 1. The patients: ``--patients`` (200,000) episodes treated uniformly among the admissible treatments, sampled from
    the tables (seeds 100-102: the tuning seeds). For each admissible pair (s, a) of a state with a choice, its
@@ -13,13 +14,14 @@ treatments), so the numbers are upper bounds for any learner of this kind.
 2. Sampling only (no privacy): each pair's estimate is the mean over its first visits of the one-step target
    r + V*(s'), so its error is the sampling error of N(s, a) patients.
 3. Plus the error a Gaussian release of the per-pair sums adds: c xi / N(s, a), xi ~ N(0, 1). A release in which
-   each patient adds one coordinate to at most k pairs (values in [0, 1], replace-one) has c >= z sqrt(2 k), z the
-   analytic Gaussian noise multiplier of (eps, delta); a release that also counts N adds more.
+   each patient adds one coordinate to at most k pairs (values in [0, 1], replace-one) has noise std z sqrt(2 k),
+   z the analytic Gaussian noise multiplier of (eps, delta): c = z sqrt(2 k) (a release that also counts N adds
+   more).
 4. Survival: the exact expected return of the greedy policy on the tables at the env's horizon (500 steps), mean
    over the seeds; optimal 0.8751, random 0.7801, clinicians 0.7818.
 
     python scripts/icu_sepsis_precision.py                  # seeds 100-102, 200,000 patients, k = 8
-    python scripts/icu_sepsis_precision.py --seeds 0 1 2 --c 0 2 4 8
+    python scripts/icu_sepsis_precision.py --seeds 0 1 2 --pairs 4 --c 2 4 8
 
 The extra error is drawn from numpy's generator (an analysis of precision: nothing here is released).
 """
